@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what scalelab needs to build and test, from Debian packages, only where missing.
+# Usage: scripts/deps.sh [extra-package ...]
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config
+  libopenblas-openmp-dev         # BLAS (GEMM); the OpenMP build shares threads with our kernels
+  nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libsqlite3-dev
+  libgtest-dev libgmock-dev
+  libopenmpi-dev openmpi-bin     # data-parallel ranks on the host (MPI)
+  libxgboost-dev                 # gradient-boosted feature importance (analysis)
+  python3                        # test helper scripts (fake workloads, fake nvidia-smi)
+  "$@"
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "deps: missing packages (${missing[*]}) and not root; install them or re-run as root" >&2
+    exit 2
+  fi
+fi
+echo "deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,18 @@
+#pragma once
+// Subcommands of the scalelab binary: one file per subcommand in src/cli/, each providing an
+// add_<name>_command() that declares its flags on a CLI11 sub-app and returns what to run.
+// Only src/cli/ turns errors into exit codes (main.cpp does it, see run_command()).
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace scalelab::cli {
+
+struct Subcommand {
+  CLI::App* app = nullptr;
+  std::function<int()> run;  // returns the exit code; may throw scalelab::Error
+};
+
+Subcommand add_version_command(CLI::App& root);
+
+}  // namespace scalelab::cli

@@ -1,0 +1,47 @@
+// The scalelab binary: dispatches to one subcommand and maps errors to exit codes
+// (0 success, 2 invalid input, 3 out of device memory, 1 anything else; see core/error.h).
+#include <cstdio>
+#include <exception>
+#include <vector>
+
+#include "cli/command.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  using namespace scalelab;
+  CLI::App app{"scalelab: measure, optimize and scale the training of large language models"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+
+  std::vector<cli::Subcommand> commands = {
+      cli::add_version_command(app),
+  };
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "scalelab: %s\n", e.what());
+    std::fprintf(stderr, "Run 'scalelab --help' or 'scalelab <command> --help' for the flags.\n");
+    return 2;
+  }
+
+  for (auto& cmd : commands) {
+    if (!cmd.app->parsed()) continue;
+    try {
+      return cmd.run();
+    } catch (const Error& e) {
+      std::fprintf(stderr, "scalelab %s: error: %s\n", cmd.app->get_name().c_str(), e.what());
+      return exit_code(e.kind());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "scalelab %s: internal error: %s\n", cmd.app->get_name().c_str(), e.what());
+      return 1;
+    }
+  }
+  return 2;
+}

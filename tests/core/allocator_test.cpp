@@ -1,0 +1,90 @@
+#include "core/allocator.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace scalelab {
+namespace {
+
+TEST(Allocator, CachesAndCountsPeaks) {
+  DeviceAllocator a(make_host_backend(), 1 << 20);
+  void* p = a.allocate(1000);
+  EXPECT_EQ(a.stats().allocated, 1024u);
+  EXPECT_EQ(a.stats().reserved, 1024u);
+  a.deallocate(p);
+  EXPECT_EQ(a.stats().allocated, 0u);
+  EXPECT_EQ(a.stats().reserved, 1024u);  // cached
+  void* q = a.allocate(900);             // same rounded size: reused
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(a.stats().num_backend_allocations, 1u);
+  a.deallocate(q);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, 0u);
+  EXPECT_EQ(a.stats().peak_reserved, 1024u);
+  EXPECT_EQ(a.stats().peak_allocated, 1024u);
+}
+
+TEST(Allocator, DoesNotReuseMuchLargerBlocks) {
+  DeviceAllocator a(make_host_backend(), 1 << 24);
+  void* big = a.allocate(1 << 20);
+  a.deallocate(big);
+  void* small = a.allocate(4096);
+  EXPECT_NE(small, big);
+  EXPECT_EQ(a.stats().reserved, (1u << 20) + 4096u);
+  a.deallocate(small);
+}
+
+TEST(Allocator, OutOfMemoryIsTypedAndCarriesUsage) {
+  DeviceAllocator a(make_host_backend(), 1 << 20);
+  void* p = a.allocate(600 * 1024);
+  try {
+    a.allocate(600 * 1024, "logits");
+    FAIL() << "expected OutOfMemory";
+  } catch (const OutOfMemory& e) {
+    EXPECT_EQ(e.requested(), 600u * 1024);
+    EXPECT_EQ(e.allocated(), 600u * 1024);
+    EXPECT_EQ(e.capacity(), 1u << 20);
+    EXPECT_NE(std::string(e.what()).find("logits"), std::string::npos);
+    EXPECT_EQ(exit_code(e.kind()), 3);
+  }
+  a.deallocate(p);
+}
+
+TEST(Allocator, FlushesCacheBeforeGivingUp) {
+  DeviceAllocator a(make_host_backend(), 1 << 20);
+  void* p = a.allocate(700 * 1024);
+  a.deallocate(p);                   // cached, still reserved
+  void* q = a.allocate(200 * 1024);  // too small to reuse the big block, and fits beside it
+  void* r = a.allocate(800 * 1024);  // needs the cache flushed
+  EXPECT_EQ(a.stats().num_cache_flushes, 1u);
+  a.deallocate(q);
+  a.deallocate(r);
+}
+
+TEST(Allocator, TensorsReturnTheirBlocks) {
+  DeviceAllocator a(make_host_backend(), 1 << 24);
+  {
+    Tensor t = Tensor::zeros({16, 32}, DType::kF32, a);
+    EXPECT_EQ(a.stats().allocated, 2048u);
+    Tensor v = t.slice(4, 8);
+    EXPECT_EQ(v.shape(), (Shape{4, 32}));
+    EXPECT_EQ(v.data<float>() - t.data<float>(), 4 * 32);
+  }
+  EXPECT_EQ(a.stats().allocated, 0u);
+}
+
+TEST(Allocator, ParsesSizes) {
+  EXPECT_EQ(parse_bytes("4GiB", "x"), 4ull << 30);
+  EXPECT_EQ(parse_bytes("80GB", "x"), 80'000'000'000ull);
+  EXPECT_EQ(parse_bytes("1.5G", "x"), 3ull << 29);
+  EXPECT_EQ(parse_bytes("512MiB", "x"), 512ull << 20);
+  EXPECT_EQ(parse_bytes("123", "x"), 123u);
+  EXPECT_THROW(parse_bytes("lots", "--device-memory"), InvalidInput);
+  EXPECT_THROW(parse_bytes("0", "--device-memory"), InvalidInput);
+  EXPECT_THROW(parse_bytes("12XB", "--device-memory"), InvalidInput);
+}
+
+}  // namespace
+}  // namespace scalelab
