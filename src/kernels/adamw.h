@@ -1,0 +1,50 @@
+#pragma once
+// AdamW and gradient clipping over flat buffers (adamw family). One loop over the whole
+// parameter buffer; ranges without weight decay (biases, norm weights) are passed in.
+//
+// The update is torch.optim.AdamW's (what the Hugging Face Trainer uses), with `step` counted
+// from 1:
+//   p  ← p · (1 − lr·wd)                        (decoupled weight decay, only where decay)
+//   m  ← β1·m + (1 − β1)·g
+//   v  ← β2·v + (1 − β2)·g²
+//   p  ← p − lr/(1 − β1^step) · m / (sqrt(v)/sqrt(1 − β2^step) + eps)
+#include <cstdint>
+#include <vector>
+
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace scalelab::kernels {
+
+struct AdamWHyper {
+  float lr = 5e-5f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  std::int64_t step = 1;  // 1-based, for bias correction
+};
+
+struct ElementRange {
+  std::int64_t begin = 0, end = 0;
+  bool decay = true;
+};
+
+// Updates elements [begin, end) of the flat buffers, in the given ranges (which must cover the
+// update region; decay per range). params, m, v and grads are fp32 buffers of equal length.
+void adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads, const std::vector<ElementRange>& ranges,
+                  const AdamWHyper& hyper, ExecContext& ctx);
+
+// Sum of squares of g (double accumulation, deterministic for a thread count).
+double sum_of_squares(const Tensor& g, ExecContext& ctx);
+// g ← g · factor.
+void scale_(Tensor& g, float factor, ExecContext& ctx);
+
+// torch.nn.utils.clip_grad_norm_: total = sqrt(Σ g²); factor = min(1, max_norm / (total + 1e-6));
+// applies it and returns the total norm before clipping. max_norm <= 0 disables clipping (the norm
+// is still returned).
+double clip_grad_norm_(Tensor& g, double max_norm, ExecContext& ctx);
+// The same given a precomputed total norm (used when the sum of squares was all-reduced).
+void clip_with_norm_(Tensor& g, double total_norm, double max_norm, ExecContext& ctx);
+
+}  // namespace scalelab::kernels

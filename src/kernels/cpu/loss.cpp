@@ -1,0 +1,77 @@
+#include "kernels/loss.h"
+
+#include <cmath>
+#include <vector>
+
+#include "core/parallel.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/kernel_common.h"
+
+namespace scalelab::kernels {
+
+namespace {
+void check_target(std::int32_t t, std::int64_t V, std::int64_t row) {
+  if (t != kIgnoreIndex && (t < 0 || t >= V)) {
+    throw InvalidInput("[cross_entropy] target " + std::to_string(t) + " at row " + std::to_string(row) +
+                       " is outside the vocabulary of " + std::to_string(V) +
+                       " — the data does not match the model's vocab_size");
+  }
+}
+}  // namespace
+
+LossSum cross_entropy_forward(Tensor& lse, const Tensor& logits, const Tensor& targets, ExecContext& ctx) {
+  ProfileScope prof(ctx, "loss", Phase::kForward);
+  require_cpu(logits, "cross_entropy_forward");
+  require_dtype(targets, DType::kI32, "cross_entropy_forward", "targets");
+  const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  require_numel(targets, rows, "cross_entropy_forward", "targets");
+  require_numel(lse, rows, "cross_entropy_forward", "lse");
+  const float* x = logits.f32();
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  float* l = lse.f32();
+  for (std::int64_t r = 0; r < rows; ++r) check_target(tg[r], V, r);
+  std::vector<double> per_row(static_cast<std::size_t>(rows), 0.0);
+  parallel_for(rows, 1, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* row = x + r * V;
+      const float m = vec::max_of(row, V);
+      const float s = vec::exp_shift_sum(row, V, m);
+      l[r] = m + std::log(s);
+      if (tg[r] != kIgnoreIndex) per_row[static_cast<std::size_t>(r)] = static_cast<double>(l[r]) - row[tg[r]];
+    }
+  });
+  LossSum out;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (tg[r] == kIgnoreIndex) continue;
+    out.sum += per_row[static_cast<std::size_t>(r)];
+    ++out.count;
+  }
+  return out;
+}
+
+void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                            float grad_scale, ExecContext& ctx) {
+  ProfileScope prof(ctx, "loss", Phase::kBackward);
+  require_cpu(logits, "cross_entropy_backward");
+  const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  require_numel(dlogits, rows * V, "cross_entropy_backward", "logits gradient");
+  const float* x = logits.f32();
+  const float* l = lse.f32();
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  float* d = dlogits.f32();
+  parallel_for(rows, 1, [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      float* dr = d + r * V;
+      if (tg[r] == kIgnoreIndex) {
+        for (std::int64_t j = 0; j < V; ++j) dr[j] = 0.0f;
+        continue;
+      }
+      const float* row = x + r * V;
+      vec::exp_shift_sum(row, dr, V, l[r]);  // softmax = exp(x − lse)
+      for (std::int64_t j = 0; j < V; ++j) dr[j] *= grad_scale;
+      dr[tg[r]] -= grad_scale;
+    }
+  });
+}
+
+}  // namespace scalelab::kernels

@@ -1,0 +1,28 @@
+#pragma once
+// Linear layers (matmul family), through BLAS (OpenBLAS sgemm) on the CPU.
+//
+//   linear_forward:  y[T, out] = x[T, in] · w[out, in]^T (+ bias[out])
+//   linear_backward: dx[T, in] = dy · w            (activation gradient: assigned, or added when
+//                                                   accumulate_dx is true)
+//                    dw[out, in] += dy^T · x       (parameter gradient: accumulates)
+//                    dbias[out]  += Σ_t dy[t]      (accumulates)
+// Weights use the Hugging Face [out, in] layout. x and y may have any leading shape; the last
+// dimension is the feature dimension. Tensors are fp32 here.
+#include "core/context.h"
+#include "core/tensor.h"
+
+namespace scalelab::kernels {
+
+void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, ExecContext& ctx);
+
+// dx may be null (no input gradient needed, e.g. the first layer's input is an embedding that
+// gets its gradient elsewhere). dbias may be null when there is no bias.
+void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, const Tensor& x, const Tensor& w,
+                     ExecContext& ctx, bool accumulate_dx = false);
+
+// Row-major C[m,n] = alpha * op(A) · op(B) + beta * C with explicit leading dimensions: the one
+// GEMM entry point of the CPU kernels (attention calls it on sub-matrices of packed buffers).
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+}  // namespace scalelab::kernels
