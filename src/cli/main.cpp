@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
 
   std::vector<cli::Subcommand> commands = {
+      cli::add_train_command(app),
       cli::add_version_command(app),
   };
 

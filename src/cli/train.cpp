@@ -1,0 +1,80 @@
+// `scalelab train`: train a model with the native engine and report throughput and memory.
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/train_flags.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "train/trainer.h"
+
+namespace scalelab::cli {
+
+namespace {
+
+void print_summary(const TrainResult& r) {
+  std::printf("Training throughput: %.2f tokens/s/device\n", r.tokens_per_s_per_device);
+  std::printf("Max reserved memory: %.2f GiB\n", static_cast<double>(r.max_reserved_bytes) / (1u << 30));
+  std::printf("Max allocated memory: %.2f GiB\n", static_cast<double>(r.max_allocated_bytes) / (1u << 30));
+  std::printf("Step time (median): %.3f s over %lld measured steps\n", r.step_time_s,
+              static_cast<long long>(r.measured_steps));
+  if (!r.steps.empty()) std::printf("Final loss: %.4f\n", r.steps.back().loss);
+  std::printf("Parameters: %lld, FLOPs/token: %.3e\n", static_cast<long long>(r.params), r.flops_per_token);
+  if (r.mfu) {
+    std::printf("MFU: %.1f%%\n", 100.0 * *r.mfu);
+  } else {
+    std::printf("MFU: unknown (no peak for this device; pass --peak-tflops)\n");
+  }
+  if (!r.profile.is_null()) {
+    std::printf("\nProfile (measured steps, %.3f s in all):\n", r.profile["total_step_seconds"].get<double>());
+    std::printf("  %-14s %-10s %10s %7s %8s\n", "op family", "phase", "seconds", "%", "calls");
+    for (const auto& row : r.profile["rows"]) {
+      std::printf("  %-14s %-10s %10.3f %6.1f%% %8lld\n", row["family"].get<std::string>().c_str(),
+                  row["phase"].get<std::string>().c_str(), row["seconds"].get<double>(), row["percent"].get<double>(),
+                  static_cast<long long>(row["calls"].get<std::int64_t>()));
+    }
+  }
+}
+
+}  // namespace
+
+Subcommand add_train_command(CLI::App& root) {
+  auto opts = std::make_shared<TrainOptions>();
+  auto* app = root.add_subcommand("train", "Train a model with the native engine");
+  add_train_flags(app, *opts);
+  return {app, [opts] {
+            const TrainOptions& o = *opts;
+            TrainResult r;
+            try {
+              r = run_training(o);
+            } catch (const Error& e) {
+              if (!o.json.empty()) {
+                r.status = "error";
+                r.error = e.what();
+                r.config = o.to_json();
+                write_json_file(o.json, r.to_json());
+              }
+              throw;
+            }
+            if (!o.json.empty()) write_json_file(o.json, r.to_json());
+            if (r.status == "oom") {
+              std::fprintf(stderr, "scalelab train: out of device memory: %s\n", r.error.c_str());
+              std::fprintf(stderr, "Memory plan for this configuration:\n");
+              for (const auto& it : r.plan["items"]) {
+                std::fprintf(stderr, "  %-22s %12s  %s\n", it["name"].get<std::string>().c_str(),
+                             format_bytes(it["bytes"].get<std::size_t>()).c_str(),
+                             it["detail"].get<std::string>().c_str());
+              }
+              std::fprintf(stderr, "  %-22s %12s of %s; largest micro-batch that fits: %lld\n", "total",
+                           format_bytes(r.plan["total_bytes"].get<std::size_t>()).c_str(),
+                           format_bytes(r.plan["capacity_bytes"].get<std::size_t>()).c_str(),
+                           static_cast<long long>(r.plan["max_micro_batch_size"].get<std::int64_t>()));
+              return 3;
+            }
+            print_summary(r);
+            if (!o.json.empty()) std::printf("Run record: %s\n", o.json.c_str());
+            return 0;
+          }};
+}
+
+}  // namespace scalelab::cli

@@ -1,0 +1,46 @@
+#include "cli/train_flags.h"
+
+namespace scalelab::cli {
+
+void add_train_flags(CLI::App* app, TrainOptions& o) {
+  app->add_option("--model", o.model, "Preset name (llama-small, llama-3.2-1b, ...) or a Hugging Face model directory")
+      ->capture_default_str();
+  app->add_option("--seq-len", o.seq_len, "Tokens per sample")->capture_default_str();
+  app->add_option("--micro-batch-size", o.micro_batch_size, "Samples per micro-batch per device")->capture_default_str();
+  app->add_option("--grad-accum-steps", o.grad_accum_steps, "Micro-batches per optimizer step")->capture_default_str();
+  app->add_option("--max-steps", o.max_steps, "Optimizer steps to run")->capture_default_str();
+  app->add_option("--warmup-steps", o.warmup_steps, "Linear LR warmup steps")->capture_default_str();
+  app->add_option("--lr", o.lr, "Peak learning rate")->capture_default_str();
+  app->add_option("--lr-scheduler", o.lr_scheduler, "linear | cosine | constant | constant_with_warmup")
+      ->capture_default_str();
+  app->add_option("--weight-decay", o.weight_decay, "AdamW decoupled weight decay (not on biases and norms)")
+      ->capture_default_str();
+  app->add_option("--adam-beta1", o.adam_beta1, "AdamW beta1")->capture_default_str();
+  app->add_option("--adam-beta2", o.adam_beta2, "AdamW beta2")->capture_default_str();
+  app->add_option("--adam-epsilon", o.adam_epsilon, "AdamW epsilon")->capture_default_str();
+  app->add_option("--max-grad-norm", o.max_grad_norm, "Global gradient-norm clipping (<= 0 disables)")
+      ->capture_default_str();
+  app->add_option("--model-precision", o.model_precision, "Storage of weights, gradients, activations: fp32 | bf16")
+      ->capture_default_str();
+  app->add_option("--mixed-precision", o.mixed_precision, "no | bf16 | fp16 (fp32 master weights)")
+      ->capture_default_str();
+  app->add_option("--attn", o.attn, "Attention implementation: eager | flash")->capture_default_str();
+  app->add_flag("--fused-kernels", o.fused_kernels, "Fused norm+residual, RoPE, MLP activation, linear+cross-entropy");
+  app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
+  app->add_option("--device", o.device, "cpu | cuda")->capture_default_str();
+  app->add_option("--device-memory", o.device_memory,
+                  "Device memory capacity to enforce, e.g. 80GiB, 4GiB (default: the device's physical memory)");
+  app->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app->add_option("--seed", o.seed, "Seed for initialization, data and dropout")->capture_default_str();
+  app->add_option("--data", o.data, "synthetic, or a file of little-endian uint32 token ids")->capture_default_str();
+  app->add_option("--save", o.save, "Save the trained model as a Hugging Face directory");
+  app->add_option("--json", o.json, "Write the run record (JSON) to this file");
+  app->add_option("--bench-warmup-steps", o.bench_warmup_steps,
+                  "Steps excluded from throughput (fewer if the run is shorter)")
+      ->capture_default_str();
+  app->add_flag("--profile", o.profile, "Print time by op family, forward/backward, optimizer and data");
+  app->add_option("--peak-tflops", o.peak_tflops, "Device peak TFLOP/s for MFU (unknown on CPU unless given)");
+  app->add_flag("--quiet", o.quiet, "No per-step progress lines");
+}
+
+}  // namespace scalelab::cli

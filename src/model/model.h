@@ -1,0 +1,59 @@
+#pragma once
+// The model interface the trainer drives: one micro-batch forward + loss + backward at a time,
+// parameters and gradients in flat buffers laid out by ParamLayout.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/context.h"
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace scalelab {
+
+enum class AttentionImpl { kEager, kFlash };
+
+// The engine's switches that change how a model computes (not what it computes).
+struct ModelOptions {
+  AttentionImpl attention = AttentionImpl::kEager;
+  bool fused_kernels = false;
+  bool activation_checkpointing = false;
+  double dropout = 0.0;  // OPT only; the trainer resolves config vs --dropout
+  std::uint64_t seed = 0;
+};
+
+struct Batch {
+  Tensor inputs;   // int32 [B, S]
+  Tensor targets;  // int32 [B, S]; kIgnoreIndex (-100) rows do not count in the loss
+  std::int64_t batch = 0, seq = 0;
+};
+
+// Called as ranges [begin, end) of the flat gradient buffer become final during backward (in
+// reverse layer order): the hook for overlapping gradient all-reduce with the rest of backward.
+using GradReadyHook = std::function<void(std::int64_t begin, std::int64_t end)>;
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Forward, mean cross-entropy over target tokens, and backward with the loss gradient scaled by
+  // grad_scale (1 / grad-accum steps). Parameter gradients accumulate into the gradient buffer.
+  // Returns the mean loss of this micro-batch.
+  virtual double forward_backward(const Batch& batch, float grad_scale, ExecContext& ctx) = 0;
+  // Forward only: mean loss; when logits_out is non-null it receives the fp32 logits [B*S, V].
+  virtual double forward_loss(const Batch& batch, ExecContext& ctx, Tensor* logits_out = nullptr) = 0;
+  virtual void set_grad_ready_hook(GradReadyHook hook) { hook_ = std::move(hook); }
+  // Micro-steps counted by the model (e.g. to vary dropout masks); the trainer sets it.
+  void set_step(std::int64_t step) { step_ = step; }
+
+ protected:
+  GradReadyHook hook_;
+  std::int64_t step_ = 0;
+};
+
+// Builds the model for config.family over the given flat buffers (which must outlive it).
+std::unique_ptr<Model> make_model(const ModelConfig& config, const ParamLayout& layout, Tensor& params, Tensor& grads,
+                                  const ModelOptions& options);
+
+}  // namespace scalelab

@@ -1,0 +1,46 @@
+#pragma once
+// Training data sources (DESIGN.md "Contracts"):
+// - synthetic: the seeds' dummy dataset: each sample is seq_len+1 uniform random token ids in
+//   [0, min(1000, vocab_size)); inputs are the first seq_len, targets the last seq_len. Sample g of
+//   a seed is the same whichever rank or micro-batch reads it (counter-based generator).
+// - a token file: flat little-endian uint32 ids read in order, sample after sample, each sample
+//   seq_len+1 tokens; it wraps around at the end (next epoch). No shuffling.
+// Data-parallel ranks read disjoint samples: in each global micro-batch of world·B samples,
+// rank r takes samples [r·B, (r+1)·B).
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+#include "model/model.h"
+
+namespace scalelab {
+
+class DataSource {
+ public:
+  virtual ~DataSource() = default;
+  // Fills batch.inputs/targets (int32 [B, S]) with the next micro-batch for this rank.
+  virtual void next(Batch& batch) = 0;
+  virtual std::string describe() const = 0;
+};
+
+struct DataOptions {
+  std::string spec = "synthetic";  // "synthetic" or a path
+  std::int64_t seq_len = 0;
+  std::int64_t micro_batch = 0;
+  std::int64_t vocab_size = 0;
+  std::uint64_t seed = 0;
+  int rank = 0;
+  int world = 1;
+};
+
+// Throws InvalidInput for an unreadable, empty, short or malformed file, or ids >= vocab_size.
+std::unique_ptr<DataSource> make_data_source(const DataOptions& options);
+
+// Allocates a batch's int32 tensors from `alloc`.
+Batch make_batch(std::int64_t micro_batch, std::int64_t seq_len, DeviceAllocator& alloc);
+
+// The counter-based generator of the synthetic dataset: token `pos` of sample `sample`.
+std::uint32_t synthetic_token(std::uint64_t seed, std::uint64_t sample, std::uint64_t pos, std::uint32_t range);
+
+}  // namespace scalelab

@@ -1,0 +1,315 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "kernels/adamw.h"
+#include "model/model.h"
+#include "model/params.h"
+#include <random>
+#include "scalelab/version.h"
+#include "train/data.h"
+#include "train/lr_schedule.h"
+#include "train/memory_plan.h"
+
+namespace scalelab {
+
+nlohmann::json TrainOptions::to_json() const {
+  return {{"model", model},
+          {"seq_len", seq_len},
+          {"micro_batch_size", micro_batch_size},
+          {"grad_accum_steps", grad_accum_steps},
+          {"max_steps", max_steps},
+          {"warmup_steps", warmup_steps},
+          {"lr", lr},
+          {"lr_scheduler", lr_scheduler},
+          {"weight_decay", weight_decay},
+          {"adam_beta1", adam_beta1},
+          {"adam_beta2", adam_beta2},
+          {"adam_epsilon", adam_epsilon},
+          {"max_grad_norm", max_grad_norm},
+          {"model_precision", model_precision},
+          {"mixed_precision", mixed_precision},
+          {"attn", attn},
+          {"fused_kernels", fused_kernels},
+          {"activation_checkpointing", activation_checkpointing},
+          {"device", device},
+          {"device_memory", device_memory},
+          {"threads", threads},
+          {"seed", seed},
+          {"data", data},
+          {"save", save},
+          {"bench_warmup_steps", bench_warmup_steps},
+          {"profile", profile},
+          {"peak_tflops", peak_tflops}};
+}
+
+nlohmann::json TrainResult::to_json() const {
+  nlohmann::json j;
+  j["status"] = status;
+  j["config"] = config;
+  j["params"] = params;
+  j["flops_per_token"] = flops_per_token;
+  j["tokens_per_s"] = tokens_per_s;
+  j["tokens_per_s_per_device"] = tokens_per_s_per_device;
+  j["step_time_s"] = step_time_s;
+  j["max_allocated_bytes"] = max_allocated_bytes;
+  j["max_reserved_bytes"] = max_reserved_bytes;
+  nlohmann::json losses = nlohmann::json::array(), lrs = nlohmann::json::array(), times = nlohmann::json::array(),
+                 norms = nlohmann::json::array();
+  for (const auto& s : steps) {
+    losses.push_back(s.loss);
+    lrs.push_back(s.lr);
+    times.push_back(s.seconds);
+    norms.push_back(s.grad_norm);
+  }
+  j["losses"] = losses;
+  j["final_loss"] = steps.empty() ? nlohmann::json(nullptr) : nlohmann::json(steps.back().loss);
+  j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
+  j["error"] = error.empty() ? nlohmann::json(nullptr) : nlohmann::json(error);
+  j["learning_rates"] = lrs;
+  j["grad_norms"] = norms;
+  j["step_times_s"] = times;
+  j["measured_steps"] = measured_steps;
+  j["version"] = SCALELAB_VERSION;
+  j["git_revision"] = SCALELAB_GIT_REV;
+  if (!oom.is_null()) j["oom"] = oom;
+  if (!plan.is_null()) j["memory_plan"] = plan;
+  if (!profile.is_null()) j["profile"] = profile;
+  return j;
+}
+
+void write_json_file(const std::string& path, const nlohmann::json& j) {
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) {
+    std::error_code ec;
+    std::filesystem::create_directories(p.parent_path(), ec);
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    if (!out) throw RuntimeError("[json] cannot write '" + path + "' — check the directory exists and is writable");
+    out << j.dump(2) << "\n";
+    if (!out) throw RuntimeError("[json] writing '" + path + "' failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw RuntimeError("[json] cannot move the run record into '" + path + "': " + ec.message());
+}
+
+void validate_train_options(const TrainOptions& o) {
+  auto positive = [](std::int64_t v, const char* flag) {
+    if (v <= 0) throw InvalidInput(std::string("[") + flag + "] must be positive, got " + std::to_string(v));
+  };
+  positive(o.seq_len, "--seq-len");
+  positive(o.micro_batch_size, "--micro-batch-size");
+  positive(o.grad_accum_steps, "--grad-accum-steps");
+  positive(o.max_steps, "--max-steps");
+  if (o.warmup_steps < 0) throw InvalidInput("[--warmup-steps] must be >= 0, got " + std::to_string(o.warmup_steps));
+  if (o.bench_warmup_steps < 0) throw InvalidInput("[--bench-warmup-steps] must be >= 0");
+  if (!(o.lr >= 0) || !std::isfinite(o.lr)) throw InvalidInput("[--lr] must be a finite number >= 0");
+  if (!(o.weight_decay >= 0)) throw InvalidInput("[--weight-decay] must be >= 0");
+  if (!(o.adam_beta1 >= 0 && o.adam_beta1 < 1)) throw InvalidInput("[--adam-beta1] must be in [0, 1)");
+  if (!(o.adam_beta2 >= 0 && o.adam_beta2 < 1)) throw InvalidInput("[--adam-beta2] must be in [0, 1)");
+  if (!(o.adam_epsilon > 0)) throw InvalidInput("[--adam-epsilon] must be positive");
+  if (std::isnan(o.max_grad_norm)) throw InvalidInput("[--max-grad-norm] must be a number (<= 0 disables clipping)");
+  if (o.threads < 0) throw InvalidInput("[--threads] must be >= 0 (0 = all cores)");
+  parse_lr_schedule(o.lr_scheduler);
+  if (o.model_precision != "fp32" && o.model_precision != "bf16") {
+    throw InvalidInput("[--model-precision] must be fp32 or bf16, got '" + o.model_precision + "'");
+  }
+  if (o.mixed_precision != "no" && o.mixed_precision != "bf16" && o.mixed_precision != "fp16") {
+    throw InvalidInput("[--mixed-precision] must be no, bf16 or fp16, got '" + o.mixed_precision + "'");
+  }
+  if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
+  if (o.device != "cpu" && o.device != "cuda") throw InvalidInput("[--device] must be cpu or cuda, got '" + o.device + "'");
+  if (o.device == "cuda") {
+    throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
+  }
+  if (o.model_precision != "fp32" || o.mixed_precision != "no") {
+    throw InvalidInput("[--model-precision/--mixed-precision] only fp32 training is available in this build");
+  }
+  if (o.attn != "eager") throw InvalidInput("[--attn] only eager attention is available in this build");
+  if (o.fused_kernels) throw InvalidInput("[--fused-kernels] fused kernels are not available in this build");
+}
+
+namespace {
+
+// Normal(0, initializer_range) weights, norms 1; one generator per parameter (seed, index).
+void init_weights(Tensor& params, const ParamLayout& layout, const ModelConfig& cfg, std::uint64_t seed) {
+  float* p = params.f32();
+  for (std::size_t i = 0; i < layout.params().size(); ++i) {
+    const ParamInfo& info = layout.params()[i];
+    float* dst = p + info.offset;
+    if (info.is_norm) {
+      std::fill(dst, dst + info.numel, info.is_bias ? 0.0f : 1.0f);
+      continue;
+    }
+    if (info.is_bias) {
+      std::fill(dst, dst + info.numel, 0.0f);
+      continue;
+    }
+    std::mt19937_64 rng(seed * 1000003ull + i);
+    std::normal_distribution<float> d(0.0f, static_cast<float>(cfg.initializer_range));
+    for (std::int64_t k = 0; k < info.numel; ++k) dst[k] = d(rng);
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+nlohmann::json profile_json(const Profiler& prof, double total_s) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : prof.rows()) {
+    rows.push_back({{"family", r.family},
+                    {"phase", phase_name(r.phase)},
+                    {"seconds", r.entry.seconds},
+                    {"calls", r.entry.calls},
+                    {"percent", total_s > 0 ? 100.0 * r.entry.seconds / total_s : 0.0}});
+  }
+  return {{"total_step_seconds", total_s}, {"rows", rows}};
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainOptions& o) {
+  validate_train_options(o);
+  TrainResult res;
+  const ModelConfig cfg = resolve_model(o.model);
+  if (o.seq_len > cfg.max_position_embeddings) {
+    throw InvalidInput("[--seq-len] " + std::to_string(o.seq_len) + " is above the model's max_position_embeddings " +
+                       std::to_string(cfg.max_position_embeddings) + " — use a shorter sequence");
+  }
+  set_num_threads(o.threads);
+  const std::size_t capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
+  const LrSchedule schedule = parse_lr_schedule(o.lr_scheduler);
+  ModelOptions mopt;
+  mopt.attention = o.attn == "flash" ? AttentionImpl::kFlash : AttentionImpl::kEager;
+  mopt.fused_kernels = o.fused_kernels;
+  mopt.activation_checkpointing = o.activation_checkpointing;
+  mopt.seed = o.seed;
+
+  const ParamLayout layout = ParamLayout::build(cfg);
+  res.params = layout.total_numel();
+  const double attn_flops = 12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim) *
+                            static_cast<double>(o.seq_len);
+  res.flops_per_token = 6.0 * static_cast<double>(layout.matmul_numel()) + attn_flops;
+  res.config = o.to_json();
+  res.config["device_memory_bytes"] = capacity;
+  res.config["threads_resolved"] = num_threads();
+  res.config["model_config"] = cfg.to_hf_json();
+  res.config["model_family"] = family_name(cfg.family);
+
+  PlanInput pin{cfg, mopt, o.micro_batch_size, o.seq_len, num_threads(), capacity};
+  const MemoryPlan plan = plan_memory(pin);
+  res.plan = plan.to_json();
+
+  DeviceAllocator alloc(make_host_backend(), capacity);
+  Profiler profiler;
+  ExecContext ctx{&alloc, o.profile ? &profiler : nullptr};
+  const std::int64_t tokens_per_step = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
+  const std::int64_t bench_warmup = std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - 1));
+  try {
+    Tensor params = Tensor::empty({layout.total_numel()}, DType::kF32, alloc, "weights");
+    Tensor grads = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc, "gradients");
+    Tensor m = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc, "optimizer exp_avg");
+    Tensor v = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc, "optimizer exp_avg_sq");
+    init_weights(params, layout, cfg, o.seed);
+    std::unique_ptr<Model> model = make_model(cfg, layout, params, grads, mopt);
+    DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, 0, 1};
+    std::unique_ptr<DataSource> data = make_data_source(dopt);
+    Batch batch = make_batch(o.micro_batch_size, o.seq_len, alloc);
+
+    std::vector<kernels::ElementRange> ranges;
+    for (const auto& p : layout.params()) {
+      if (!ranges.empty() && ranges.back().decay == p.decay && ranges.back().end == p.offset) {
+        ranges.back().end = p.offset + p.numel;
+      } else {
+        ranges.push_back({p.offset, p.offset + p.numel, p.decay});
+      }
+    }
+
+    if (!o.quiet) {
+      std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads\n",
+                   cfg.name.c_str(), family_name(cfg.family), static_cast<long long>(res.params),
+                   data->describe().c_str(), static_cast<long long>(o.micro_batch_size),
+                   static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum_steps), num_threads());
+    }
+    double measured_time = 0;
+    std::vector<double> measured;
+    for (std::int64_t step = 0; step < o.max_steps; ++step) {
+      if (step == bench_warmup) profiler.clear();
+      const auto t0 = std::chrono::steady_clock::now();
+      grads.zero_();
+      double loss = 0;
+      for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
+        {
+          ProfileScope p(ctx, "data", Phase::kData);
+          data->next(batch);
+        }
+        model->set_step(step * o.grad_accum_steps + micro);
+        loss += model->forward_backward(batch, 1.0f / static_cast<float>(o.grad_accum_steps), ctx);
+      }
+      loss /= static_cast<double>(o.grad_accum_steps);
+      const double norm = kernels::clip_grad_norm_(grads, o.max_grad_norm, ctx);
+      kernels::AdamWHyper hp;
+      const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
+      hp.lr = static_cast<float>(lr);
+      hp.beta1 = static_cast<float>(o.adam_beta1);
+      hp.beta2 = static_cast<float>(o.adam_beta2);
+      hp.eps = static_cast<float>(o.adam_epsilon);
+      hp.weight_decay = static_cast<float>(o.weight_decay);
+      hp.step = step + 1;
+      kernels::adamw_update(params, m, v, grads, ranges, hp, ctx);
+      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      res.steps.push_back({loss, lr, norm, dt});
+      if (step >= bench_warmup) {
+        measured_time += dt;
+        measured.push_back(dt);
+      }
+      if (!o.quiet) {
+        const auto st = alloc.stats();
+        std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f tokens/s | %.3f s | mem %s reserved\n",
+                     static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss, lr, norm,
+                     static_cast<double>(tokens_per_step) / dt, dt, format_bytes(st.reserved).c_str());
+      }
+      if (!std::isfinite(loss)) {
+        throw RuntimeError("[train] the loss became " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                           " — lower --lr or enable clipping (--max-grad-norm)");
+      }
+    }
+    res.measured_steps = static_cast<std::int64_t>(measured.size());
+    res.tokens_per_s = measured_time > 0 ? static_cast<double>(tokens_per_step) * res.measured_steps / measured_time : 0;
+    res.tokens_per_s_per_device = res.tokens_per_s;
+    res.step_time_s = median(measured);
+    if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
+    if (o.profile) res.profile = profile_json(profiler, measured_time);
+    res.status = "ok";
+  } catch (const OutOfMemory& e) {
+    res.status = "oom";
+    res.error = e.what();
+    res.oom = {{"requested_bytes", e.requested()},
+               {"allocated_bytes", e.allocated()},
+               {"reserved_bytes", e.reserved()},
+               {"capacity_bytes", e.capacity()}};
+  }
+  const MemoryStats st = alloc.stats();
+  res.max_allocated_bytes = st.peak_allocated;
+  res.max_reserved_bytes = st.peak_reserved;
+  return res;
+}
+
+}  // namespace scalelab

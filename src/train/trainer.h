@@ -1,0 +1,84 @@
+#pragma once
+// The trainer: resolves a run's options, builds the model over flat buffers, runs the training
+// loop (gradient accumulation, clipping, AdamW, LR schedule) and measures it.
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/context.h"
+
+namespace scalelab {
+
+// Every flag of `scalelab train` (names as the Hugging Face Trainer's, in kebab case on the CLI).
+struct TrainOptions {
+  std::string model = "llama-small";
+  std::int64_t seq_len = 256;
+  std::int64_t micro_batch_size = 8;
+  std::int64_t grad_accum_steps = 1;
+  std::int64_t max_steps = 20;
+  std::int64_t warmup_steps = 0;
+  double lr = 5e-5;
+  std::string lr_scheduler = "linear";
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  std::string model_precision = "fp32";
+  std::string mixed_precision = "no";
+  std::string attn = "eager";
+  bool fused_kernels = false;
+  bool activation_checkpointing = false;
+  std::string device = "cpu";
+  std::string device_memory;  // empty: the device's physical memory
+  int threads = 0;            // 0: all cores
+  std::uint64_t seed = 42;
+  std::string data = "synthetic";
+  std::string save;
+  std::string json;
+  std::int64_t bench_warmup_steps = 2;
+  bool profile = false;
+  double peak_tflops = 0;  // for MFU; 0: unknown on this device (mfu is null)
+  bool quiet = false;      // no per-step progress lines
+
+  nlohmann::json to_json() const;
+};
+
+struct StepRecord {
+  double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+};
+
+struct TrainResult {
+  std::string status = "error";  // "ok", "oom", "error"
+  std::string error;
+  nlohmann::json config;        // resolved options and model config
+  std::int64_t params = 0;
+  double flops_per_token = 0;
+  double tokens_per_s = 0;             // all devices
+  double tokens_per_s_per_device = 0;
+  double step_time_s = 0;              // median over measured steps
+  std::size_t max_allocated_bytes = 0, max_reserved_bytes = 0;
+  std::vector<StepRecord> steps;
+  std::int64_t measured_steps = 0;
+  std::optional<double> mfu;
+  nlohmann::json oom;      // request and usage when status is "oom"
+  nlohmann::json plan;     // the memory plan (always computed; shown on oom)
+  nlohmann::json profile;  // time by op family and phase when --profile
+  nlohmann::json to_json() const;
+};
+
+// Checks flags that need no model (sizes, enums); throws InvalidInput naming the flag.
+void validate_train_options(const TrainOptions& o);
+
+// Runs training. Invalid input throws InvalidInput; running out of device memory returns a result
+// with status "oom" (never throws OutOfMemory); progress goes to stderr unless quiet.
+TrainResult run_training(const TrainOptions& o);
+
+// Writes a JSON file atomically (temporary file + rename); throws RuntimeError on failure.
+void write_json_file(const std::string& path, const nlohmann::json& j);
+
+}  // namespace scalelab
