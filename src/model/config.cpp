@@ -213,6 +213,14 @@ ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& sour
     c.vocab_size = require_int(j, "vocab_size", source);
     // Optional fields take transformers' LlamaConfig defaults.
     c.num_key_value_heads = get_or<std::int64_t>(j, "num_key_value_heads", c.num_attention_heads, source);
+    if (!j.contains("head_dim") || j.at("head_dim").is_null()) {
+      // Without an explicit head_dim, heads must split hidden_size evenly.
+      if (c.num_attention_heads > 0 && c.hidden_size % c.num_attention_heads != 0) {
+        throw InvalidInput("[config] " + source + ": num_attention_heads (" + std::to_string(c.num_attention_heads) +
+                           ") does not divide hidden_size (" + std::to_string(c.hidden_size) +
+                           ") — choose a head count that divides it, or set head_dim");
+      }
+    }
     c.head_dim = get_or<std::int64_t>(j, "head_dim",
                                       c.num_attention_heads > 0 ? c.hidden_size / c.num_attention_heads : 0, source);
     c.max_position_embeddings = get_or<std::int64_t>(j, "max_position_embeddings", 2048, source);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 
 #include "core/allocator.h"
 #include "kernels/attention.h"
@@ -11,98 +12,237 @@ namespace scalelab {
 
 namespace {
 
-// One allocation as the allocator counts it (rounded), and the rounding it adds.
-struct Acc {
-  std::size_t bytes = 0, rounding = 0;
-  void add(std::size_t raw) {
-    const std::size_t r = DeviceAllocator::round_size(std::max<std::size_t>(raw, 1));
-    bytes += r;
-    rounding += r - raw;
+// A backend that hands out distinct fake addresses and never touches memory: the plan runs the
+// real allocator's caching policy over the schedule of requests the engine makes.
+class VirtualBackend final : public MemoryBackend {
+ public:
+  void* raw_alloc(std::size_t bytes) override {
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += (bytes + 4095) / 4096 * 4096 + 4096;
+    return p;
   }
+  void raw_free(void*, std::size_t) override {}
+  DeviceType device() const override { return DeviceType::kCPU; }
+
+ private:
+  std::uintptr_t next_ = 0x100000;
 };
 
-struct Breakdown {
-  std::vector<PlanItem> items;
+// Categories of the plan, in display order.
+const char* const kCategories[] = {"weights",          "gradients",         "optimizer states", "batch",
+                                   "activations",      "attention scores",  "logits",           "head buffers",
+                                   "recomputed layer", "backward temporaries", "workspace"};
+
+class Schedule {
+ public:
+  Schedule() : alloc_(std::make_unique<VirtualBackend>(), ~std::size_t{0}) {}
+
+  int alloc(const char* category, std::size_t bytes) {
+    void* p = alloc_.allocate(bytes);
+    const int id = next_id_++;
+    live_[id] = {p, DeviceAllocator::round_size(std::max<std::size_t>(bytes, 1)), category};
+    rounding_[category] += DeviceAllocator::round_size(std::max<std::size_t>(bytes, 1)) - bytes;
+    const MemoryStats st = alloc_.stats();
+    if (st.reserved > peak_reserved_) {
+      peak_reserved_ = st.reserved;
+      snapshot_.clear();
+      for (const auto& [k, v] : live_) snapshot_[v.category] += v.bytes;
+      cached_at_peak_ = st.reserved - st.allocated;
+    }
+    return id;
+  }
+  void free(int id) {
+    auto it = live_.find(id);
+    if (it == live_.end()) return;
+    alloc_.deallocate(it->second.p);
+    live_.erase(it);
+  }
+  std::size_t peak_reserved() const { return peak_reserved_; }
+  const std::map<std::string, std::size_t>& snapshot() const { return snapshot_; }
+  std::size_t cached_at_peak() const { return cached_at_peak_; }
+  std::size_t rounding_total() const {
+    std::size_t r = 0;
+    for (const auto& [k, v] : rounding_) r += v;
+    return r;
+  }
+
+ private:
+  struct Live {
+    void* p;
+    std::size_t bytes;
+    std::string category;
+  };
+  DeviceAllocator alloc_;
+  std::map<int, Live> live_;
+  std::map<std::string, std::size_t> snapshot_, rounding_;
+  std::size_t peak_reserved_ = 0, cached_at_peak_ = 0;
+  int next_id_ = 0;
+};
+
+struct Sizes {
+  std::size_t T, B, S, H, I, Q, KV, V, NH, L, P, ld;
+};
+
+struct LayerActs {
+  int rstd1 = -1, y1 = -1, qkv = -1, attn = -1, probs = -1, h = -1, rstd2 = -1, y2 = -1, gu = -1, act = -1;
+  int x = -1;
+};
+
+// The Llama engine's requests for one training step, in the order src/model/llama.cpp makes them.
+void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
+  const std::size_t f = 4;
+  const bool ckpt = in.options.activation_checkpointing;
+  auto layer_forward = [&](LayerActs& a, const char* cat) {
+    a.rstd1 = s.alloc(cat, z.T * f);
+    a.y1 = s.alloc(cat, z.T * z.H * f);
+    a.qkv = s.alloc(cat, z.T * z.ld * f);
+    a.attn = s.alloc(cat, z.T * z.Q * f);
+    a.probs = s.alloc(ckpt && cat[0] == 'r' ? cat : "attention scores", z.B * z.NH * z.S * z.S * f);
+    a.h = s.alloc(cat, z.T * z.H * f);
+    a.rstd2 = s.alloc(cat, z.T * f);
+    a.y2 = s.alloc(cat, z.T * z.H * f);
+    a.gu = s.alloc(cat, z.T * 2 * z.I * f);
+    a.act = s.alloc(cat, z.T * z.I * f);
+  };
+  auto drop_all_but_input = [&](LayerActs& a) {
+    for (int id : {a.rstd1, a.y1, a.qkv, a.probs, a.attn, a.h, a.rstd2, a.y2, a.gu, a.act}) s.free(id);
+    const int x = a.x;
+    a = LayerActs();
+    a.x = x;
+  };
+  std::vector<LayerActs> acts(z.L);
+  int x = s.alloc("activations", z.T * z.H * f);  // embeddings
+  for (std::size_t l = 0; l < z.L; ++l) {
+    const int out = s.alloc("activations", z.T * z.H * f);
+    acts[l].x = x;
+    layer_forward(acts[l], "activations");
+    if (ckpt) drop_all_but_input(acts[l]);
+    x = out;
+  }
+  const int xf = s.alloc("head buffers", z.T * z.H * f), rstdf = s.alloc("head buffers", z.T * f);
+  const int logits = s.alloc("logits", z.T * z.V * f);
+  const int lse = s.alloc("head buffers", z.T * f);
+  const int dxf = s.alloc("head buffers", z.T * z.H * f);
+  s.free(logits);
+  const int dx = s.alloc("backward temporaries", z.T * z.H * f);
+  s.free(dxf);
+  s.free(xf);
+  kernels::AttentionShape as{static_cast<std::int64_t>(z.B), static_cast<std::int64_t>(z.S),
+                             static_cast<std::int64_t>(z.NH), static_cast<std::int64_t>(z.NH * z.KV / z.Q),
+                             static_cast<std::int64_t>(z.Q / z.NH)};
+  const std::size_t ws = kernels::attention_eager_workspace_bytes(as, std::max(1, in.threads));
+  for (std::size_t li = z.L; li-- > 0;) {
+    LayerActs& a = acts[li];
+    if (ckpt) {
+      const int out = s.alloc("recomputed layer", z.T * z.H * f);
+      layer_forward(a, "recomputed layer");
+      s.free(out);
+    }
+    const int dact = s.alloc("backward temporaries", z.T * z.I * f);
+    s.free(a.act);
+    const int dgu = s.alloc("backward temporaries", z.T * 2 * z.I * f);
+    s.free(dact);
+    const int dy = s.alloc("backward temporaries", z.T * z.H * f);
+    s.free(dgu);
+    const int dattn = s.alloc("backward temporaries", z.T * z.Q * f);
+    const int dqkv = s.alloc("backward temporaries", z.T * z.ld * f);
+    s.free(s.alloc("workspace", ws));
+    s.free(dattn);
+    s.free(a.probs);
+    s.free(dqkv);
+    s.free(dy);
+    for (int id : {a.x, a.rstd1, a.y1, a.qkv, a.attn, a.h, a.rstd2, a.y2, a.gu}) s.free(id);
+  }
+  s.free(x);
+  s.free(lse);
+  s.free(rstdf);
+  s.free(dx);
+}
+
+struct Result {
   std::size_t total = 0;
+  std::vector<PlanItem> items;
 };
 
-Breakdown compute(const PlanInput& in) {
+Result simulate(const PlanInput& in, bool with_items) {
   const ModelConfig& c = in.config;
   const ParamLayout layout = ParamLayout::build(c);
-  const std::size_t P = static_cast<std::size_t>(layout.total_numel());
-  const std::size_t f = 4;  // fp32
-  const std::size_t B = static_cast<std::size_t>(in.micro_batch), S = static_cast<std::size_t>(in.seq_len);
-  const std::size_t T = B * S, H = static_cast<std::size_t>(c.hidden_size), I = static_cast<std::size_t>(c.intermediate_size);
-  const std::size_t Q = static_cast<std::size_t>(c.q_dim()), KV = static_cast<std::size_t>(c.kv_dim());
-  const std::size_t V = static_cast<std::size_t>(c.vocab_size), NH = static_cast<std::size_t>(c.num_attention_heads);
-  const std::size_t L = static_cast<std::size_t>(c.num_hidden_layers);
-  std::size_t rounding = 0;
-  auto one = [&](std::size_t raw) {
-    Acc a;
-    a.add(raw);
-    rounding += a.rounding;
-    return a.bytes;
-  };
+  Sizes z{};
+  z.B = static_cast<std::size_t>(in.micro_batch);
+  z.S = static_cast<std::size_t>(in.seq_len);
+  z.T = z.B * z.S;
+  z.H = static_cast<std::size_t>(c.hidden_size);
+  z.I = static_cast<std::size_t>(c.intermediate_size);
+  z.Q = static_cast<std::size_t>(c.q_dim());
+  z.KV = static_cast<std::size_t>(c.kv_dim());
+  z.V = static_cast<std::size_t>(c.vocab_size);
+  z.NH = static_cast<std::size_t>(c.num_attention_heads);
+  z.L = static_cast<std::size_t>(c.num_hidden_layers);
+  z.P = static_cast<std::size_t>(layout.total_numel());
+  z.ld = z.Q + 2 * z.KV;
+  const std::size_t f = 4;
 
-  Breakdown b;
-  auto item = [&](std::string name, std::size_t bytes, std::string detail) {
-    b.items.push_back({std::move(name), bytes, std::move(detail)});
-    b.total += bytes;
-  };
-  item("weights", one(P * f), std::to_string(P) + " parameters, fp32");
-  item("gradients", one(P * f), "fp32, same layout as the weights");
-  item("optimizer states", 2 * one(P * f), "AdamW exp_avg and exp_avg_sq, fp32");
-  item("batch", 2 * one(T * 4), "input and target token ids");
+  Schedule s;
+  s.alloc("weights", z.P * f);
+  s.alloc("gradients", z.P * f);
+  s.alloc("optimizer states", z.P * f);
+  s.alloc("optimizer states", z.P * f);
+  s.alloc("batch", z.T * 4);
+  s.alloc("batch", z.T * 4);
+  for (int step = 0; step < 2; ++step) llama_step(s, z, in);
 
-  // Saved per layer for backward (what the layer keeps between forward and backward).
-  const bool ckpt = in.options.activation_checkpointing;
-  Acc layer;
-  for (std::size_t n : {T * H, T, T * H, T * (Q + 2 * KV), T * Q, T * H, T, T * H, T * 2 * I, T * I}) layer.add(n * f);
-  Acc scores;
-  scores.add(B * NH * S * S * f);
-  const std::size_t x_only = one(T * H * f);
-  if (ckpt) {
-    item("activations", L * x_only, "checkpointing: each layer keeps only its input [T, H]");
-    // One layer is rebuilt in backward.
-    item("recomputed layer", layer.bytes - x_only + scores.bytes + one(T * H * f),
-         "the layer being recomputed in backward, with its scores and output");
-    rounding += layer.rounding + scores.rounding;
-  } else {
-    item("activations", L * layer.bytes,
-         std::to_string(layer.bytes) + " bytes per layer: input, norms, qkv, attention output, residual, gate/up, "
-                                       "activation");
-    item("attention scores", L * scores.bytes, "eager attention keeps softmax(QK^T) [B, heads, S, S] per layer");
-    rounding += L * (layer.rounding + scores.rounding);
+  Result r;
+  r.total = s.peak_reserved();
+  if (!with_items) return r;
+  const auto& snap = s.snapshot();
+  auto detail = [&](const std::string& cat) -> std::string {
+    if (cat == "weights") return std::to_string(z.P) + " parameters, fp32";
+    if (cat == "gradients") return "fp32, same layout as the weights";
+    if (cat == "optimizer states") return "AdamW exp_avg and exp_avg_sq, fp32";
+    if (cat == "batch") return "input and target token ids";
+    if (cat == "activations") {
+      const std::size_t per_layer = DeviceAllocator::round_size(z.T * f) * 2 +
+                                    DeviceAllocator::round_size(z.T * z.H * f) * 5 +
+                                    DeviceAllocator::round_size(z.T * z.ld * f) +
+                                    DeviceAllocator::round_size(z.T * z.Q * f) +
+                                    DeviceAllocator::round_size(z.T * 3 * z.I * f);
+      if (in.options.activation_checkpointing)
+        return "checkpointing keeps each layer's input only: " + format_bytes(DeviceAllocator::round_size(z.T * z.H * f)) +
+               " per layer";
+      return format_bytes(per_layer) + " per layer kept for backward (input, norms, qkv, attention output, residual, "
+                                       "gate/up, activation)";
+    }
+    if (cat == "attention scores")
+      return format_bytes(DeviceAllocator::round_size(z.B * z.NH * z.S * z.S * f)) +
+             " per layer: eager softmax(QK^T) [B, heads, S, S]";
+    if (cat == "logits") return "[tokens, vocab] fp32; the loss gradient is written in place";
+    if (cat == "head buffers") return "final residual norm output, its gradient, rstd, lse";
+    if (cat == "recomputed layer") return "one layer rebuilt in backward under checkpointing";
+    if (cat == "backward temporaries") return "residual gradient and one layer's activation gradients";
+    if (cat == "workspace") return "attention backward scratch, one block per thread";
+    return "";
+  };
+  for (const char* cat : kCategories) {
+    auto it = snap.find(cat);
+    if (it == snap.end() || it->second == 0) continue;
+    r.items.push_back({cat, it->second, detail(cat)});
   }
-
-  // Head: last residual, final norm output and rstd, logits, lse, and the final-norm gradient
-  // allocated while the logits are alive.
-  const std::size_t head_small = one(T * H * f) * 3 + one(T * f) * 2;
-  item("logits", one(T * V * f), "[T, vocab] fp32; the loss gradient is written in place");
-  item("head buffers", head_small, "final residual, final norm output and its gradient, rstd, lse");
-
-  // Backward temporaries of one layer, allocated while the logits block stays cached (reserved).
-  const std::size_t temps = one(T * H * f) /* dx */ + one(T * I * f) + one(T * 2 * I * f) + one(T * H * f) +
-                            one(T * Q * f) + one(T * (Q + 2 * KV) * f);
-  item("backward temporaries", temps, "residual gradient and one layer's activation gradients");
-  kernels::AttentionShape as{static_cast<std::int64_t>(B), static_cast<std::int64_t>(S), c.num_attention_heads,
-                             c.num_key_value_heads, c.head_dim};
-  item("workspace", one(kernels::attention_eager_workspace_bytes(as, std::max(1, in.threads))),
-       "attention backward scratch, one block per thread");
-  item("allocator rounding", rounding, "requests rounded up to 512 bytes (already inside the lines above)");
-  b.total -= rounding;  // rounding is inside the rounded sizes; shown for information only
-  return b;
+  r.items.push_back({"allocator cache", s.cached_at_peak(),
+                     "freed blocks the caching allocator keeps reserved at the peak (reused next step)"});
+  r.items.push_back({"allocator rounding", s.rounding_total(),
+                     "requests rounded up to 512 bytes (already counted in the lines above)"});
+  return r;
 }
 
 }  // namespace
 
-std::size_t plan_total_bytes(const PlanInput& in) { return compute(in).total; }
+std::size_t plan_total_bytes(const PlanInput& in) { return simulate(in, false).total; }
 
 MemoryPlan plan_memory(const PlanInput& in) {
   MemoryPlan p;
-  const Breakdown b = compute(in);
-  p.items = b.items;
-  p.total = b.total;
+  const Result r = simulate(in, true);
+  p.items = r.items;
+  p.total = r.total;
   p.capacity = in.capacity;
   p.micro_batch = in.micro_batch;
   p.fits = in.capacity == 0 || p.total <= in.capacity;
@@ -113,7 +253,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
       return plan_total_bytes(probe) <= in.capacity;
     };
     std::int64_t lo = 0, hi = 1;
-    while (fits(hi) && hi < (std::int64_t{1} << 20)) {
+    while (fits(hi) && hi < (std::int64_t{1} << 16)) {
       lo = hi;
       hi *= 2;
     }
@@ -141,13 +281,13 @@ nlohmann::json MemoryPlan::to_json() const {
 
 std::string MemoryPlan::to_table() const {
   std::string out;
-  char line[512];
+  char line[640];
   for (const auto& it : items) {
     std::snprintf(line, sizeof line, "  %-22s %12s  %s\n", it.name.c_str(), format_bytes(it.bytes).c_str(),
                   it.detail.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-22s %12s  (predicted peak reserved, micro-batch %lld)\n", "total",
+  std::snprintf(line, sizeof line, "  %-22s %12s  predicted peak reserved at micro-batch %lld\n", "total",
                 format_bytes(total).c_str(), static_cast<long long>(micro_batch));
   out += line;
   if (capacity > 0) {

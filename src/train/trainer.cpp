@@ -185,22 +185,33 @@ nlohmann::json profile_json(const Profiler& prof, double total_s) {
 
 }  // namespace
 
+PlanInput make_plan_input(const TrainOptions& o) {
+  PlanInput in;
+  in.config = resolve_model(o.model);
+  if (o.seq_len > in.config.max_position_embeddings) {
+    throw InvalidInput("[--seq-len] " + std::to_string(o.seq_len) + " is above the model's max_position_embeddings " +
+                       std::to_string(in.config.max_position_embeddings) + " — use a shorter sequence");
+  }
+  in.options.attention = o.attn == "flash" ? AttentionImpl::kFlash : AttentionImpl::kEager;
+  in.options.fused_kernels = o.fused_kernels;
+  in.options.activation_checkpointing = o.activation_checkpointing;
+  in.options.seed = o.seed;
+  in.micro_batch = o.micro_batch_size;
+  in.seq_len = o.seq_len;
+  set_num_threads(o.threads);
+  in.threads = num_threads();
+  in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
+  return in;
+}
+
 TrainResult run_training(const TrainOptions& o) {
   validate_train_options(o);
   TrainResult res;
-  const ModelConfig cfg = resolve_model(o.model);
-  if (o.seq_len > cfg.max_position_embeddings) {
-    throw InvalidInput("[--seq-len] " + std::to_string(o.seq_len) + " is above the model's max_position_embeddings " +
-                       std::to_string(cfg.max_position_embeddings) + " — use a shorter sequence");
-  }
-  set_num_threads(o.threads);
-  const std::size_t capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
+  const PlanInput pin = make_plan_input(o);
+  const ModelConfig& cfg = pin.config;
+  const std::size_t capacity = pin.capacity;
   const LrSchedule schedule = parse_lr_schedule(o.lr_scheduler);
-  ModelOptions mopt;
-  mopt.attention = o.attn == "flash" ? AttentionImpl::kFlash : AttentionImpl::kEager;
-  mopt.fused_kernels = o.fused_kernels;
-  mopt.activation_checkpointing = o.activation_checkpointing;
-  mopt.seed = o.seed;
+  const ModelOptions& mopt = pin.options;
 
   const ParamLayout layout = ParamLayout::build(cfg);
   res.params = layout.total_numel();
@@ -213,7 +224,6 @@ TrainResult run_training(const TrainOptions& o) {
   res.config["model_config"] = cfg.to_hf_json();
   res.config["model_family"] = family_name(cfg.family);
 
-  PlanInput pin{cfg, mopt, o.micro_batch_size, o.seq_len, num_threads(), capacity};
   const MemoryPlan plan = plan_memory(pin);
   res.plan = plan.to_json();
 

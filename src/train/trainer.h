@@ -78,6 +78,10 @@ void validate_train_options(const TrainOptions& o);
 // with status "oom" (never throws OutOfMemory); progress goes to stderr unless quiet.
 TrainResult run_training(const TrainOptions& o);
 
+// The memory-plan input of a run (model resolved, capacity parsed, threads resolved).
+struct PlanInput;
+PlanInput make_plan_input(const TrainOptions& o);
+
 // Writes a JSON file atomically (temporary file + rename); throws RuntimeError on failure.
 void write_json_file(const std::string& path, const nlohmann::json& j);
 

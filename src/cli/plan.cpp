@@ -1,0 +1,34 @@
+// `scalelab plan`: the memory plan of a training configuration, without running it.
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/train_flags.h"
+#include "core/allocator.h"
+#include "core/parallel.h"
+#include "train/memory_plan.h"
+#include "train/trainer.h"
+
+namespace scalelab::cli {
+
+Subcommand add_plan_command(CLI::App& root) {
+  auto opts = std::make_shared<TrainOptions>();
+  auto* app = root.add_subcommand("plan", "Print the device-memory plan of a train configuration without running it");
+  add_train_flags(app, *opts);
+  return {app, [opts] {
+            const TrainOptions& o = *opts;
+            validate_train_options(o);
+            const PlanInput in = make_plan_input(o);
+            const MemoryPlan plan = plan_memory(in);
+            std::printf("Memory plan: %s, micro-batch %lld, seq-len %lld\n", in.config.name.c_str(),
+                        static_cast<long long>(o.micro_batch_size), static_cast<long long>(o.seq_len));
+            std::printf("%s", plan.to_table().c_str());
+            if (!o.json.empty()) {
+              write_json_file(o.json, plan.to_json());
+              std::printf("Plan: %s\n", o.json.c_str());
+            }
+            return 0;
+          }};
+}
+
+}  // namespace scalelab::cli

@@ -1,0 +1,155 @@
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "train/memory_plan.h"
+
+namespace scalelab {
+namespace {
+
+TrainOptions tiny() {
+  TrainOptions o;
+  o.model = "llama-tiny";
+  o.seq_len = 16;
+  o.micro_batch_size = 2;
+  o.max_steps = 4;
+  o.lr = 1e-3;
+  o.quiet = true;
+  o.threads = 2;
+  return o;
+}
+
+TEST(Trainer, SameSeedSameLossesBitForBit) {
+  TrainOptions o = tiny();
+  const TrainResult a = run_training(o), b = run_training(o);
+  ASSERT_EQ(a.status, "ok");
+  ASSERT_EQ(a.steps.size(), 4u);
+  for (std::size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << i;
+  o.seed = 43;
+  const TrainResult c = run_training(o);
+  EXPECT_NE(a.steps[0].loss, c.steps[0].loss);
+}
+
+TEST(Trainer, GradientAccumulationMatchesTheLargerBatch) {
+  TrainOptions big = tiny();
+  big.micro_batch_size = 4;
+  TrainOptions acc = tiny();
+  acc.micro_batch_size = 2;
+  acc.grad_accum_steps = 2;
+  const TrainResult a = run_training(big), b = run_training(acc);
+  for (std::size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 2e-5) << i;
+    EXPECT_NEAR(a.steps[i].grad_norm, b.steps[i].grad_norm, 1e-4 * a.steps[i].grad_norm) << i;
+  }
+}
+
+TEST(Trainer, LearnsAPeriodicTokenFile) {
+  // A token file repeating 0..16: next-token prediction is learnable, so the loss must fall.
+  const std::string path = testing::TempDir() + "periodic_tokens.bin";
+  {
+    std::ofstream out(path, std::ios::binary);
+    for (std::uint32_t i = 0; i < 17 * 64; ++i) {
+      const std::uint32_t t = i % 17;
+      out.write(reinterpret_cast<const char*>(&t), 4);
+    }
+  }
+  TrainOptions o = tiny();
+  o.max_steps = 30;
+  o.lr = 3e-3;
+  o.lr_scheduler = "constant";
+  o.data = path;
+  const TrainResult r = run_training(o);
+  ASSERT_EQ(r.status, "ok");
+  EXPECT_LT(r.steps.back().loss, r.steps.front().loss - 0.3);
+}
+
+TEST(Trainer, WarmupStartsAtZeroLr) {
+  TrainOptions o = tiny();
+  o.warmup_steps = 2;
+  const TrainResult r = run_training(o);
+  EXPECT_EQ(r.steps[0].lr, 0.0);
+  EXPECT_DOUBLE_EQ(r.steps[1].lr, 0.5e-3);
+  EXPECT_DOUBLE_EQ(r.steps[2].lr, 1e-3);
+}
+
+TEST(Trainer, OutOfMemoryIsAResultNotACrash) {
+  TrainOptions o = tiny();
+  o.device_memory = "300KiB";
+  const TrainResult r = run_training(o);
+  EXPECT_EQ(r.status, "oom");
+  EXPECT_GT(r.oom["requested_bytes"].get<std::size_t>(), 0u);
+  EXPECT_EQ(r.oom["capacity_bytes"].get<std::size_t>(), 300u * 1024);
+  EXPECT_FALSE(r.plan["fits"].get<bool>());
+  EXPECT_LE(r.max_reserved_bytes, 300u * 1024);
+}
+
+TEST(Trainer, RecordHasTheContractFields) {
+  const TrainResult r = run_training(tiny());
+  const auto j = r.to_json();
+  for (const char* k : {"status", "config", "params", "flops_per_token", "tokens_per_s", "tokens_per_s_per_device",
+                        "step_time_s", "max_allocated_bytes", "max_reserved_bytes", "losses", "final_loss", "mfu",
+                        "error"}) {
+    EXPECT_TRUE(j.contains(k)) << k;
+  }
+  EXPECT_EQ(j["losses"].size(), 4u);
+  EXPECT_TRUE(j["mfu"].is_null());
+  EXPECT_EQ(j["config"]["micro_batch_size"], 2);
+  EXPECT_EQ(j["measured_steps"], 2);  // 4 steps minus 2 warm-up steps
+}
+
+TEST(Trainer, InvalidOptionsNameTheFlag) {
+  auto expect_flag = [](TrainOptions o, const char* flag) {
+    try {
+      run_training(o);
+      FAIL() << flag;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  };
+  TrainOptions o = tiny();
+  o.seq_len = 0;
+  expect_flag(o, "--seq-len");
+  o = tiny();
+  o.micro_batch_size = -1;
+  expect_flag(o, "--micro-batch-size");
+  o = tiny();
+  o.seq_len = 100000;
+  expect_flag(o, "max_position_embeddings");
+  o = tiny();
+  o.lr_scheduler = "bogus";
+  expect_flag(o, "--lr-scheduler");
+  o = tiny();
+  o.model = "gpt-5";
+  expect_flag(o, "unknown model preset");
+}
+
+// The plan predicts the measured peak reserved memory within 10% for several configurations.
+TEST(MemoryPlan, PredictsMeasuredPeakWithin10Percent) {
+  struct Case {
+    std::string model;
+    std::int64_t mb, seq;
+    bool ckpt;
+  };
+  for (const Case& c : {Case{"llama-tiny", 2, 64, false}, Case{"llama-tiny", 8, 128, false},
+                        Case{"llama-tiny", 4, 128, true}}) {
+    TrainOptions o = tiny();
+    o.model = c.model;
+    o.micro_batch_size = c.mb;
+    o.seq_len = c.seq;
+    o.activation_checkpointing = c.ckpt;
+    o.max_steps = 2;
+    const TrainResult r = run_training(o);
+    ASSERT_EQ(r.status, "ok");
+    const double planned = r.plan["total_bytes"].get<double>();
+    const double measured = static_cast<double>(r.max_reserved_bytes);
+    EXPECT_NEAR(measured / planned, 1.0, 0.10) << c.model << " mb " << c.mb << " seq " << c.seq << " ckpt " << c.ckpt
+                                               << ": planned " << planned << " measured " << measured;
+  }
+}
+
+}  // namespace
+}  // namespace scalelab
