@@ -18,6 +18,9 @@ namespace scalelab::kernels {
 
 struct AdamWHyper {
   float lr = 5e-5f;
+  // bf16/fp16 parameters are rounded stochastically from the fp32 update (seeded by
+  // rounding_seed, the step and the element index); fp32 parameters are written exactly.
+  std::uint64_t rounding_seed = 0;
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
@@ -30,13 +33,22 @@ struct ElementRange {
   bool decay = true;
 };
 
-// Updates elements [begin, end) of the flat buffers, in the given ranges (which must cover the
-// update region; decay per range). params, m, v and grads are fp32 buffers of equal length.
+// Updates the elements of the given ranges of the flat buffers (decay per range). params, m, v
+// and grads have equal length and any float dtype each (e.g. bf16 params and grads with fp32 or
+// bf16 states); the update is computed in fp32.
 void adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads, const std::vector<ElementRange>& ranges,
                   const AdamWHyper& hyper, ExecContext& ctx);
 
+// Rounds x to bf16 stochastically: up with probability equal to the remainder's fraction of the
+// gap, using 16 random bits. NaN and infinity pass through.
+bf16 stochastic_round_bf16(float x, std::uint32_t random16);
+// The random bits used for element i at a step (counter-based, reproducible).
+std::uint32_t rounding_bits(std::uint64_t seed, std::int64_t step, std::int64_t index);
+
 // Sum of squares of g (double accumulation, deterministic for a thread count).
 double sum_of_squares(const Tensor& g, ExecContext& ctx);
+// True when g holds a NaN or an infinity (fp16 loss scaling skips such steps).
+bool has_non_finite(const Tensor& g, ExecContext& ctx);
 // g ← g · factor.
 void scale_(Tensor& g, float factor, ExecContext& ctx);
 

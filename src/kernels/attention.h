@@ -9,6 +9,8 @@
 //   P[b, h] = softmax(scale · Q K^T + causal mask)   (saved [B, nh, S, S] for backward)
 //   out[b, s, h*hd:(h+1)*hd] = P V
 // attention_backward assigns dqkv (all three parts) from dout; nothing accumulates.
+// Tensors may be fp32, bf16 or fp16; scores, softmax and products are computed in fp32 and the
+// probabilities are stored (and reused in backward) in the dtype of `probs`.
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -25,7 +27,11 @@ void attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, cons
 void attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& probs, const Tensor& qkv,
                               const AttentionShape& s, float scale, ExecContext& ctx);
 
-// Bytes of per-thread scratch the eager kernels allocate (for the memory plan).
+// Bytes of per-thread scratch the eager kernels allocate (for the memory plan), for tensors of
+// dtype `act` (fp32 needs only the backward's dP block; low precision stages Q/K/V in fp32).
 std::size_t attention_eager_workspace_bytes(const AttentionShape& s, int threads);
+std::size_t attention_eager_workspace_bytes(const AttentionShape& s, int threads, DType act);
+std::size_t attention_eager_forward_workspace_bytes(const AttentionShape& s, int threads, DType act);
+std::size_t attention_eager_backward_workspace_bytes(const AttentionShape& s, int threads, DType act);
 
 }  // namespace scalelab::kernels

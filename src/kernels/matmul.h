@@ -7,7 +7,9 @@
 //                    dw[out, in] += dy^T · x       (parameter gradient: accumulates)
 //                    dbias[out]  += Σ_t dy[t]      (accumulates)
 // Weights use the Hugging Face [out, in] layout. x and y may have any leading shape; the last
-// dimension is the feature dimension. Tensors are fp32 here.
+// dimension is the feature dimension. Each tensor may be fp32, bf16 or fp16 (mixed freely):
+// products are computed in fp32 (sgemm); low-precision operands are converted panel by panel
+// into fp32 workspace taken from the device-memory allocator.
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -24,5 +26,14 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
 // GEMM entry point of the CPU kernels (attention calls it on sub-matrices of packed buffers).
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+// The same over operands of any float dtype (element strides in elements of each dtype).
+void gemm_ex(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
+             DType a_type, std::int64_t lda, const void* b, DType b_type, std::int64_t ldb, float beta, void* c,
+             DType c_type, std::int64_t ldc, ExecContext& ctx);
+
+// Largest fp32 workspace gemm_ex allocates for these sizes and dtypes (for the memory plan).
+std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType a_type, DType b_type,
+                                    DType c_type);
 
 }  // namespace scalelab::kernels

@@ -1,19 +1,47 @@
 #include "kernels/elementwise.h"
 
+#include <algorithm>
+
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/kernel_common.h"
 
 namespace scalelab::kernels {
+
+namespace {
+constexpr std::int64_t kChunk = 4096;
+
+// out[i] = a[i] + b[i] over chunks, any float dtypes (out may alias a).
+void add_any(void* out, DType ot, const void* a, DType at, const void* b, DType bt, std::int64_t n) {
+  if (ot == DType::kF32 && at == DType::kF32 && bt == DType::kF32) {
+    float* op = static_cast<float*>(out);
+    const float* ap = static_cast<const float*>(a);
+    const float* bp = static_cast<const float*>(b);
+    parallel_for(n, 1 << 14, [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i) op[i] = ap[i] + bp[i];
+    });
+    return;
+  }
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  parallel_for(chunks, 4, [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const std::int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
+      const float* ar = load_row(elem(a, at, i0), at, len, 0);
+      const float* br = load_row(elem(b, bt, i0), bt, len, 1);
+      void* dst = elem(out, ot, i0);
+      float* o = out_row(dst, ot, len, 2);
+      for (std::int64_t i = 0; i < len; ++i) o[i] = ar[i] + br[i];
+      store_row(o, dst, ot, len);
+    }
+  });
+}
+}  // namespace
 
 void add_(Tensor& a, const Tensor& b, ExecContext& ctx, Phase phase) {
   ProfileScope prof(ctx, "elementwise", phase);
   require_cpu(a, "add_");
   require_numel(b, a.numel(), "add_", "b");
-  float* ap = a.f32();
-  const float* bp = b.f32();
-  parallel_for(a.numel(), 1 << 14, [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) ap[i] += bp[i];
-  });
+  add_any(a.raw(), a.dtype(), a.raw(), a.dtype(), b.raw(), b.dtype(), a.numel());
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b, ExecContext& ctx, Phase phase) {
@@ -21,12 +49,7 @@ void add(Tensor& out, const Tensor& a, const Tensor& b, ExecContext& ctx, Phase 
   require_cpu(a, "add");
   require_numel(b, a.numel(), "add", "b");
   require_numel(out, a.numel(), "add", "out");
-  float* op = out.f32();
-  const float* ap = a.f32();
-  const float* bp = b.f32();
-  parallel_for(a.numel(), 1 << 14, [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1; ++i) op[i] = ap[i] + bp[i];
-  });
+  add_any(out.raw(), out.dtype(), a.raw(), a.dtype(), b.raw(), b.dtype(), a.numel());
 }
 
 }  // namespace scalelab::kernels

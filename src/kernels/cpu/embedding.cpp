@@ -1,8 +1,11 @@
 #include "kernels/embedding.h"
 
-#include <cstring>
+#include <algorithm>
+#include <numeric>
+#include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/kernel_common.h"
 
 namespace scalelab::kernels {
@@ -23,36 +26,48 @@ void embedding_forward(Tensor& y, const Tensor& ids, const Tensor& table, ExecCo
   ProfileScope prof(ctx, "embedding", Phase::kForward);
   require_cpu(table, "embedding_forward");
   require_dtype(ids, DType::kI32, "embedding_forward", "ids");
-  require_dtype(table, DType::kF32, "embedding_forward", "table");
-  require_dtype(y, DType::kF32, "embedding_forward", "output");
   const std::int64_t rows = table.dim(0), width = table.dim(1), n = ids.numel();
   require_numel(y, n * width, "embedding_forward", "output");
   const std::int32_t* id = ids.data<std::int32_t>();
   check_ids(id, n, rows, "embedding_forward");
-  const float* tab = table.f32();
-  float* out = y.f32();
   parallel_for(n, 64, [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t)
-      std::memcpy(out + t * width, tab + static_cast<std::int64_t>(id[t]) * width, sizeof(float) * width);
+      convert(elem(table.raw(), table.dtype(), static_cast<std::int64_t>(id[t]) * width), table.dtype(),
+              elem(y.raw(), y.dtype(), t * width), y.dtype(), static_cast<std::size_t>(width));
   });
 }
 
 void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, ExecContext& ctx) {
   ProfileScope prof(ctx, "embedding", Phase::kBackward);
   require_cpu(dtable, "embedding_backward");
-  require_dtype(dtable, DType::kF32, "embedding_backward", "table gradient");
   const std::int64_t rows = dtable.dim(0), width = dtable.dim(1), n = ids.numel();
   require_numel(dy, n * width, "embedding_backward", "output gradient");
   const std::int32_t* id = ids.data<std::int32_t>();
   check_ids(id, n, rows, "embedding_backward");
-  const float* g = dy.f32();
-  float* dt = dtable.f32();
-  // Threads own disjoint column ranges, so repeated ids never race and the sum order is fixed.
-  parallel_for(width, 16, [&](std::int64_t c0, std::int64_t c1) {
-    for (std::int64_t t = 0; t < n; ++t) {
-      float* dst = dt + static_cast<std::int64_t>(id[t]) * width;
-      const float* src = g + t * width;
-      for (std::int64_t c = c0; c < c1; ++c) dst[c] += src[c];
+  // Positions grouped by id (stable): each row's gradient is summed in fp32 in position order and
+  // added to the table once, so low-precision tables round once and threads never share a row.
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return id[a] < id[b]; });
+  std::vector<std::int64_t> starts;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (i == 0 || id[order[static_cast<std::size_t>(i)]] != id[order[static_cast<std::size_t>(i - 1)]]) starts.push_back(i);
+  starts.push_back(n);
+  const std::int64_t groups = static_cast<std::int64_t>(starts.size()) - 1;
+  parallel_for(groups, 8, [&](std::int64_t g0, std::int64_t g1) {
+    float* acc = row_buffer(width, 0);
+    for (std::int64_t g = g0; g < g1; ++g) {
+      std::fill(acc, acc + width, 0.0f);
+      for (std::int64_t i = starts[static_cast<std::size_t>(g)]; i < starts[static_cast<std::size_t>(g + 1)]; ++i) {
+        const std::int64_t t = order[static_cast<std::size_t>(i)];
+        const float* src = load_row(elem(dy.raw(), dy.dtype(), t * width), dy.dtype(), width, 1);
+        for (std::int64_t c = 0; c < width; ++c) acc[c] += src[c];
+      }
+      const std::int64_t row = id[order[static_cast<std::size_t>(starts[static_cast<std::size_t>(g)])]];
+      void* dst = elem(dtable.raw(), dtable.dtype(), row * width);
+      float* d = inout_row(dst, dtable.dtype(), width, 2);
+      for (std::int64_t c = 0; c < width; ++c) d[c] += acc[c];
+      store_row(d, dst, dtable.dtype(), width);
     }
   });
 }

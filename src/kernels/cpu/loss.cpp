@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernel_common.h"
 
@@ -23,17 +24,17 @@ LossSum cross_entropy_forward(Tensor& lse, const Tensor& logits, const Tensor& t
   ProfileScope prof(ctx, "loss", Phase::kForward);
   require_cpu(logits, "cross_entropy_forward");
   require_dtype(targets, DType::kI32, "cross_entropy_forward", "targets");
+  require_dtype(lse, DType::kF32, "cross_entropy_forward", "lse");
   const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
   require_numel(targets, rows, "cross_entropy_forward", "targets");
   require_numel(lse, rows, "cross_entropy_forward", "lse");
-  const float* x = logits.f32();
   const std::int32_t* tg = targets.data<std::int32_t>();
   float* l = lse.f32();
   for (std::int64_t r = 0; r < rows; ++r) check_target(tg[r], V, r);
   std::vector<double> per_row(static_cast<std::size_t>(rows), 0.0);
   parallel_for(rows, 1, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* row = x + r * V;
+      const float* row = load_row(elem(logits.raw(), logits.dtype(), r * V), logits.dtype(), V, 0);
       const float m = vec::max_of(row, V);
       const float s = vec::exp_shift_sum(row, V, m);
       l[r] = m + std::log(s);
@@ -55,21 +56,22 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
   require_cpu(logits, "cross_entropy_backward");
   const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
   require_numel(dlogits, rows * V, "cross_entropy_backward", "logits gradient");
-  const float* x = logits.f32();
   const float* l = lse.f32();
   const std::int32_t* tg = targets.data<std::int32_t>();
-  float* d = dlogits.f32();
   parallel_for(rows, 1, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      float* dr = d + r * V;
+      void* dst = elem(dlogits.raw(), dlogits.dtype(), r * V);
+      // Read the logits row before writing: dlogits may alias logits.
+      const float* row = load_row(elem(logits.raw(), logits.dtype(), r * V), logits.dtype(), V, 0);
+      float* dr = out_row(dst, dlogits.dtype(), V, 1);
       if (tg[r] == kIgnoreIndex) {
         for (std::int64_t j = 0; j < V; ++j) dr[j] = 0.0f;
-        continue;
+      } else {
+        vec::exp_shift_sum(row, dr, V, l[r]);  // softmax = exp(x − lse)
+        for (std::int64_t j = 0; j < V; ++j) dr[j] *= grad_scale;
+        dr[tg[r]] -= grad_scale;
       }
-      const float* row = x + r * V;
-      vec::exp_shift_sum(row, dr, V, l[r]);  // softmax = exp(x − lse)
-      for (std::int64_t j = 0; j < V; ++j) dr[j] *= grad_scale;
-      dr[tg[r]] -= grad_scale;
+      store_row(dr, dst, dlogits.dtype(), V);
     }
   });
 }

@@ -2,9 +2,11 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/kernel_common.h"
 
 namespace scalelab::kernels {
@@ -25,6 +27,123 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 
 namespace {
 
+// Panel sizes for converted operands: bounded so the workspace stays a few MiB whatever the shapes.
+constexpr std::int64_t kPanelFloatsA = std::int64_t{1} << 20;  // 4 MiB
+constexpr std::int64_t kPanelFloatsB = std::int64_t{1} << 22;  // 16 MiB
+constexpr std::int64_t kTileFloatsC = std::int64_t{1} << 20;   // 4 MiB
+
+struct Panels {
+  std::int64_t mb, nb;
+};
+
+Panels panel_sizes(std::int64_t m, std::int64_t n, std::int64_t k) {
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+  Panels p;
+  p.mb = std::clamp<std::int64_t>(kPanelFloatsA / kk, 16, std::max<std::int64_t>(m, 16));
+  p.nb = std::clamp<std::int64_t>(kPanelFloatsB / kk, 64, std::max<std::int64_t>(n, 64));
+  p.mb = std::min(p.mb, m);
+  p.nb = std::min(p.nb, n);
+  // Keep the C tile bounded too.
+  if (p.mb * p.nb > kTileFloatsC) p.nb = std::max<std::int64_t>(64, std::min(p.nb, kTileFloatsC / std::max<std::int64_t>(p.mb, 1)));
+  p.nb = std::min(p.nb, n);
+  return p;
+}
+
+// Copies rows [r0, r1) x columns [c0, c1) of a row-major matrix (leading dimension ld, dtype dt)
+// into dst (fp32, leading dimension c1 - c0).
+void convert_block(const void* src, DType dt, std::int64_t ld, std::int64_t r0, std::int64_t r1, std::int64_t c0,
+                   std::int64_t c1, float* dst) {
+  const std::int64_t w = c1 - c0;
+  parallel_for(r1 - r0, 64, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      convert(elem(src, dt, (r0 + i) * ld + c0), dt, dst + i * w, DType::kF32, static_cast<std::size_t>(w));
+    }
+  });
+}
+
+void store_block(const float* src, void* dst, DType dt, std::int64_t ld, std::int64_t r0, std::int64_t r1,
+                 std::int64_t c0, std::int64_t c1) {
+  const std::int64_t w = c1 - c0;
+  parallel_for(r1 - r0, 64, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1; ++i) {
+      convert(src + i * w, DType::kF32, elem(dst, dt, (r0 + i) * ld + c0), dt, static_cast<std::size_t>(w));
+    }
+  });
+}
+
+}  // namespace
+
+std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType at, DType bt, DType ct) {
+  if (at == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) return 0;
+  const Panels p = panel_sizes(m, n, k);
+  std::size_t floats = 0;
+  if (at != DType::kF32) floats += static_cast<std::size_t>(p.mb * k);
+  if (bt != DType::kF32) floats += static_cast<std::size_t>(p.nb * k);
+  if (ct != DType::kF32) floats += static_cast<std::size_t>(p.mb * p.nb);
+  return floats * sizeof(float);
+}
+
+void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType at,
+             std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c, DType ct,
+             std::int64_t ldc, ExecContext& ctx) {
+  if (at == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) {
+    gemm(ta, tb, m, n, k, alpha, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta,
+         static_cast<float*>(c), ldc);
+    return;
+  }
+  if (m == 0 || n == 0) return;
+  const Panels p = panel_sizes(m, n, k);
+  Tensor ws_a, ws_b, ws_c;
+  if (at != DType::kF32) ws_a = Tensor::empty({p.mb * std::max<std::int64_t>(k, 1)}, DType::kF32, *ctx.alloc, "matmul workspace");
+  if (bt != DType::kF32) ws_b = Tensor::empty({p.nb * std::max<std::int64_t>(k, 1)}, DType::kF32, *ctx.alloc, "matmul workspace");
+  if (ct != DType::kF32) ws_c = Tensor::empty({p.mb * p.nb}, DType::kF32, *ctx.alloc, "matmul workspace");
+  for (std::int64_t n0 = 0; n0 < n; n0 += p.nb) {
+    const std::int64_t n1 = std::min(n, n0 + p.nb), nw = n1 - n0;
+    // op(B) columns [n0, n1): B is [n, k] when transposed (rows n0..n1), else [k, n] (columns).
+    const float* bp;
+    std::int64_t ldb_f;
+    if (bt == DType::kF32) {
+      bp = static_cast<const float*>(b) + (tb ? n0 * ldb : n0);
+      ldb_f = ldb;
+    } else if (tb) {
+      convert_block(b, bt, ldb, n0, n1, 0, k, ws_b.f32());
+      bp = ws_b.f32();
+      ldb_f = k;
+    } else {
+      convert_block(b, bt, ldb, 0, k, n0, n1, ws_b.f32());
+      bp = ws_b.f32();
+      ldb_f = nw;
+    }
+    for (std::int64_t m0 = 0; m0 < m; m0 += p.mb) {
+      const std::int64_t m1 = std::min(m, m0 + p.mb), mw = m1 - m0;
+      const float* ap;
+      std::int64_t lda_f;
+      if (at == DType::kF32) {
+        ap = static_cast<const float*>(a) + (ta ? m0 : m0 * lda);
+        lda_f = lda;
+      } else if (ta) {
+        convert_block(a, at, lda, 0, k, m0, m1, ws_a.f32());
+        ap = ws_a.f32();
+        lda_f = mw;
+      } else {
+        convert_block(a, at, lda, m0, m1, 0, k, ws_a.f32());
+        ap = ws_a.f32();
+        lda_f = k;
+      }
+      if (ct == DType::kF32) {
+        gemm(ta, tb, mw, nw, k, alpha, ap, lda_f, bp, ldb_f, beta, static_cast<float*>(c) + m0 * ldc + n0, ldc);
+      } else {
+        float* cp = ws_c.f32();
+        if (beta != 0.0f) convert_block(c, ct, ldc, m0, m1, n0, n1, cp);
+        gemm(ta, tb, mw, nw, k, alpha, ap, lda_f, bp, ldb_f, beta, cp, nw);
+        store_block(cp, c, ct, ldc, m0, m1, n0, n1);
+      }
+    }
+  }
+}
+
+namespace {
+
 struct LinearDims {
   std::int64_t tokens, in, out;
 };
@@ -33,9 +152,8 @@ LinearDims check_linear(const Tensor& y, const Tensor& x, const Tensor& w, const
   require_cpu(x, op);
   require_cpu(w, op);
   require_cpu(y, op);
-  require_dtype(x, DType::kF32, op, "input");
-  require_dtype(w, DType::kF32, op, "weight");
-  require_dtype(y, DType::kF32, op, "output");
+  SCALELAB_CHECK(is_float_type(x.dtype()) && is_float_type(w.dtype()) && is_float_type(y.dtype()),
+                 std::string("[") + op + "] tensors must be fp32, bf16 or fp16");
   SCALELAB_CHECK(w.rank() == 2, std::string("[") + op + "] weight must be 2-D, got " + w.shape().str());
   const std::int64_t out = w.dim(0), in = w.dim(1);
   SCALELAB_CHECK(x.rank() >= 1 && x.dim(-1) == in,
@@ -50,15 +168,30 @@ LinearDims check_linear(const Tensor& y, const Tensor& x, const Tensor& w, const
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, ExecContext& ctx) {
   ProfileScope prof(ctx, "matmul", Phase::kForward);
   const auto d = check_linear(y, x, w, "linear_forward");
-  float* yp = y.f32();
-  gemm(false, true, d.tokens, d.out, d.in, 1.0f, x.f32(), d.in, w.f32(), d.in, 0.0f, yp, d.out);
-  if (bias != nullptr && bias->defined()) {
+  const bool has_bias = bias != nullptr && bias->defined();
+  if (has_bias && y.dtype() == DType::kF32) {
+    // Seed the output with the bias and accumulate the product into it (beta = 1).
     require_numel(*bias, d.out, "linear_forward", "bias");
-    const float* b = bias->f32();
+    float* yp = y.f32();
     parallel_for(d.tokens, 64, [&](std::int64_t t0, std::int64_t t1) {
+      for (std::int64_t t = t0; t < t1; ++t) convert(bias->raw(), bias->dtype(), yp + t * d.out, DType::kF32,
+                                                     static_cast<std::size_t>(d.out));
+    });
+    gemm_ex(false, true, d.tokens, d.out, d.in, 1.0f, x.raw(), x.dtype(), d.in, w.raw(), w.dtype(), d.in, 1.0f,
+            y.raw(), y.dtype(), d.out, ctx);
+    return;
+  }
+  gemm_ex(false, true, d.tokens, d.out, d.in, 1.0f, x.raw(), x.dtype(), d.in, w.raw(), w.dtype(), d.in, 0.0f, y.raw(),
+          y.dtype(), d.out, ctx);
+  if (has_bias) {
+    require_numel(*bias, d.out, "linear_forward", "bias");
+    parallel_for(d.tokens, 16, [&](std::int64_t t0, std::int64_t t1) {
+      const float* bp = load_row(bias->raw(), bias->dtype(), d.out, 1);
       for (std::int64_t t = t0; t < t1; ++t) {
-        float* row = yp + t * d.out;
-        for (std::int64_t j = 0; j < d.out; ++j) row[j] += b[j];
+        void* row = elem(y.raw(), y.dtype(), t * d.out);
+        float* r = inout_row(row, y.dtype(), d.out, 0);
+        for (std::int64_t j = 0; j < d.out; ++j) r[j] += bp[j];
+        store_row(r, row, y.dtype(), d.out);
       }
     });
   }
@@ -71,21 +204,34 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
   require_numel(dw, d.out * d.in, "linear_backward", "weight gradient");
   if (dx != nullptr) {
     require_numel(*dx, d.tokens * d.in, "linear_backward", "input gradient");
-    gemm(false, false, d.tokens, d.in, d.out, 1.0f, dy.f32(), d.out, w.f32(), d.in, accumulate_dx ? 1.0f : 0.0f,
-         dx->f32(), d.in);
+    gemm_ex(false, false, d.tokens, d.in, d.out, 1.0f, dy.raw(), dy.dtype(), d.out, w.raw(), w.dtype(), d.in,
+            accumulate_dx ? 1.0f : 0.0f, dx->raw(), dx->dtype(), d.in, ctx);
   }
-  gemm(true, false, d.out, d.in, d.tokens, 1.0f, dy.f32(), d.out, x.f32(), d.in, 1.0f, dw.f32(), d.in);
+  gemm_ex(true, false, d.out, d.in, d.tokens, 1.0f, dy.raw(), dy.dtype(), d.out, x.raw(), x.dtype(), d.in, 1.0f,
+          dw.raw(), dw.dtype(), d.in, ctx);
   if (dbias != nullptr && dbias->defined()) {
     require_numel(*dbias, d.out, "linear_backward", "bias gradient");
-    float* db = dbias->f32();
-    const float* g = dy.f32();
-    // Column sums, split over columns so threads never share an output.
+    // Column sums in fp32, split over columns so threads never share an output.
+    float* acc = row_buffer(d.out, 2);
+    std::fill(acc, acc + d.out, 0.0f);
+    const DType gt = dy.dtype();
     parallel_for(d.out, 256, [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t t = 0; t < d.tokens; ++t) {
-        const float* row = g + t * d.out;
-        for (std::int64_t j = j0; j < j1; ++j) db[j] += row[j];
+        if (gt == DType::kF32) {
+          const float* row = dy.f32() + t * d.out;
+          for (std::int64_t j = j0; j < j1; ++j) acc[j] += row[j];
+        } else {
+          for (std::int64_t j = j0; j < j1; ++j) {
+            float v;
+            convert(elem(dy.raw(), gt, t * d.out + j), gt, &v, DType::kF32, 1);
+            acc[j] += v;
+          }
+        }
       }
     });
+    float* db = inout_row(dbias->raw(), dbias->dtype(), d.out, 3);
+    for (std::int64_t j = 0; j < d.out; ++j) db[j] += acc[j];
+    store_row(db, dbias->raw(), dbias->dtype(), d.out);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/kernel_common.h"
 
 namespace scalelab::kernels {
@@ -60,21 +61,23 @@ namespace {
 void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_heads, std::int64_t head_dim,
                 std::int64_t seq_len, const RopeTable& table, float sign, const char* op) {
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
   const std::int64_t half = head_dim / 2;
   SCALELAB_CHECK(half == table.half, std::string("[") + op + "] head_dim does not match the rope table");
   SCALELAB_CHECK(seq_len <= table.max_positions,
                  std::string("[") + op + "] sequence length " + std::to_string(seq_len) +
                      " exceeds the rope table's " + std::to_string(table.max_positions) + " positions");
   const std::int64_t rows = x.numel() / ld;
-  float* xp = x.f32();
+  const DType dt = x.dtype();
+  const std::int64_t width = n_heads * head_dim;
   parallel_for(rows, 32, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t pos = r % seq_len;
       const float* c = table.cos.data() + pos * half;
       const float* s = table.sin.data() + pos * half;
+      void* dst = elem(x.raw(), dt, r * ld + col);
+      float* row = inout_row(dst, dt, width, 0);
       for (std::int64_t h = 0; h < n_heads; ++h) {
-        float* a = xp + r * ld + col + h * head_dim;
+        float* a = row + h * head_dim;
         float* b = a + half;
         for (std::int64_t i = 0; i < half; ++i) {
           const float x1 = a[i], x2 = b[i], si = sign * s[i];
@@ -82,6 +85,7 @@ void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_hea
           b[i] = x2 * c[i] + x1 * si;
         }
       }
+      store_row(row, dst, dt, width);
     }
   });
 }

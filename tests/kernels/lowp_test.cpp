@@ -1,0 +1,200 @@
+// Low-precision storage: each kernel on bf16/fp16 tensors equals the fp32 kernel applied to the
+// same (rounded) inputs, within the output dtype's rounding. Tolerances: bf16 carries 8
+// significant bits (relative step 2^-8 ≈ 0.4%), fp16 11 bits (≈ 0.05%); we allow a few steps
+// because outputs are rounded once and some inputs pass through two roundings.
+#include <cmath>
+
+#include "kernels/activation.h"
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/loss.h"
+#include "kernels/matmul.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "test_util.h"
+
+namespace scalelab {
+namespace {
+
+using test::Cpu;
+
+// Rounds an fp32 tensor to dtype dt in place and returns the rounded copy of dtype dt.
+Tensor to_dtype(Cpu& c, Tensor& f32, DType dt) {
+  Tensor t = Tensor::empty(f32.shape(), dt, *c.alloc);
+  t.copy_from(f32);
+  f32.copy_from(t);  // f32 now holds exactly the rounded values
+  return t;
+}
+Tensor as_f32(Cpu& c, const Tensor& t) {
+  Tensor f = Tensor::empty(t.shape(), DType::kF32, *c.alloc);
+  f.copy_from(t);
+  return f;
+}
+double tol(DType dt) { return dt == DType::kBF16 ? 1.6e-2 : 2e-3; }
+void expect_close(Cpu& c, const Tensor& got, const Tensor& want, DType dt, const char* what, double atol = 1e-3) {
+  Tensor g = as_f32(c, got);
+  for (std::int64_t i = 0; i < want.numel(); ++i) {
+    const double w = want.f32()[i];
+    ASSERT_NEAR(g.f32()[i], w, atol + tol(dt) * std::fabs(w)) << what << " element " << i;
+  }
+}
+
+class LowPrecision : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LowPrecision, LinearForwardBackwardMixedDtypes) {
+  const DType dt = GetParam();
+  Cpu c;
+  const std::int64_t T = 37, in = 70, out = 53;  // odd sizes cross panel edges
+  Tensor x = c.randn({T, in}, 1, 1), w = c.randn({out, in}, 0.2f, 2), dy = c.randn({T, out}, 1, 3);
+  Tensor xl = to_dtype(c, x, dt), wl = to_dtype(c, w, dt), dyl = to_dtype(c, dy, dt);
+  Tensor y = c.zeros({T, out}), yl = Tensor::empty({T, out}, dt, *c.alloc);
+  kernels::linear_forward(y, x, w, nullptr, c.ctx);
+  kernels::linear_forward(yl, xl, wl, nullptr, c.ctx);
+  expect_close(c, yl, y, dt, "y");
+  // Backward: low-precision dx, and the weight gradient accumulated into fp32 (mixed precision)
+  // and into the low dtype (full low-precision training).
+  Tensor dx = c.zeros({T, in}), dw = c.zeros({out, in});
+  kernels::linear_backward(&dx, dw, nullptr, dy, x, w, c.ctx);
+  Tensor dxl = Tensor::empty({T, in}, dt, *c.alloc), dw32 = c.zeros({out, in});
+  Tensor dwl = Tensor::zeros({out, in}, dt, *c.alloc);
+  kernels::linear_backward(&dxl, dw32, nullptr, dyl, xl, wl, c.ctx);
+  kernels::linear_backward(nullptr, dwl, nullptr, dyl, xl, wl, c.ctx);
+  expect_close(c, dxl, dx, dt, "dx");
+  for (std::int64_t i = 0; i < dw.numel(); ++i) ASSERT_NEAR(dw32.f32()[i], dw.f32()[i], 1e-4) << i;
+  expect_close(c, dwl, dw, dt, "dw", 2e-2);
+}
+
+TEST_P(LowPrecision, NormRopeActivationEmbeddingAdd) {
+  const DType dt = GetParam();
+  Cpu c;
+  const std::int64_t R = 9, H = 32;
+  Tensor x = c.randn({R, H}, 1, 1), w = c.randn({H}, 1, 2);
+  Tensor xl = to_dtype(c, x, dt), wl = to_dtype(c, w, dt);
+  Tensor y = c.zeros({R, H}), r1 = c.zeros({R}), yl = Tensor::empty({R, H}, dt, *c.alloc), r2 = c.zeros({R});
+  kernels::rmsnorm_forward(y, r1, x, w, 1e-5f, c.ctx);
+  kernels::rmsnorm_forward(yl, r2, xl, wl, 1e-5f, c.ctx);
+  expect_close(c, yl, y, dt, "rmsnorm");
+  Tensor dy = c.randn({R, H}, 1, 3), dyl = to_dtype(c, dy, dt);
+  Tensor dx = c.zeros({R, H}), dw = c.zeros({H}), dxl = Tensor::empty({R, H}, dt, *c.alloc);
+  Tensor dwl = Tensor::zeros({H}, dt, *c.alloc);
+  kernels::rmsnorm_backward(dx, dw, dy, x, r1, w, c.ctx);
+  kernels::rmsnorm_backward(dxl, dwl, dyl, xl, r2, wl, c.ctx);
+  expect_close(c, dxl, dx, dt, "rmsnorm dx");
+  expect_close(c, dwl, dw, dt, "rmsnorm dw", 1e-2);
+
+  auto table = kernels::make_rope_table(8, 16, 10000.0, std::nullopt);
+  Tensor q = c.randn({6, 16}, 1, 4), ql = to_dtype(c, q, dt);
+  kernels::rope_forward(q, 0, 16, 2, 8, 3, table, c.ctx);
+  kernels::rope_forward(ql, 0, 16, 2, 8, 3, table, c.ctx);
+  expect_close(c, ql, q, dt, "rope");
+
+  Tensor gu = c.randn({5, 2 * 12}, 1, 5), gul = to_dtype(c, gu, dt);
+  Tensor h = c.zeros({5, 12}), hl = Tensor::empty({5, 12}, dt, *c.alloc);
+  kernels::swiglu_forward(h, gu, c.ctx);
+  kernels::swiglu_forward(hl, gul, c.ctx);
+  expect_close(c, hl, h, dt, "swiglu");
+  Tensor dh = c.randn({5, 12}, 1, 6), dhl = to_dtype(c, dh, dt);
+  Tensor dgu = c.zeros({5, 24}), dgul = Tensor::empty({5, 24}, dt, *c.alloc);
+  kernels::swiglu_backward(dgu, dh, gu, c.ctx);
+  kernels::swiglu_backward(dgul, dhl, gul, c.ctx);
+  expect_close(c, dgul, dgu, dt, "swiglu backward");
+
+  Tensor tab = c.randn({10, 8}, 1, 7), tabl = to_dtype(c, tab, dt);
+  Tensor ids = c.ids({3, 1, 3, 9});
+  Tensor e = c.zeros({4, 8}), el = Tensor::empty({4, 8}, dt, *c.alloc);
+  kernels::embedding_forward(e, ids, tab, c.ctx);
+  kernels::embedding_forward(el, ids, tabl, c.ctx);
+  expect_close(c, el, e, dt, "embedding");
+  Tensor ge = c.randn({4, 8}, 1, 8), gel = to_dtype(c, ge, dt);
+  Tensor dt32 = c.zeros({10, 8}), dtl = Tensor::zeros({10, 8}, dt, *c.alloc);
+  kernels::embedding_backward(dt32, ge, ids, c.ctx);
+  kernels::embedding_backward(dtl, gel, ids, c.ctx);
+  expect_close(c, dtl, dt32, dt, "embedding backward");
+
+  Tensor a = c.randn({5000}, 1, 9), b = c.randn({5000}, 1, 10);
+  Tensor al = to_dtype(c, a, dt), bl = to_dtype(c, b, dt);
+  kernels::add_(a, b, c.ctx);
+  kernels::add_(al, bl, c.ctx);
+  expect_close(c, al, a, dt, "add");
+}
+
+TEST_P(LowPrecision, AttentionAndLoss) {
+  const DType dt = GetParam();
+  Cpu c;
+  const kernels::AttentionShape s{2, 70, 4, 2, 8};
+  const float scale = 1.0f / std::sqrt(8.0f);
+  Tensor qkv = c.randn({s.batch * s.seq, s.qkv_width()}, 1, 1), qkvl = to_dtype(c, qkv, dt);
+  Tensor out = c.zeros({s.batch * s.seq, s.out_width()}), probs = c.zeros({s.batch, 4, s.seq, s.seq});
+  Tensor outl = Tensor::empty(out.shape(), dt, *c.alloc), probsl = Tensor::empty(probs.shape(), dt, *c.alloc);
+  kernels::attention_eager_forward(out, probs, qkv, s, scale, c.ctx);
+  kernels::attention_eager_forward(outl, probsl, qkvl, s, scale, c.ctx);
+  expect_close(c, outl, out, dt, "attention out", 2e-3);
+  expect_close(c, probsl, probs, dt, "attention probs");
+  Tensor dout = c.randn(out.shape(), 1, 2), doutl = to_dtype(c, dout, dt);
+  Tensor dqkv = c.zeros(qkv.shape()), dqkvl = Tensor::empty(qkv.shape(), dt, *c.alloc);
+  kernels::attention_eager_backward(dqkv, dout, probs, qkv, s, scale, c.ctx);
+  kernels::attention_eager_backward(dqkvl, doutl, probsl, qkvl, s, scale, c.ctx);
+  expect_close(c, dqkvl, dqkv, dt, "attention dqkv", 2e-2);
+
+  Tensor logits = c.randn({6, 50}, 2, 3), logitsl = to_dtype(c, logits, dt);
+  Tensor tg = c.ids({1, 49, kernels::kIgnoreIndex, 0, 7, 7});
+  Tensor l1 = c.zeros({6}), l2 = c.zeros({6});
+  const auto a = kernels::cross_entropy_forward(l1, logits, tg, c.ctx);
+  const auto b = kernels::cross_entropy_forward(l2, logitsl, tg, c.ctx);
+  EXPECT_NEAR(a.sum, b.sum, 1e-4);  // same rounded inputs, fp32 compute
+  kernels::cross_entropy_backward(logits, logits, l1, tg, 0.2f, c.ctx);
+  kernels::cross_entropy_backward(logitsl, logitsl, l2, tg, 0.2f, c.ctx);
+  expect_close(c, logitsl, logits, dt, "dlogits", 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LowPrecision, ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(StochasticRounding, IsUnbiasedAndBracketsTheValue) {
+  const float x = 1.0f + 0x1p-9f;  // a quarter of the way from 1 to the next bf16 (1 + 2^-7)
+  const float lo = 1.0f, hi = 1.0f + 0x1p-7f;
+  int ups = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const float r = bf16_to_float(kernels::stochastic_round_bf16(x, kernels::rounding_bits(7, 1, i)));
+    ASSERT_TRUE(r == lo || r == hi) << r;
+    ups += r == hi;
+  }
+  EXPECT_NEAR(static_cast<double>(ups) / n, 0.25, 0.02);
+  // Exactly representable values never move.
+  for (int i = 0; i < 100; ++i)
+    EXPECT_EQ(bf16_to_float(kernels::stochastic_round_bf16(hi, kernels::rounding_bits(7, 2, i))), hi);
+}
+
+TEST(AdamW, Bf16ParamsWithFp32OrBf16States) {
+  Cpu c;
+  const std::int64_t n = 4096;
+  Tensor p = c.randn({n}, 1, 1), g = c.randn({n}, 1, 2);
+  Tensor pl = to_dtype(c, p, DType::kBF16), gl = to_dtype(c, g, DType::kBF16);
+  Tensor m = c.zeros({n}), v = c.zeros({n});
+  Tensor m32 = c.zeros({n}), v32 = c.zeros({n});
+  Tensor ml = Tensor::zeros({n}, DType::kBF16, *c.alloc), vl = Tensor::zeros({n}, DType::kBF16, *c.alloc);
+  Tensor pl2 = Tensor::empty({n}, DType::kBF16, *c.alloc);
+  pl2.copy_from(pl);
+  kernels::AdamWHyper hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.1f;
+  hp.rounding_seed = 3;
+  const std::vector<kernels::ElementRange> all = {{0, n, true}};
+  kernels::adamw_update(p, m, v, g, all, hp, c.ctx);          // fp32 reference
+  kernels::adamw_update(pl, m32, v32, gl, all, hp, c.ctx);    // bf16 params, fp32 states
+  kernels::adamw_update(pl2, ml, vl, gl, all, hp, c.ctx);     // bf16 params and states
+  Tensor a = as_f32(c, pl), b = as_f32(c, pl2);
+  double bias = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    ASSERT_NEAR(a.f32()[i], p.f32()[i], 1e-2 * std::fabs(p.f32()[i]) + 1e-3) << i;
+    ASSERT_NEAR(b.f32()[i], p.f32()[i], 2e-2 * std::fabs(p.f32()[i]) + 1e-3) << i;
+    bias += a.f32()[i] - p.f32()[i];
+  }
+  EXPECT_LT(std::fabs(bias / n), 2e-4);  // stochastic rounding: no systematic drift
+}
+
+}  // namespace
+}  // namespace scalelab
