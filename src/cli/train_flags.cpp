@@ -26,6 +26,9 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
       ->capture_default_str();
   app->add_option("--mixed-precision", o.mixed_precision, "no | bf16 | fp16 (fp32 master weights)")
       ->capture_default_str();
+  app->add_option("--optim-state-dtype", o.optim_state_dtype,
+                  "AdamW state dtype: auto (the parameter dtype, as PyTorch) or fp32")
+      ->capture_default_str();
   app->add_option("--attn", o.attn, "Attention implementation: eager | flash")->capture_default_str();
   app->add_flag("--fused-kernels", o.fused_kernels, "Fused norm+residual, RoPE, MLP activation, linear+cross-entropy");
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");

@@ -70,10 +70,16 @@ void DeviceAllocator::set_capacity(std::size_t bytes) {
   stats_.capacity = bytes;
 }
 
+void DeviceAllocator::set_trace(std::vector<AllocEvent>* sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  trace_ = sink;
+}
+
 void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
   const std::size_t req = round_size(std::max<std::size_t>(bytes, 1));
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocations;
+  if (trace_) trace_->push_back({true, req, what ? what : ""});
 
   // Best fit among cached blocks, accepted if it wastes at most a quarter of the block.
   auto it = cached_.lower_bound(req);
@@ -119,6 +125,7 @@ void DeviceAllocator::deallocate(void* p) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end()) return;  // not ours (or double free): ignore rather than corrupt stats
+  if (trace_) trace_->push_back({false, it->second.request_bytes, ""});
   stats_.allocated -= it->second.request_bytes;
   cached_.emplace(it->second.block_bytes, p);
   live_.erase(it);

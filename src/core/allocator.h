@@ -17,6 +17,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace scalelab {
 
@@ -49,6 +50,13 @@ std::unique_ptr<MemoryBackend> make_host_backend();
 // Physical memory of this host in bytes (the CPU device's default capacity).
 std::size_t host_physical_memory();
 
+// One allocator event, recorded when tracing is on (tests compare the memory plan with it).
+struct AllocEvent {
+  bool alloc;               // false: a free
+  std::size_t bytes;        // rounded request
+  std::string what;         // label given to allocate(), empty if none
+};
+
 class DeviceAllocator {
  public:
   static constexpr std::size_t kRoundBytes = 512;
@@ -68,6 +76,8 @@ class DeviceAllocator {
   void empty_cache();  // returns cached (free) blocks to the backend
   std::size_t capacity() const { return capacity_; }
   void set_capacity(std::size_t bytes);
+  // Records every allocate/deallocate into `sink` until called with nullptr.
+  void set_trace(std::vector<AllocEvent>* sink);
   DeviceType device() const { return backend_->device(); }
 
   static std::size_t round_size(std::size_t bytes) {
@@ -87,6 +97,7 @@ class DeviceAllocator {
   std::unordered_map<void*, Live> live_;
   std::multimap<std::size_t, void*> cached_;  // block size -> block
   MemoryStats stats_;
+  std::vector<AllocEvent>* trace_ = nullptr;
 };
 
 // Human-readable byte counts: "1.50 GiB", "512 B".

@@ -10,6 +10,8 @@
 // dimension is the feature dimension. Each tensor may be fp32, bf16 or fp16 (mixed freely):
 // products are computed in fp32 (sgemm); low-precision operands are converted panel by panel
 // into fp32 workspace taken from the device-memory allocator.
+#include <vector>
+
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -32,7 +34,10 @@ void gemm_ex(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::in
              DType a_type, std::int64_t lda, const void* b, DType b_type, std::int64_t ldb, float beta, void* c,
              DType c_type, std::int64_t ldc, ExecContext& ctx);
 
-// Largest fp32 workspace gemm_ex allocates for these sizes and dtypes (for the memory plan).
+// The fp32 workspace blocks gemm_ex allocates for these sizes and dtypes, in allocation order
+// (freed in reverse), and their sum: for the memory plan.
+std::vector<std::size_t> gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n, std::int64_t k, DType a_type,
+                                                  DType b_type, DType c_type);
 std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType a_type, DType b_type,
                                     DType c_type);
 

@@ -67,11 +67,11 @@ class LlamaModel final : public Model {
       x = out;
     }
     // Head: final norm, LM head, loss; then its backward (dlogits in place of the logits).
-    Tensor xf = new_act({T, H_}, "final norm output"), rstdf = new_act({T}, "final norm rstd");
+    Tensor xf = new_act({T, H_}, "final norm output"), rstdf = new_f32({T}, "final norm rstd");
     rmsnorm_forward(xf, rstdf, x, norm_, static_cast<float>(c_.rms_norm_eps), ctx);
     Tensor logits = new_act({T, c_.vocab_size}, "logits");
     linear_forward(logits, xf, head_, nullptr, ctx);
-    Tensor lse = new_act({T}, "loss lse");
+    Tensor lse = new_f32({T}, "loss lse");
     const LossSum ls = cross_entropy_forward(lse, logits, b.targets, ctx);
     SCALELAB_CHECK(ls.count > 0, "[llama] the batch has no target tokens to train on");
     cross_entropy_backward(logits, logits, lse, b.targets, grad_scale / static_cast<float>(ls.count), ctx);
@@ -108,11 +108,11 @@ class LlamaModel final : public Model {
       layer_forward(l, x, out, a, b, ctx);
       x = out;
     }
-    Tensor xf = new_act({T, H_}, "final norm output"), rstdf = new_act({T}, "final norm rstd");
+    Tensor xf = new_act({T, H_}, "final norm output"), rstdf = new_f32({T}, "final norm rstd");
     rmsnorm_forward(xf, rstdf, x, norm_, static_cast<float>(c_.rms_norm_eps), ctx);
     Tensor logits = new_act({T, c_.vocab_size}, "logits");
     linear_forward(logits, xf, head_, nullptr, ctx);
-    Tensor lse = new_act({T}, "loss lse");
+    Tensor lse = new_f32({T}, "loss lse");
     const LossSum ls = cross_entropy_forward(lse, logits, b.targets, ctx);
     if (logits_out) *logits_out = logits;
     return ls.count ? ls.sum / static_cast<double>(ls.count) : 0.0;
@@ -165,7 +165,12 @@ class LlamaModel final : public Model {
     return w;
   }
 
-  Tensor new_act(const Shape& s, const char* what) const { return Tensor::empty(s, DType::kF32, *alloc_, what); }
+  // Activations and activation gradients are stored in the activation dtype; per-row statistics
+  // (rstd, lse) stay fp32.
+  Tensor new_act(const Shape& s, const char* what) const {
+    return Tensor::empty(s, opt_.activation_dtype, *alloc_, what);
+  }
+  Tensor new_f32(const Shape& s, const char* what) const { return Tensor::empty(s, DType::kF32, *alloc_, what); }
 
   void check_batch(const Batch& b) {
     SCALELAB_CHECK(b.seq <= c_.max_position_embeddings,
@@ -189,7 +194,7 @@ class LlamaModel final : public Model {
     const std::int64_t T = b.batch * b.seq, ld = Q_ + 2 * KV_;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     a.x = x;
-    a.rstd1 = new_act({T}, "rmsnorm rstd");
+    a.rstd1 = new_f32({T}, "rmsnorm rstd");
     a.y1 = new_act({T, H_}, "attention norm output");
     rmsnorm_forward(a.y1, a.rstd1, x, w.ln1, eps, ctx);
     a.qkv = new_act({T, ld}, "qkv");
@@ -203,7 +208,7 @@ class LlamaModel final : public Model {
     a.h = new_act({T, H_}, "residual stream");
     linear_forward(a.h, a.attn, w.wo, nullptr, ctx);
     add_(a.h, x, ctx);
-    a.rstd2 = new_act({T}, "rmsnorm rstd");
+    a.rstd2 = new_f32({T}, "rmsnorm rstd");
     a.y2 = new_act({T, H_}, "mlp norm output");
     rmsnorm_forward(a.y2, a.rstd2, a.h, w.ln2, eps, ctx);
     a.gu = new_act({T, 2 * I_}, "mlp gate/up");

@@ -17,6 +17,9 @@ enum class AttentionImpl { kEager, kFlash };
 
 // The engine's switches that change how a model computes (not what it computes).
 struct ModelOptions {
+  // Storage dtype of activations (and of the activation gradients); weights and parameter
+  // gradients take the dtypes of the buffers the model is built over.
+  DType activation_dtype = DType::kF32;
   AttentionImpl attention = AttentionImpl::kEager;
   bool fused_kernels = false;
   bool activation_checkpointing = false;
@@ -41,7 +44,8 @@ class Model {
   // grad_scale (1 / grad-accum steps). Parameter gradients accumulate into the gradient buffer.
   // Returns the mean loss of this micro-batch.
   virtual double forward_backward(const Batch& batch, float grad_scale, ExecContext& ctx) = 0;
-  // Forward only: mean loss; when logits_out is non-null it receives the fp32 logits [B*S, V].
+  // Forward only: mean loss; when logits_out is non-null it receives the logits [B*S, V] (in the
+  // activation dtype).
   virtual double forward_loss(const Batch& batch, ExecContext& ctx, Tensor* logits_out = nullptr) = 0;
   virtual void set_grad_ready_hook(GradReadyHook hook) { hook_ = std::move(hook); }
   // Micro-steps counted by the model (e.g. to vary dropout masks); the trainer sets it.

@@ -6,6 +6,7 @@
 
 #include "core/allocator.h"
 #include "kernels/attention.h"
+#include "kernels/matmul.h"
 #include "model/params.h"
 
 namespace scalelab {
@@ -88,70 +89,95 @@ struct LayerActs {
   int x = -1;
 };
 
-// The Llama engine's requests for one training step, in the order src/model/llama.cpp makes them.
+// The Llama engine's requests for one training step, in the order src/model/llama.cpp makes them
+// (including the kernels' transient workspaces).
 void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
-  const std::size_t f = 4;
+  const DType A = in.precision.activation, W = in.precision.compute_weights, G = in.precision.grad;
+  const std::size_t a = dtype_size(A), f = 4;
   const bool ckpt = in.options.activation_checkpointing;
-  auto layer_forward = [&](LayerActs& a, const char* cat) {
-    a.rstd1 = s.alloc(cat, z.T * f);
-    a.y1 = s.alloc(cat, z.T * z.H * f);
-    a.qkv = s.alloc(cat, z.T * z.ld * f);
-    a.attn = s.alloc(cat, z.T * z.Q * f);
-    a.probs = s.alloc(ckpt && cat[0] == 'r' ? cat : "attention scores", z.B * z.NH * z.S * z.S * f);
-    a.h = s.alloc(cat, z.T * z.H * f);
-    a.rstd2 = s.alloc(cat, z.T * f);
-    a.y2 = s.alloc(cat, z.T * z.H * f);
-    a.gu = s.alloc(cat, z.T * 2 * z.I * f);
-    a.act = s.alloc(cat, z.T * z.I * f);
+  const auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  // Transient GEMM workspace of linear_forward / linear_backward (gemm_ex panels).
+  auto gemm_ws = [&](std::size_t m, std::size_t n, std::size_t k, DType at, DType bt, DType ct) {
+    std::vector<int> ids;
+    for (std::size_t b : kernels::gemm_ex_workspace_blocks(i64(m), i64(n), i64(k), at, bt, ct))
+      ids.push_back(s.alloc("workspace", b));
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) s.free(*it);
   };
-  auto drop_all_but_input = [&](LayerActs& a) {
-    for (int id : {a.rstd1, a.y1, a.qkv, a.probs, a.attn, a.h, a.rstd2, a.y2, a.gu, a.act}) s.free(id);
-    const int x = a.x;
-    a = LayerActs();
-    a.x = x;
+  auto lin_fwd = [&](std::size_t in_f, std::size_t out_f) { gemm_ws(z.T, out_f, in_f, A, W, A); };
+  auto lin_bwd = [&](std::size_t in_f, std::size_t out_f) {
+    gemm_ws(z.T, in_f, out_f, A, W, A);
+    gemm_ws(out_f, in_f, z.T, A, A, G);
+  };
+  kernels::AttentionShape as{i64(z.B), i64(z.S), i64(z.NH), i64(z.NH * z.KV / z.Q), i64(z.Q / z.NH)};
+  const std::size_t attn_fwd_ws = kernels::attention_eager_forward_workspace_bytes(as, std::max(1, in.threads), A);
+  const std::size_t attn_bwd_ws = kernels::attention_eager_backward_workspace_bytes(as, std::max(1, in.threads), A);
+  auto layer_forward = [&](LayerActs& la, const char* cat) {
+    la.rstd1 = s.alloc(cat, z.T * f);
+    la.y1 = s.alloc(cat, z.T * z.H * a);
+    la.qkv = s.alloc(cat, z.T * z.ld * a);
+    lin_fwd(z.H, z.ld);
+    la.attn = s.alloc(cat, z.T * z.Q * a);
+    la.probs = s.alloc(ckpt && cat[0] == 'r' ? cat : "attention scores", z.B * z.NH * z.S * z.S * a);
+    if (attn_fwd_ws > 0) s.free(s.alloc("workspace", attn_fwd_ws));
+    la.h = s.alloc(cat, z.T * z.H * a);
+    lin_fwd(z.Q, z.H);
+    la.rstd2 = s.alloc(cat, z.T * f);
+    la.y2 = s.alloc(cat, z.T * z.H * a);
+    la.gu = s.alloc(cat, z.T * 2 * z.I * a);
+    lin_fwd(z.H, 2 * z.I);
+    la.act = s.alloc(cat, z.T * z.I * a);
+    lin_fwd(z.I, z.H);  // into the layer output allocated by the caller
+  };
+  auto drop_all_but_input = [&](LayerActs& la) {
+    for (int id : {la.rstd1, la.y1, la.qkv, la.probs, la.attn, la.h, la.rstd2, la.y2, la.gu, la.act}) s.free(id);
+    const int x = la.x;
+    la = LayerActs();
+    la.x = x;
   };
   std::vector<LayerActs> acts(z.L);
-  int x = s.alloc("activations", z.T * z.H * f);  // embeddings
+  int x = s.alloc("activations", z.T * z.H * a);  // embeddings
   for (std::size_t l = 0; l < z.L; ++l) {
-    const int out = s.alloc("activations", z.T * z.H * f);
+    const int out = s.alloc("activations", z.T * z.H * a);
     acts[l].x = x;
     layer_forward(acts[l], "activations");
     if (ckpt) drop_all_but_input(acts[l]);
     x = out;
   }
-  const int xf = s.alloc("head buffers", z.T * z.H * f), rstdf = s.alloc("head buffers", z.T * f);
-  const int logits = s.alloc("logits", z.T * z.V * f);
+  const int xf = s.alloc("head buffers", z.T * z.H * a), rstdf = s.alloc("head buffers", z.T * f);
+  const int logits = s.alloc("logits", z.T * z.V * a);
+  lin_fwd(z.H, z.V);
   const int lse = s.alloc("head buffers", z.T * f);
-  const int dxf = s.alloc("head buffers", z.T * z.H * f);
+  const int dxf = s.alloc("head buffers", z.T * z.H * a);
+  lin_bwd(z.H, z.V);
   s.free(logits);
-  const int dx = s.alloc("backward temporaries", z.T * z.H * f);
+  const int dx = s.alloc("backward temporaries", z.T * z.H * a);
   s.free(dxf);
   s.free(xf);
-  kernels::AttentionShape as{static_cast<std::int64_t>(z.B), static_cast<std::int64_t>(z.S),
-                             static_cast<std::int64_t>(z.NH), static_cast<std::int64_t>(z.NH * z.KV / z.Q),
-                             static_cast<std::int64_t>(z.Q / z.NH)};
-  const std::size_t ws = kernels::attention_eager_workspace_bytes(as, std::max(1, in.threads));
   for (std::size_t li = z.L; li-- > 0;) {
-    LayerActs& a = acts[li];
+    LayerActs& la = acts[li];
     if (ckpt) {
-      const int out = s.alloc("recomputed layer", z.T * z.H * f);
-      layer_forward(a, "recomputed layer");
+      const int out = s.alloc("recomputed layer", z.T * z.H * a);
+      layer_forward(la, "recomputed layer");
       s.free(out);
     }
-    const int dact = s.alloc("backward temporaries", z.T * z.I * f);
-    s.free(a.act);
-    const int dgu = s.alloc("backward temporaries", z.T * 2 * z.I * f);
+    const int dact = s.alloc("backward temporaries", z.T * z.I * a);
+    lin_bwd(z.I, z.H);
+    s.free(la.act);
+    const int dgu = s.alloc("backward temporaries", z.T * 2 * z.I * a);
     s.free(dact);
-    const int dy = s.alloc("backward temporaries", z.T * z.H * f);
+    const int dy = s.alloc("backward temporaries", z.T * z.H * a);
+    lin_bwd(z.H, 2 * z.I);
     s.free(dgu);
-    const int dattn = s.alloc("backward temporaries", z.T * z.Q * f);
-    const int dqkv = s.alloc("backward temporaries", z.T * z.ld * f);
-    s.free(s.alloc("workspace", ws));
+    const int dattn = s.alloc("backward temporaries", z.T * z.Q * a);
+    lin_bwd(z.Q, z.H);
+    const int dqkv = s.alloc("backward temporaries", z.T * z.ld * a);
+    s.free(s.alloc("workspace", attn_bwd_ws));
     s.free(dattn);
-    s.free(a.probs);
+    s.free(la.probs);
+    lin_bwd(z.H, z.ld);
     s.free(dqkv);
     s.free(dy);
-    for (int id : {a.x, a.rstd1, a.y1, a.qkv, a.attn, a.h, a.rstd2, a.y2, a.gu}) s.free(id);
+    for (int id : {la.x, la.rstd1, la.y1, la.qkv, la.attn, la.h, la.rstd2, la.y2, la.gu}) s.free(id);
   }
   s.free(x);
   s.free(lse);
@@ -180,13 +206,15 @@ Result simulate(const PlanInput& in, bool with_items) {
   z.L = static_cast<std::size_t>(c.num_hidden_layers);
   z.P = static_cast<std::size_t>(layout.total_numel());
   z.ld = z.Q + 2 * z.KV;
-  const std::size_t f = 4;
+  const PrecisionPlan& pr = in.precision;
+  const std::size_t a = dtype_size(pr.activation), f = 4;
 
   Schedule s;
-  s.alloc("weights", z.P * f);
-  s.alloc("gradients", z.P * f);
-  s.alloc("optimizer states", z.P * f);
-  s.alloc("optimizer states", z.P * f);
+  s.alloc("weights", z.P * dtype_size(pr.param));
+  if (pr.weight_copy) s.alloc("weights", z.P * dtype_size(pr.compute_weights));
+  s.alloc("gradients", z.P * dtype_size(pr.grad));
+  s.alloc("optimizer states", z.P * dtype_size(pr.optim_state));
+  s.alloc("optimizer states", z.P * dtype_size(pr.optim_state));
   s.alloc("batch", z.T * 4);
   s.alloc("batch", z.T * 4);
   for (int step = 0; step < 2; ++step) llama_step(s, z, in);
@@ -196,30 +224,34 @@ Result simulate(const PlanInput& in, bool with_items) {
   if (!with_items) return r;
   const auto& snap = s.snapshot();
   auto detail = [&](const std::string& cat) -> std::string {
-    if (cat == "weights") return std::to_string(z.P) + " parameters, fp32";
-    if (cat == "gradients") return "fp32, same layout as the weights";
-    if (cat == "optimizer states") return "AdamW exp_avg and exp_avg_sq, fp32";
+    const std::string pd(dtype_name(pr.param)), wd(dtype_name(pr.compute_weights));
+    if (cat == "weights")
+      return std::to_string(z.P) + " parameters, " + pd + (pr.weight_copy ? " master + " + wd + " compute copy" : "");
+    if (cat == "gradients") return std::string(dtype_name(pr.grad)) + ", same layout as the weights";
+    if (cat == "optimizer states") return "AdamW exp_avg and exp_avg_sq, " + std::string(dtype_name(pr.optim_state));
     if (cat == "batch") return "input and target token ids";
     if (cat == "activations") {
       const std::size_t per_layer = DeviceAllocator::round_size(z.T * f) * 2 +
-                                    DeviceAllocator::round_size(z.T * z.H * f) * 5 +
-                                    DeviceAllocator::round_size(z.T * z.ld * f) +
-                                    DeviceAllocator::round_size(z.T * z.Q * f) +
-                                    DeviceAllocator::round_size(z.T * 3 * z.I * f);
+                                    DeviceAllocator::round_size(z.T * z.H * a) * 5 +
+                                    DeviceAllocator::round_size(z.T * z.ld * a) +
+                                    DeviceAllocator::round_size(z.T * z.Q * a) +
+                                    DeviceAllocator::round_size(z.T * 2 * z.I * a) +
+                                    DeviceAllocator::round_size(z.T * z.I * a);
       if (in.options.activation_checkpointing)
-        return "checkpointing keeps each layer's input only: " + format_bytes(DeviceAllocator::round_size(z.T * z.H * f)) +
+        return "checkpointing keeps each layer's input only: " + format_bytes(DeviceAllocator::round_size(z.T * z.H * a)) +
                " per layer";
       return format_bytes(per_layer) + " per layer kept for backward (input, norms, qkv, attention output, residual, "
                                        "gate/up, activation)";
     }
     if (cat == "attention scores")
-      return format_bytes(DeviceAllocator::round_size(z.B * z.NH * z.S * z.S * f)) +
+      return format_bytes(DeviceAllocator::round_size(z.B * z.NH * z.S * z.S * a)) +
              " per layer: eager softmax(QK^T) [B, heads, S, S]";
-    if (cat == "logits") return "[tokens, vocab] fp32; the loss gradient is written in place";
+    if (cat == "logits")
+      return "[tokens, vocab] " + std::string(dtype_name(pr.activation)) + "; the loss gradient is written in place";
     if (cat == "head buffers") return "final residual norm output, its gradient, rstd, lse";
     if (cat == "recomputed layer") return "one layer rebuilt in backward under checkpointing";
     if (cat == "backward temporaries") return "residual gradient and one layer's activation gradients";
-    if (cat == "workspace") return "attention backward scratch, one block per thread";
+    if (cat == "workspace") return "kernel scratch at the peak (attention blocks, GEMM conversion panels)";
     return "";
   };
   for (const char* cat : kCategories) {

@@ -14,12 +14,14 @@
 #include "core/dtype.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "train/precision.h"
 
 namespace scalelab {
 
 struct PlanInput {
   ModelConfig config;
   ModelOptions options;
+  PrecisionPlan precision;
   std::int64_t micro_batch = 1;
   std::int64_t seq_len = 1;
   int threads = 1;

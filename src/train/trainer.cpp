@@ -20,6 +20,7 @@
 #include "train/data.h"
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
+#include "train/precision.h"
 
 namespace scalelab {
 
@@ -39,6 +40,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"max_grad_norm", max_grad_norm},
           {"model_precision", model_precision},
           {"mixed_precision", mixed_precision},
+          {"optim_state_dtype", optim_state_dtype},
           {"attn", attn},
           {"fused_kernels", fused_kernels},
           {"activation_checkpointing", activation_checkpointing},
@@ -85,6 +87,9 @@ nlohmann::json TrainResult::to_json() const {
   if (!oom.is_null()) j["oom"] = oom;
   if (!plan.is_null()) j["memory_plan"] = plan;
   if (!profile.is_null()) j["profile"] = profile;
+  if (!precision.is_null()) j["precision"] = precision;
+  j["skipped_steps"] = skipped_steps;
+  if (loss_scale > 0) j["loss_scale"] = loss_scale;
   return j;
 }
 
@@ -124,19 +129,11 @@ void validate_train_options(const TrainOptions& o) {
   if (std::isnan(o.max_grad_norm)) throw InvalidInput("[--max-grad-norm] must be a number (<= 0 disables clipping)");
   if (o.threads < 0) throw InvalidInput("[--threads] must be >= 0 (0 = all cores)");
   parse_lr_schedule(o.lr_scheduler);
-  if (o.model_precision != "fp32" && o.model_precision != "bf16") {
-    throw InvalidInput("[--model-precision] must be fp32 or bf16, got '" + o.model_precision + "'");
-  }
-  if (o.mixed_precision != "no" && o.mixed_precision != "bf16" && o.mixed_precision != "fp16") {
-    throw InvalidInput("[--mixed-precision] must be no, bf16 or fp16, got '" + o.mixed_precision + "'");
-  }
+  resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
   if (o.device != "cpu" && o.device != "cuda") throw InvalidInput("[--device] must be cpu or cuda, got '" + o.device + "'");
   if (o.device == "cuda") {
     throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
-  }
-  if (o.model_precision != "fp32" || o.mixed_precision != "no") {
-    throw InvalidInput("[--model-precision/--mixed-precision] only fp32 training is available in this build");
   }
   if (o.attn != "eager") throw InvalidInput("[--attn] only eager attention is available in this build");
   if (o.fused_kernels) throw InvalidInput("[--fused-kernels] fused kernels are not available in this build");
@@ -146,21 +143,19 @@ namespace {
 
 // Normal(0, initializer_range) weights, norms 1; one generator per parameter (seed, index).
 void init_weights(Tensor& params, const ParamLayout& layout, const ModelConfig& cfg, std::uint64_t seed) {
-  float* p = params.f32();
+  std::vector<float> buf;
   for (std::size_t i = 0; i < layout.params().size(); ++i) {
     const ParamInfo& info = layout.params()[i];
-    float* dst = p + info.offset;
-    if (info.is_norm) {
-      std::fill(dst, dst + info.numel, info.is_bias ? 0.0f : 1.0f);
-      continue;
+    buf.assign(static_cast<std::size_t>(info.numel), 0.0f);
+    if (info.is_norm && !info.is_bias) {
+      std::fill(buf.begin(), buf.end(), 1.0f);
+    } else if (!info.is_norm && !info.is_bias) {
+      std::mt19937_64 rng(seed * 1000003ull + i);
+      std::normal_distribution<float> d(0.0f, static_cast<float>(cfg.initializer_range));
+      for (auto& v : buf) v = d(rng);
     }
-    if (info.is_bias) {
-      std::fill(dst, dst + info.numel, 0.0f);
-      continue;
-    }
-    std::mt19937_64 rng(seed * 1000003ull + i);
-    std::normal_distribution<float> d(0.0f, static_cast<float>(cfg.initializer_range));
-    for (std::int64_t k = 0; k < info.numel; ++k) dst[k] = d(rng);
+    Tensor dst = layout.view(params, info);
+    convert(buf.data(), DType::kF32, dst.raw(), dst.dtype(), buf.size());
   }
 }
 
@@ -192,6 +187,8 @@ PlanInput make_plan_input(const TrainOptions& o) {
     throw InvalidInput("[--seq-len] " + std::to_string(o.seq_len) + " is above the model's max_position_embeddings " +
                        std::to_string(in.config.max_position_embeddings) + " — use a shorter sequence");
   }
+  in.precision = resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
+  in.options.activation_dtype = in.precision.activation;
   in.options.attention = o.attn == "flash" ? AttentionImpl::kFlash : AttentionImpl::kEager;
   in.options.fused_kernels = o.fused_kernels;
   in.options.activation_checkpointing = o.activation_checkpointing;
@@ -212,6 +209,9 @@ TrainResult run_training(const TrainOptions& o) {
   const std::size_t capacity = pin.capacity;
   const LrSchedule schedule = parse_lr_schedule(o.lr_scheduler);
   const ModelOptions& mopt = pin.options;
+  const PrecisionPlan prec = resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
+  res.precision = prec.compute_dtypes();
+  res.precision["mode"] = prec.name;
 
   const ParamLayout layout = ParamLayout::build(cfg);
   res.params = layout.total_numel();
@@ -233,12 +233,18 @@ TrainResult run_training(const TrainOptions& o) {
   const std::int64_t tokens_per_step = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
   const std::int64_t bench_warmup = std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - 1));
   try {
-    Tensor params = Tensor::empty({layout.total_numel()}, DType::kF32, alloc, "weights");
-    Tensor grads = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc, "gradients");
-    Tensor m = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc, "optimizer exp_avg");
-    Tensor v = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc, "optimizer exp_avg_sq");
+    const std::int64_t P = layout.total_numel();
+    Tensor params = Tensor::empty({P}, prec.param, alloc, "weights");
+    Tensor compute_weights = prec.weight_copy ? Tensor::empty({P}, prec.compute_weights, alloc, "weights (compute copy)")
+                                              : params;
+    Tensor grads = Tensor::zeros({P}, prec.grad, alloc, "gradients");
+    Tensor m = Tensor::zeros({P}, prec.optim_state, alloc, "optimizer exp_avg");
+    Tensor v = Tensor::zeros({P}, prec.optim_state, alloc, "optimizer exp_avg_sq");
     init_weights(params, layout, cfg, o.seed);
-    std::unique_ptr<Model> model = make_model(cfg, layout, params, grads, mopt);
+    if (prec.weight_copy) compute_weights.copy_from(params);
+    std::unique_ptr<Model> model = make_model(cfg, layout, compute_weights, grads, mopt);
+    double loss_scale = prec.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
+    std::int64_t good_steps = 0;
     DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, 0, 1};
     std::unique_ptr<DataSource> data = make_data_source(dopt);
     Batch batch = make_batch(o.micro_batch_size, o.seq_len, alloc);
@@ -271,12 +277,32 @@ TrainResult run_training(const TrainOptions& o) {
           data->next(batch);
         }
         model->set_step(step * o.grad_accum_steps + micro);
-        loss += model->forward_backward(batch, 1.0f / static_cast<float>(o.grad_accum_steps), ctx);
+        loss += model->forward_backward(batch, static_cast<float>(loss_scale / static_cast<double>(o.grad_accum_steps)),
+                                        ctx);
       }
       loss /= static_cast<double>(o.grad_accum_steps);
+      const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
+      if (prec.loss_scaling) {
+        // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
+        // double it after 2000 good steps.
+        if (kernels::has_non_finite(grads, ctx)) {
+          loss_scale *= 0.5;
+          good_steps = 0;
+          ++res.skipped_steps;
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          res.steps.push_back({loss, lr, std::nan(""), dt});
+          if (!o.quiet) {
+            std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
+                         static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale);
+          }
+          continue;
+        }
+        kernels::scale_(grads, static_cast<float>(1.0 / loss_scale), ctx);
+        if (++good_steps % 2000 == 0) loss_scale *= 2.0;
+      }
       const double norm = kernels::clip_grad_norm_(grads, o.max_grad_norm, ctx);
       kernels::AdamWHyper hp;
-      const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
+      hp.rounding_seed = o.seed;
       hp.lr = static_cast<float>(lr);
       hp.beta1 = static_cast<float>(o.adam_beta1);
       hp.beta2 = static_cast<float>(o.adam_beta2);
@@ -284,6 +310,10 @@ TrainResult run_training(const TrainOptions& o) {
       hp.weight_decay = static_cast<float>(o.weight_decay);
       hp.step = step + 1;
       kernels::adamw_update(params, m, v, grads, ranges, hp, ctx);
+      if (prec.weight_copy) {
+        ProfileScope p(ctx, "adamw", Phase::kOptimizer);
+        compute_weights.copy_from(params);
+      }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       res.steps.push_back({loss, lr, norm, dt});
       if (step >= bench_warmup) {
@@ -296,7 +326,7 @@ TrainResult run_training(const TrainOptions& o) {
                      static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss, lr, norm,
                      static_cast<double>(tokens_per_step) / dt, dt, format_bytes(st.reserved).c_str());
       }
-      if (!std::isfinite(loss)) {
+      if (!std::isfinite(loss) && !prec.loss_scaling) {
         throw RuntimeError("[train] the loss became " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                            " — lower --lr or enable clipping (--max-grad-norm)");
       }
@@ -307,6 +337,7 @@ TrainResult run_training(const TrainOptions& o) {
     res.step_time_s = median(measured);
     if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
     if (o.profile) res.profile = profile_json(profiler, measured_time);
+    res.loss_scale = prec.loss_scaling ? loss_scale : 0.0;
     res.status = "ok";
   } catch (const OutOfMemory& e) {
     res.status = "oom";

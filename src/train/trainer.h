@@ -30,6 +30,7 @@ struct TrainOptions {
   double max_grad_norm = 1.0;
   std::string model_precision = "fp32";
   std::string mixed_precision = "no";
+  std::string optim_state_dtype = "auto";  // auto: the parameter dtype (as PyTorch); or fp32
   std::string attn = "eager";
   bool fused_kernels = false;
   bool activation_checkpointing = false;
@@ -68,6 +69,9 @@ struct TrainResult {
   nlohmann::json oom;      // request and usage when status is "oom"
   nlohmann::json plan;     // the memory plan (always computed; shown on oom)
   nlohmann::json profile;  // time by op family and phase when --profile
+  nlohmann::json precision;  // storage and compute dtypes per op family
+  std::int64_t skipped_steps = 0;  // fp16 loss scaling: steps skipped for inf/NaN gradients
+  double loss_scale = 0;           // final fp16 loss scale (0 when not scaling)
   nlohmann::json to_json() const;
 };
 

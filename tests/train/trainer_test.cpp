@@ -133,22 +133,64 @@ TEST(MemoryPlan, PredictsMeasuredPeakWithin10Percent) {
     std::string model;
     std::int64_t mb, seq;
     bool ckpt;
+    std::string model_precision = "fp32", mixed = "no", optim = "auto";
   };
   for (const Case& c : {Case{"llama-tiny", 2, 64, false}, Case{"llama-tiny", 8, 128, false},
-                        Case{"llama-tiny", 4, 128, true}}) {
+                        Case{"llama-tiny", 4, 128, true}, Case{"llama-tiny", 4, 96, false, "fp32", "bf16"},
+                        Case{"llama-tiny", 4, 96, true, "fp32", "fp16"}, Case{"llama-tiny", 6, 64, false, "bf16"},
+                        Case{"llama-tiny", 6, 64, false, "bf16", "no", "fp32"}}) {
     TrainOptions o = tiny();
     o.model = c.model;
     o.micro_batch_size = c.mb;
     o.seq_len = c.seq;
     o.activation_checkpointing = c.ckpt;
+    o.model_precision = c.model_precision;
+    o.mixed_precision = c.mixed;
+    o.optim_state_dtype = c.optim;
     o.max_steps = 2;
     const TrainResult r = run_training(o);
     ASSERT_EQ(r.status, "ok");
     const double planned = r.plan["total_bytes"].get<double>();
     const double measured = static_cast<double>(r.max_reserved_bytes);
     EXPECT_NEAR(measured / planned, 1.0, 0.10) << c.model << " mb " << c.mb << " seq " << c.seq << " ckpt " << c.ckpt
+                                               << " " << c.model_precision << "/" << c.mixed
                                                << ": planned " << planned << " measured " << measured;
   }
+}
+
+}  // namespace
+}  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// Low precision halves what it should: bf16 weights/gradients/states and activations.
+TEST(MemoryPlan, Bf16HalvesWeightAndActivationBytes) {
+  TrainOptions o = tiny();
+  o.max_steps = 1;
+  const TrainResult f = run_training(o);
+  o.model_precision = "bf16";
+  const TrainResult b = run_training(o);
+  auto item = [](const TrainResult& r, const char* name) {
+    for (const auto& it : r.plan["items"])
+      if (it["name"] == name) return it["bytes"].get<double>();
+    return 0.0;
+  };
+  EXPECT_NEAR(item(b, "weights") / item(f, "weights"), 0.5, 0.01);
+  EXPECT_NEAR(item(b, "gradients") / item(f, "gradients"), 0.5, 0.01);
+  EXPECT_NEAR(item(b, "optimizer states") / item(f, "optimizer states"), 0.5, 0.01);
+  EXPECT_LT(b.max_reserved_bytes, 0.6 * static_cast<double>(f.max_reserved_bytes));
+  EXPECT_EQ(b.precision["adamw"]["rounding"], "stochastic");
+}
+
+TEST(Precision, RefusesCombinationsThatCannotWork) {
+  TrainOptions o = tiny();
+  o.model_precision = "bf16";
+  o.mixed_precision = "fp16";
+  EXPECT_THROW(run_training(o), InvalidInput);
+  o = tiny();
+  o.optim_state_dtype = "fp8";
+  EXPECT_THROW(run_training(o), InvalidInput);
 }
 
 }  // namespace

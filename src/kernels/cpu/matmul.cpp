@@ -73,14 +73,22 @@ void store_block(const float* src, void* dst, DType dt, std::int64_t ld, std::in
 
 }  // namespace
 
-std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType at, DType bt, DType ct) {
-  if (at == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) return 0;
+std::vector<std::size_t> gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n, std::int64_t k, DType at, DType bt,
+                                                  DType ct) {
+  std::vector<std::size_t> blocks;
+  if ((at == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) || m == 0 || n == 0) return blocks;
   const Panels p = panel_sizes(m, n, k);
-  std::size_t floats = 0;
-  if (at != DType::kF32) floats += static_cast<std::size_t>(p.mb * k);
-  if (bt != DType::kF32) floats += static_cast<std::size_t>(p.nb * k);
-  if (ct != DType::kF32) floats += static_cast<std::size_t>(p.mb * p.nb);
-  return floats * sizeof(float);
+  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+  if (at != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.mb * kk) * sizeof(float));
+  if (bt != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.nb * kk) * sizeof(float));
+  if (ct != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.mb * p.nb) * sizeof(float));
+  return blocks;
+}
+
+std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType at, DType bt, DType ct) {
+  std::size_t total = 0;
+  for (std::size_t b : gemm_ex_workspace_blocks(m, n, k, at, bt, ct)) total += b;
+  return total;
 }
 
 void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType at,
