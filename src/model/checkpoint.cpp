@@ -101,7 +101,10 @@ bool has_weights(const std::string& dir) {
 LoadSummary load_weights(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
                          const Tensor& flat) {
   const fs::path d(dir);
-  const std::string cfg_name = config.name.empty() ? join(d, "config.json") : config.name;
+  std::error_code ec;
+  // How errors name the config: its file when it came from a directory, else its preset name.
+  std::string cfg_name = "config " + (config.name.empty() ? join(d, "config.json") : config.name);
+  if (!config.name.empty() && fs::is_directory(config.name, ec)) cfg_name = join(config.name, "config.json");
   SCALELAB_CHECK(flat.device() == DeviceType::kCPU,
                  "[checkpoint] load_weights fills host memory — load into a CPU buffer and copy it to the device");
   SCALELAB_CHECK(flat.dtype() != DType::kI32, "[checkpoint] the parameter buffer must be a float dtype");
@@ -112,7 +115,6 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   // Which files, and for a sharded checkpoint which tensor is in which file.
   std::vector<std::string> file_names;
   std::map<std::string, std::string> weight_map;  // sharded only
-  std::error_code ec;
   if (fs::is_regular_file(d / kSingle, ec)) {
     file_names.push_back(kSingle);
   } else if (fs::is_regular_file(d / kIndex, ec)) {

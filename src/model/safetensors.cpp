@@ -203,8 +203,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     }
     if (end > data_size) {
       fail(path, tname + ": data_offsets end at byte " + std::to_string(end) + " of the data section but the file has " +
-                     std::to_string(data_size) + " data bytes — the file is truncated or its header lies about offsets",
-           "download or save it again");
+                     std::to_string(data_size) + " data bytes (the file is truncated, or its header lies about offsets)");
     }
     t.begin = static_cast<std::size_t>(begin);
     t.end = static_cast<std::size_t>(end);
