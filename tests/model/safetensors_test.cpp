@@ -273,6 +273,40 @@ TEST(SafetensorsBadInput, UnsupportedDtypeIsListedButNotRead) {
   }
 }
 
+TEST(SafetensorsBadInput, CorruptedBytesNeverCrash) {
+  // Random damage to the length and header of a valid file: open either succeeds (the damage hit
+  // something harmless, such as padding or a digit that still agrees) and every tensor reads, or
+  // it throws InvalidInput. Never a crash or another exception.
+  ScratchDir dir;
+  const auto a = random_floats(12, 6);
+  write_safetensors(dir / "ok.safetensors", {{"x", {3, 4}, a.data(), DType::kF32, DType::kF32},
+                                             {"y", {6}, a.data(), DType::kF32, DType::kBF16}});
+  const auto good = read_bytes(dir / "ok.safetensors");
+  std::uint64_t header = 0;
+  std::memcpy(&header, good.data(), 8);
+  std::mt19937 rng(11);
+  int rejected = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    auto b = good;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int k = 0; k < flips; ++k) {
+      const std::size_t at = rng() % (8 + header);
+      b[at] = static_cast<std::uint8_t>(rng());
+    }
+    if (rng() % 10 == 0) b.resize(rng() % b.size());
+    write_bytes(dir / "bad.safetensors", b);
+    try {
+      const auto f = SafetensorsFile::open(dir / "bad.safetensors");
+      std::vector<float> out(64);
+      for (const auto& t : f.tensors())
+        if (t.dtype && *t.dtype != DType::kI32 && t.numel() <= 64) f.read(t, out.data(), DType::kF32);
+    } catch (const InvalidInput&) {
+      ++rejected;
+    }
+  }
+  EXPECT_GT(rejected, 150);
+}
+
 TEST(Safetensors, ReadsFilesWrittenByPythonSafetensors) {
   // expected.safetensors was written by the safetensors Python package (tests/golden).
   const auto f = SafetensorsFile::open(testing::golden_dir("opt_tiny") + "/expected.safetensors");
