@@ -1,0 +1,112 @@
+#include "model/init.h"
+
+#include <cmath>
+#include <cstring>
+#include <numbers>
+#include <vector>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace scalelab {
+
+std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> c, std::array<std::uint32_t, 2> k) {
+  constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k[0] += kW0;
+      k[1] += kW1;
+    }
+    const std::uint64_t p0 = static_cast<std::uint64_t>(kM0) * c[0];
+    const std::uint64_t p1 = static_cast<std::uint64_t>(kM1) * c[2];
+    c = {static_cast<std::uint32_t>(p1 >> 32) ^ c[1] ^ k[0], static_cast<std::uint32_t>(p1),
+         static_cast<std::uint32_t>(p0 >> 32) ^ c[3] ^ k[1], static_cast<std::uint32_t>(p0)};
+  }
+  return c;
+}
+
+namespace {
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::uint64_t fnv1a64(const std::string& s) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) {
+    h ^= ch;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Standard normal values for elements [begin, begin + n) of the stream `key`; begin % 4 == 0.
+// Philox block j gives four uniforms u0..u3 in (0, 1); Box-Muller turns (u0, u1) into elements
+// 4j, 4j+1 and (u2, u3) into 4j+2, 4j+3.
+void normal_block(std::array<std::uint32_t, 2> key, std::int64_t begin, std::int64_t n, double stddev, float* out) {
+  constexpr double kTwoPi = 2.0 * std::numbers::pi;
+  constexpr double kScale = 1.0 / 4294967296.0;
+  for (std::int64_t i = 0; i < n; i += 4) {
+    const auto j = static_cast<std::uint64_t>((begin + i) / 4);
+    const auto r = philox4x32_10({static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(j >> 32), 0u, 0u}, key);
+    double z[4];
+    for (int h = 0; h < 2; ++h) {
+      const double u1 = (static_cast<double>(r[2 * h]) + 0.5) * kScale;
+      const double u2 = (static_cast<double>(r[2 * h + 1]) + 0.5) * kScale;
+      const double rad = std::sqrt(-2.0 * std::log(u1));
+      z[2 * h] = rad * std::cos(kTwoPi * u2);
+      z[2 * h + 1] = rad * std::sin(kTwoPi * u2);
+    }
+    for (std::int64_t l = 0; l < 4 && i + l < n; ++l) out[i + l] = static_cast<float>(z[l] * stddev);
+  }
+}
+
+}  // namespace
+
+void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfig& config, std::uint64_t seed) {
+  SCALELAB_CHECK(flat.device() == DeviceType::kCPU,
+                 "[init] init_params writes host memory — initialize a CPU buffer and copy it to the device");
+  SCALELAB_CHECK(flat.dtype() != DType::kI32, "[init] the parameter buffer must be a float dtype");
+  SCALELAB_CHECK(flat.numel() == layout.total_numel(),
+                 "[init] buffer has " + std::to_string(flat.numel()) + " elements, the layout " +
+                     std::to_string(layout.total_numel()));
+  SCALELAB_CHECK(config.initializer_range >= 0,
+                 "[init] initializer_range must be non-negative, got " + std::to_string(config.initializer_range));
+  const DType dt = flat.dtype();
+  const std::size_t es = dtype_size(dt);
+  auto* base = static_cast<std::uint8_t*>(flat.raw());
+  const std::uint64_t seed_key = splitmix64(seed);
+  constexpr std::int64_t kChunk = 4096;  // a multiple of 4: chunks start on Philox block boundaries
+
+  for (const ParamInfo& p : layout.params()) {
+    std::uint8_t* dst = base + static_cast<std::size_t>(p.offset) * es;
+    if (p.is_bias || p.is_norm) {
+      const float v = (p.is_norm && !p.is_bias) ? 1.0f : 0.0f;
+      std::uint8_t one[4];
+      convert(&v, DType::kF32, one, dt, 1);
+      for (std::int64_t i = 0; i < p.numel; ++i) std::memcpy(dst + static_cast<std::size_t>(i) * es, one, es);
+      continue;
+    }
+    const std::uint64_t k = splitmix64(seed_key ^ fnv1a64(p.name));
+    const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(k >> 32)};
+    const std::int64_t chunks = (p.numel + kChunk - 1) / kChunk;
+    parallel_for(chunks, 2, [&](std::int64_t c0, std::int64_t c1) {
+      std::vector<float> buf(kChunk);
+      for (std::int64_t c = c0; c < c1; ++c) {
+        const std::int64_t b = c * kChunk;
+        const std::int64_t n = std::min(kChunk, p.numel - b);
+        normal_block(key, b, n, config.initializer_range, buf.data());
+        convert(buf.data(), DType::kF32, dst + static_cast<std::size_t>(b) * es, dt, static_cast<std::size_t>(n));
+      }
+    });
+    if (config.family == ModelFamily::kOPT && p.name == "model.decoder.embed_tokens.weight" && p.shape[0] > 1) {
+      const std::int64_t row = p.shape[1];
+      std::memset(dst + static_cast<std::size_t>(row) * es, 0, static_cast<std::size_t>(row) * es);  // row 1
+    }
+  }
+}
+
+}  // namespace scalelab
