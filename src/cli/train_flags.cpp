@@ -39,6 +39,9 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--seed", o.seed, "Seed for initialization, data and dropout")->capture_default_str();
   app->add_option("--data", o.data, "synthetic, or a file of little-endian uint32 token ids")->capture_default_str();
   app->add_option("--save", o.save, "Save the trained model as a Hugging Face directory");
+  app->add_option("--save-precision", o.save_precision, "dtype of saved weights: fp32, bf16, fp16 (default: the model's)");
+  app->add_option("--max-shard-size", o.max_shard_size,
+                  "Shard saved weights above this size (e.g. 5GB), with model.safetensors.index.json");
   app->add_option("--json", o.json, "Write the run record (JSON) to this file");
   app->add_option("--bench-warmup-steps", o.bench_warmup_steps,
                   "Steps excluded from throughput (fewer if the run is shorter)")

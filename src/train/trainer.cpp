@@ -15,7 +15,8 @@
 #include "kernels/adamw.h"
 #include "model/model.h"
 #include "model/params.h"
-#include <random>
+#include "model/checkpoint.h"
+#include "model/init.h"
 #include "scalelab/version.h"
 #include "train/data.h"
 #include "train/lr_schedule.h"
@@ -50,6 +51,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"seed", seed},
           {"data", data},
           {"save", save},
+          {"save_precision", save_precision},
+          {"max_shard_size", max_shard_size},
           {"bench_warmup_steps", bench_warmup_steps},
           {"profile", profile},
           {"peak_tflops", peak_tflops}};
@@ -128,6 +131,8 @@ void validate_train_options(const TrainOptions& o) {
   if (!(o.adam_epsilon > 0)) throw InvalidInput("[--adam-epsilon] must be positive");
   if (std::isnan(o.max_grad_norm)) throw InvalidInput("[--max-grad-norm] must be a number (<= 0 disables clipping)");
   if (o.threads < 0) throw InvalidInput("[--threads] must be >= 0 (0 = all cores)");
+  if (!o.save_precision.empty()) parse_dtype(o.save_precision, "--save-precision");
+  if (!o.max_shard_size.empty()) parse_bytes(o.max_shard_size, "--max-shard-size");
   parse_lr_schedule(o.lr_scheduler);
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
@@ -140,24 +145,6 @@ void validate_train_options(const TrainOptions& o) {
 }
 
 namespace {
-
-// Normal(0, initializer_range) weights, norms 1; one generator per parameter (seed, index).
-void init_weights(Tensor& params, const ParamLayout& layout, const ModelConfig& cfg, std::uint64_t seed) {
-  std::vector<float> buf;
-  for (std::size_t i = 0; i < layout.params().size(); ++i) {
-    const ParamInfo& info = layout.params()[i];
-    buf.assign(static_cast<std::size_t>(info.numel), 0.0f);
-    if (info.is_norm && !info.is_bias) {
-      std::fill(buf.begin(), buf.end(), 1.0f);
-    } else if (!info.is_norm && !info.is_bias) {
-      std::mt19937_64 rng(seed * 1000003ull + i);
-      std::normal_distribution<float> d(0.0f, static_cast<float>(cfg.initializer_range));
-      for (auto& v : buf) v = d(rng);
-    }
-    Tensor dst = layout.view(params, info);
-    convert(buf.data(), DType::kF32, dst.raw(), dst.dtype(), buf.size());
-  }
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -240,7 +227,15 @@ TrainResult run_training(const TrainOptions& o) {
     Tensor grads = Tensor::zeros({P}, prec.grad, alloc, "gradients");
     Tensor m = Tensor::zeros({P}, prec.optim_state, alloc, "optimizer exp_avg");
     Tensor v = Tensor::zeros({P}, prec.optim_state, alloc, "optimizer exp_avg_sq");
-    init_weights(params, layout, cfg, o.seed);
+    if (!is_preset(o.model) && has_weights(o.model)) {
+      const LoadSummary ls = load_weights(o.model, cfg, layout, params);
+      if (!o.quiet) {
+        std::fprintf(stderr, "scalelab train: loaded %lld tensors from %s\n", static_cast<long long>(ls.tensors),
+                     o.model.c_str());
+      }
+    } else {
+      init_params(params, layout, cfg, o.seed);
+    }
     if (prec.weight_copy) compute_weights.copy_from(params);
     std::unique_ptr<Model> model = make_model(cfg, layout, compute_weights, grads, mopt);
     double loss_scale = prec.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
@@ -337,6 +332,13 @@ TrainResult run_training(const TrainOptions& o) {
     res.step_time_s = median(measured);
     if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
     if (o.profile) res.profile = profile_json(profiler, measured_time);
+    if (!o.save.empty()) {
+      SaveOptions so;
+      so.dtype = o.save_precision.empty() ? prec.param : parse_dtype(o.save_precision, "--save-precision");
+      so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
+      save_checkpoint(o.save, cfg, layout, params, so);
+      if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    }
     res.loss_scale = prec.loss_scaling ? loss_scale : 0.0;
     res.status = "ok";
   } catch (const OutOfMemory& e) {

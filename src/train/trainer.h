@@ -40,6 +40,8 @@ struct TrainOptions {
   std::uint64_t seed = 42;
   std::string data = "synthetic";
   std::string save;
+  std::string save_precision;  // empty: the parameter dtype
+  std::string max_shard_size;  // empty: one model.safetensors file
   std::string json;
   std::int64_t bench_warmup_steps = 2;
   bool profile = false;

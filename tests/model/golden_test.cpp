@@ -1,0 +1,120 @@
+// The engine against PyTorch/transformers golden data (tests/golden/make_golden.py made it):
+// logits and loss of the first micro-batch, every parameter gradient of step 1, and the losses of
+// six AdamW steps with warmup, linear decay, weight decay and clipping.
+// Tolerances (fp32, the issue's): loss 1e-5 relative, gradients 1e-4 absolute, trajectory 1e-3
+// relative; logits 1e-4 absolute.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "model_test_util.h"
+#include "train/data.h"
+#include "train/trainer.h"
+
+namespace scalelab {
+namespace {
+
+std::string golden_dir(const std::string& name) { return std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/" + name; }
+
+std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
+  const SafetensorsTensor* t = f.find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (!t) return {};
+  std::vector<float> v(static_cast<std::size_t>(t->numel()));
+  f.read(*t, v.data(), DType::kF32);
+  return v;
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Golden, LogitsLossAndStepOneGradients) {
+  const std::string dir = golden_dir(GetParam());
+  const auto expected = testing::read_json(dir + "/expected.json");
+  const auto& tr = expected["training"];
+  const SafetensorsFile ref = SafetensorsFile::open(dir + "/expected.safetensors");
+  const ModelConfig cfg = load_config_dir(dir);
+  const ParamLayout layout = ParamLayout::build(cfg);
+  DeviceAllocator& alloc = testing::host_alloc();
+  ExecContext ctx{&alloc, nullptr};
+  Tensor params = Tensor::empty({layout.total_numel()}, DType::kF32, alloc);
+  Tensor grads = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc);
+  load_weights(dir, cfg, layout, params);
+  auto model = make_model(cfg, layout, params, grads, ModelOptions{});
+  const std::int64_t mb = tr["micro_batch_size"], seq = tr["seq_len"], accum = tr["grad_accum_steps"];
+
+  auto data = make_data_source({dir + "/tokens.bin", seq, mb, cfg.vocab_size, 0, 0, 1});
+  Batch batch = make_batch(mb, seq, alloc);
+  data->next(batch);
+  Tensor logits;
+  const double loss = model->forward_loss(batch, ctx, &logits);
+  const double want_loss = expected["first_microbatch_loss"];
+  EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
+  const auto want_logits = read_f32(ref, "logits");
+  ASSERT_EQ(static_cast<std::size_t>(logits.numel()), want_logits.size());
+  double max_logit_err = 0;
+  for (std::size_t i = 0; i < want_logits.size(); ++i)
+    max_logit_err = std::max(max_logit_err, static_cast<double>(std::fabs(logits.f32()[i] - want_logits[i])));
+  EXPECT_LT(max_logit_err, 1e-4);
+
+  // Step 1 gradients, summed over the micro-batches of the first step.
+  data = make_data_source({dir + "/tokens.bin", seq, mb, cfg.vocab_size, 0, 0, 1});
+  for (std::int64_t k = 0; k < accum; ++k) {
+    data->next(batch);
+    model->forward_backward(batch, 1.0f / static_cast<float>(accum), ctx);
+  }
+  int checked = 0;
+  for (const ParamInfo& p : layout.params()) {
+    const auto want = read_f32(ref, "grad." + p.name);
+    ASSERT_EQ(static_cast<std::int64_t>(want.size()), p.numel) << p.name;
+    const Tensor g = layout.view(grads, p);
+    double max_err = 0, max_ref = 0;
+    for (std::int64_t i = 0; i < p.numel; ++i) {
+      max_err = std::max(max_err, static_cast<double>(std::fabs(g.f32()[i] - want[static_cast<std::size_t>(i)])));
+      max_ref = std::max(max_ref, static_cast<double>(std::fabs(want[static_cast<std::size_t>(i)])));
+    }
+    EXPECT_LT(max_err, 1e-4) << p.name << " (largest gradient " << max_ref << ")";
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(layout.params().size()));
+}
+
+TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
+  const std::string dir = golden_dir(GetParam());
+  const auto expected = testing::read_json(dir + "/expected.json");
+  const auto& tr = expected["training"];
+  TrainOptions o;
+  o.model = dir;
+  o.data = dir + "/tokens.bin";
+  o.seq_len = tr["seq_len"];
+  o.micro_batch_size = tr["micro_batch_size"];
+  o.grad_accum_steps = tr["grad_accum_steps"];
+  o.max_steps = tr["max_steps"];
+  o.warmup_steps = tr["warmup_steps"];
+  o.lr = tr["lr"];
+  o.lr_scheduler = tr["lr_scheduler"];
+  o.weight_decay = tr["weight_decay"];
+  o.adam_beta1 = tr["adam_beta1"];
+  o.adam_beta2 = tr["adam_beta2"];
+  o.adam_epsilon = tr["adam_epsilon"];
+  o.max_grad_norm = tr["max_grad_norm"];
+  o.threads = 1;
+  o.quiet = true;
+  const TrainResult r = run_training(o);
+  ASSERT_EQ(r.status, "ok") << r.error;
+  ASSERT_EQ(r.steps.size(), expected["losses"].size());
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const double want = expected["losses"][i], lr = expected["lrs"][i], norm = expected["grad_norms"][i];
+    EXPECT_NEAR(r.steps[i].loss, want, 1e-3 * want) << "step " << i;
+    EXPECT_NEAR(r.steps[i].lr, lr, 1e-12) << "step " << i;
+    EXPECT_NEAR(r.steps[i].grad_norm, norm, 1e-3 * norm) << "step " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Llama, Golden, ::testing::Values("llama_gqa_tied_rope3", "llama_untied_accum2"));
+
+}  // namespace
+}  // namespace scalelab
