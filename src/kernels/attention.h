@@ -9,6 +9,19 @@
 //   P[b, h] = softmax(scale · Q K^T + causal mask)   (saved [B, nh, S, S] for backward)
 //   out[b, s, h*hd:(h+1)*hd] = P V
 // attention_backward assigns dqkv (all three parts) from dout; nothing accumulates.
+//
+// Flash attention (the same function, FlashAttention-2's algorithm on the CPU): query rows are
+// processed in tiles of Br rows against key tiles of Bc columns with an online softmax (running
+// row max and sum), so no S×S buffer exists in forward or backward; tiles entirely above the
+// causal diagonal are skipped. Only the log-sum-exp of each score row is saved for backward:
+//   lse[b, h, i] = log Σ_{j<=i} exp(scale · q_i · k_j)          (fp32, [B, nh, S])
+// The backward recomputes P = exp(scale · Q K^T − lse) tile by tile, with D = rowsum(dO ⊙ O) and
+// dS = P ⊙ (dP − D); it assigns dqkv like the eager backward (nothing accumulates).
+// Scratch: one Br×Bc tile per thread in forward, two in backward (plus a few rows), allocated
+// from ctx.alloc as "attention workspace"; attention_flash_workspace_bytes says exactly how many.
+// Work is split statically (forward: a task per (batch, query head); backward: a task per
+// (batch, kv head), which owns that head's dK/dV and its group's dQ), so results are bit-identical
+// from run to run at a given thread count.
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -27,5 +40,25 @@ void attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& pr
 
 // Bytes of per-thread scratch the eager kernels allocate (for the memory plan).
 std::size_t attention_eager_workspace_bytes(const AttentionShape& s, int threads);
+
+// out[B*S, nh*hd] (assigned) and lse[B, nh, S] (assigned, saved for backward) from qkv.
+void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionShape& s, float scale,
+                             ExecContext& ctx);
+// dqkv[B*S, (nh+2*nkv)*hd] assigned from dout, using the forward's out and lse.
+void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                              const Tensor& qkv, const AttentionShape& s, float scale, ExecContext& ctx);
+
+// Tile sizes of the flash kernels (query rows × key columns), clamped to S for short sequences.
+inline constexpr std::int64_t kFlashRowTile = 64;
+inline constexpr std::int64_t kFlashColTile = 256;
+
+// Bytes the flash kernel of `phase` (Phase::kForward or Phase::kBackward) requests from the
+// allocator in its single "attention workspace" allocation, before the allocator's rounding, when
+// run with `threads` threads. With Br = min(kFlashRowTile, S), Bc = min(kFlashColTile, S) and
+// pad16(n) = n rounded up to a multiple of 16 floats (each thread's part starts on a cache line):
+//   forward:  threads · pad16(Br·Bc + 2·Br) · 4      (score tile, running max and sum)
+//   backward: threads · pad16(2·Br·Bc + Br) · 4      (P tile, dP/dS tile, D = rowsum(dO ⊙ O))
+// Nothing else is allocated by the flash kernels; lse [B, nh, S] is the caller's tensor.
+std::size_t attention_flash_workspace_bytes(const AttentionShape& s, int threads, Phase phase);
 
 }  // namespace scalelab::kernels

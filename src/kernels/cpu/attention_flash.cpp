@@ -1,0 +1,239 @@
+// Flash attention on the CPU: tiled causal GQA attention with an online softmax (see
+// kernels/attention.h for the contract). Tile products go through BLAS (gemm), one thread per
+// task; the per-row softmax work uses the AVX2 exp of vec_math.h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/parallel.h"
+#include "kernels/attention.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/kernel_common.h"
+#include "kernels/matmul.h"
+
+namespace scalelab::kernels {
+
+namespace {
+
+struct Tiles {
+  std::int64_t br, bc;        // row and column tile, clamped to S
+  std::int64_t fwd_floats;    // per-thread scratch of the forward, padded to a cache line
+  std::int64_t bwd_floats;    // per-thread scratch of the backward, padded to a cache line
+};
+
+constexpr std::int64_t pad16(std::int64_t n) { return (n + 15) / 16 * 16; }
+
+Tiles tiles_for(const AttentionShape& s) {
+  Tiles t{};
+  t.br = std::max<std::int64_t>(1, std::min(kFlashRowTile, s.seq));
+  t.bc = std::max<std::int64_t>(1, std::min(kFlashColTile, s.seq));
+  t.fwd_floats = pad16(t.br * t.bc + 2 * t.br);
+  t.bwd_floats = pad16(2 * t.br * t.bc + t.br);
+  return t;
+}
+
+void check_common(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& s, const char* op) {
+  require_cpu(qkv, op);
+  require_cpu(out, op);
+  require_cpu(lse, op);
+  require_dtype(qkv, DType::kF32, op, "qkv");
+  require_dtype(out, DType::kF32, op, "output");
+  require_dtype(lse, DType::kF32, op, "lse");
+  SCALELAB_CHECK(s.batch > 0 && s.seq > 0 && s.head_dim > 0, std::string("[") + op + "] empty shape");
+  SCALELAB_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
+                 std::string("[") + op + "] n_kv_heads must divide n_heads");
+  require_numel(qkv, s.batch * s.seq * s.qkv_width(), op, "qkv");
+  require_numel(out, s.batch * s.seq * s.out_width(), op, "output");
+  require_numel(lse, s.batch * s.n_heads * s.seq, op, "lse");
+}
+
+// Number of columns of a tile starting at key c0 that query row `row` may see (causal), in [0, cols].
+inline std::int64_t visible(std::int64_t row, std::int64_t c0, std::int64_t cols) {
+  return std::clamp<std::int64_t>(row - c0 + 1, 0, cols);
+}
+
+// y[i] = exp(x[i] - shift) for i < n (in place allowed).
+inline void exp_shift(const float* x, float* y, std::int64_t n, float shift) {
+  std::int64_t i = 0;
+#ifdef SCALELAB_AVX2
+  const __m256 sh = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, vec::exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh)));
+#endif
+  for (; i < n; ++i) y[i] = vec::exp1(x[i] - shift);
+}
+
+inline float dot(const float* a, const float* b, std::int64_t n) {
+  std::int64_t i = 0;
+  float s = 0.0f;
+#ifdef SCALELAB_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  s = vec::hsum8(acc);
+#endif
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// ds[i] = p[i] * (ds[i] - d) for i < n: turns dP into dS in place.
+inline void softmax_grad(const float* p, float* ds, std::int64_t n, float d) {
+  std::int64_t i = 0;
+#ifdef SCALELAB_AVX2
+  const __m256 dv = _mm256_set1_ps(d);
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(ds + i, _mm256_mul_ps(_mm256_loadu_ps(p + i), _mm256_sub_ps(_mm256_loadu_ps(ds + i), dv)));
+#endif
+  for (; i < n; ++i) ds[i] = p[i] * (ds[i] - d);
+}
+
+inline void scale_row(float* x, std::int64_t n, float a) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+}  // namespace
+
+std::size_t attention_flash_workspace_bytes(const AttentionShape& s, int threads, Phase phase) {
+  SCALELAB_CHECK(phase == Phase::kForward || phase == Phase::kBackward,
+                 "[attention_flash_workspace_bytes] phase must be forward or backward");
+  const Tiles t = tiles_for(s);
+  const std::int64_t per_thread = phase == Phase::kForward ? t.fwd_floats : t.bwd_floats;
+  return static_cast<std::size_t>(std::max(1, threads)) * static_cast<std::size_t>(per_thread) * sizeof(float);
+}
+
+void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionShape& s, float scale,
+                             ExecContext& ctx) {
+  ProfileScope prof(ctx, "attention", Phase::kForward);
+  check_common(qkv, out, lse, s, "attention_flash_forward");
+  const Tiles tl = tiles_for(s);
+  const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
+  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  const std::int64_t k_off = s.n_heads * hd, v_off = k_off + s.n_kv_heads * hd;
+  const std::int64_t Br = tl.br, Bc = tl.bc;
+  const float* qp = qkv.f32();
+  float* op = out.f32();
+  float* lp = lse.f32();
+  const int nt = num_threads();
+  Tensor scratch = Tensor::empty({static_cast<std::int64_t>(nt) * tl.fwd_floats}, DType::kF32, *ctx.alloc,
+                                 "attention workspace");
+  float* scratch_p = scratch.f32();
+  const std::int64_t tasks = s.batch * s.n_heads;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const std::int64_t b = task / s.n_heads, h = task % s.n_heads, g = h / group;
+    float* tile = scratch_p + static_cast<std::int64_t>(omp_get_thread_num()) * tl.fwd_floats;
+    float* m = tile + Br * Bc;  // running row max
+    float* l = m + Br;          // running row sum of exp(score - m)
+    const float* Q = qp + b * S * ld + h * hd;
+    const float* K = qp + b * S * ld + k_off + g * hd;
+    const float* V = qp + b * S * ld + v_off + g * hd;
+    float* O = op + b * S * ldo + h * hd;
+    float* L = lp + task * S;
+    for (std::int64_t r0 = 0; r0 < S; r0 += Br) {
+      const std::int64_t rows = std::min(Br, S - r0), end = r0 + rows;  // keys [0, end) are visible
+      float* Ob = O + r0 * ldo;
+      for (std::int64_t c0 = 0; c0 < end; c0 += Bc) {
+        const std::int64_t cols = std::min(Bc, end - c0);
+        gemm(false, true, rows, cols, hd, scale, Q + r0 * ld, ld, K + c0 * ld, ld, 0.0f, tile, Bc);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          float* row = tile + i * Bc;
+          const std::int64_t n = visible(r0 + i, c0, cols);
+          if (n == 0) {  // the row's keys all lie in earlier tiles
+            std::memset(row, 0, sizeof(float) * static_cast<std::size_t>(cols));
+            continue;
+          }
+          if (c0 == 0) {  // first tile: every row sees key 0, so the running state starts here
+            m[i] = vec::max_of(row, n);
+            l[i] = vec::exp_shift_sum(row, row, n, m[i]);
+          } else {
+            const float m_new = std::max(m[i], vec::max_of(row, n));
+            const float alpha = vec::exp1(m[i] - m_new);
+            l[i] = l[i] * alpha + vec::exp_shift_sum(row, row, n, m_new);
+            m[i] = m_new;
+            if (alpha != 1.0f) scale_row(Ob + i * ldo, hd, alpha);
+          }
+          if (n < cols) std::memset(row + n, 0, sizeof(float) * static_cast<std::size_t>(cols - n));
+        }
+        gemm(false, false, rows, hd, cols, 1.0f, tile, Bc, V + c0 * ld, ld, c0 == 0 ? 0.0f : 1.0f, Ob, ldo);
+      }
+      for (std::int64_t i = 0; i < rows; ++i) {
+        scale_row(Ob + i * ldo, hd, 1.0f / l[i]);
+        L[r0 + i] = m[i] + std::log(l[i]);
+      }
+    }
+  }
+}
+
+void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                              const Tensor& qkv, const AttentionShape& s, float scale, ExecContext& ctx) {
+  ProfileScope prof(ctx, "attention", Phase::kBackward);
+  check_common(qkv, out, lse, s, "attention_flash_backward");
+  require_cpu(dout, "attention_flash_backward");
+  require_cpu(dqkv, "attention_flash_backward");
+  require_dtype(dout, DType::kF32, "attention_flash_backward", "output gradient");
+  require_dtype(dqkv, DType::kF32, "attention_flash_backward", "qkv gradient");
+  require_numel(dout, out.numel(), "attention_flash_backward", "output gradient");
+  require_numel(dqkv, qkv.numel(), "attention_flash_backward", "qkv gradient");
+  const Tiles tl = tiles_for(s);
+  const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
+  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  const std::int64_t k_off = s.n_heads * hd, v_off = k_off + s.n_kv_heads * hd;
+  const std::int64_t Br = tl.br, Bc = tl.bc;
+  const float* qp = qkv.f32();
+  const float* opp = out.f32();
+  const float* lp = lse.f32();
+  const float* gop = dout.f32();
+  float* gp = dqkv.f32();
+  const int nt = num_threads();
+  Tensor scratch = Tensor::empty({static_cast<std::int64_t>(nt) * tl.bwd_floats}, DType::kF32, *ctx.alloc,
+                                 "attention workspace");
+  float* scratch_p = scratch.f32();
+  // One task per (batch, kv head): the query heads of a group all add into the same dK/dV, so
+  // they run in a fixed order inside one task and no two threads write the same gradient.
+  const std::int64_t tasks = s.batch * s.n_kv_heads;
+#pragma omp parallel for schedule(static)
+  for (std::int64_t task = 0; task < tasks; ++task) {
+    const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
+    float* P = scratch_p + static_cast<std::int64_t>(omp_get_thread_num()) * tl.bwd_floats;
+    float* dS = P + Br * Bc;
+    float* D = dS + Br * Bc;
+    const float* K = qp + b * S * ld + k_off + g * hd;
+    const float* V = qp + b * S * ld + v_off + g * hd;
+    float* dK = gp + b * S * ld + k_off + g * hd;
+    float* dV = gp + b * S * ld + v_off + g * hd;
+    for (std::int64_t t = 0; t < S; ++t) {
+      std::memset(dK + t * ld, 0, sizeof(float) * static_cast<std::size_t>(hd));
+      std::memset(dV + t * ld, 0, sizeof(float) * static_cast<std::size_t>(hd));
+    }
+    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
+      const float* Q = qp + b * S * ld + h * hd;
+      const float* O = opp + b * S * ldo + h * hd;
+      const float* dO = gop + b * S * ldo + h * hd;
+      const float* L = lp + (b * s.n_heads + h) * S;
+      float* dQ = gp + b * S * ld + h * hd;
+      for (std::int64_t r0 = 0; r0 < S; r0 += Br) {
+        const std::int64_t rows = std::min(Br, S - r0), end = r0 + rows;
+        for (std::int64_t i = 0; i < rows; ++i) D[i] = dot(dO + (r0 + i) * ldo, O + (r0 + i) * ldo, hd);
+        for (std::int64_t c0 = 0; c0 < end; c0 += Bc) {
+          const std::int64_t cols = std::min(Bc, end - c0);
+          // P = exp(scale · Q K^T − lse), zero above the diagonal.
+          gemm(false, true, rows, cols, hd, scale, Q + r0 * ld, ld, K + c0 * ld, ld, 0.0f, P, Bc);
+          for (std::int64_t i = 0; i < rows; ++i) {
+            float* row = P + i * Bc;
+            const std::int64_t n = visible(r0 + i, c0, cols);
+            exp_shift(row, row, n, L[r0 + i]);
+            if (n < cols) std::memset(row + n, 0, sizeof(float) * static_cast<std::size_t>(cols - n));
+          }
+          // dP = dO V^T, then dS = P ⊙ (dP − D) in place (zero wherever P is).
+          gemm(false, true, rows, cols, hd, 1.0f, dO + r0 * ldo, ldo, V + c0 * ld, ld, 0.0f, dS, Bc);
+          for (std::int64_t i = 0; i < rows; ++i) softmax_grad(P + i * Bc, dS + i * Bc, cols, D[i]);
+          // dV += P^T dO ; dK += scale · dS^T Q ; dQ (=, then +=) scale · dS K.
+          gemm(true, false, cols, hd, rows, 1.0f, P, Bc, dO + r0 * ldo, ldo, 1.0f, dV + c0 * ld, ld);
+          gemm(true, false, cols, hd, rows, scale, dS, Bc, Q + r0 * ld, ld, 1.0f, dK + c0 * ld, ld);
+          gemm(false, false, rows, hd, cols, scale, dS, Bc, K + c0 * ld, ld, c0 == 0 ? 0.0f : 1.0f, dQ + r0 * ld,
+               ld);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace scalelab::kernels
