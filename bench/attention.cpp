@@ -2,19 +2,23 @@
 // needs beyond its inputs and outputs (peak from the allocator), for several sequence lengths.
 //
 //   build/bench/bench_attention [--batch 1 4] [--seq 256 512 1024 2048] [--heads 8] [--kv-heads 2]
-//                               [--head-dim 64] [--threads 2] [--reps 5]
+//                               [--head-dim 64] [--threads 2] [--reps 5] [--clock wall|cpu]
 //
 // Defaults are llama-small's attention (8 query heads, 2 kv heads, head_dim 64). Eager and flash
 // repetitions alternate so that a noisy neighbour on a shared machine hits both alike; the median
 // of the repetitions is printed (and the best total, which is less sensitive to interference).
+// --clock cpu measures the process's CPU time instead of wall time: on a machine shared with other
+// jobs it is far steadier (with --threads 1; with more threads it also counts OpenMP's spin-waits).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/allocator.h"
@@ -28,7 +32,14 @@ using kernels::AttentionShape;
 
 namespace {
 
+bool g_cpu_clock = false;
+
 double now_s() {
+  if (g_cpu_clock) {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  }
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
@@ -104,6 +115,7 @@ int main(int argc, char** argv) {
   std::vector<std::int64_t> batches{1, 4}, seqs{256, 512, 1024, 2048};
   std::int64_t heads = 8, kv_heads = 2, head_dim = 64;
   int threads = 2, reps = 5;
+  std::string clock = "wall";
   app.add_option("--batch", batches, "batch sizes");
   app.add_option("--seq", seqs, "sequence lengths");
   app.add_option("--heads", heads, "query heads");
@@ -111,13 +123,16 @@ int main(int argc, char** argv) {
   app.add_option("--head-dim", head_dim, "head dimension");
   app.add_option("--threads", threads, "threads (OpenMP and BLAS)");
   app.add_option("--reps", reps, "timed repetitions (after one warm-up)")->check(CLI::PositiveNumber);
+  app.add_option("--clock", clock, "wall (elapsed) or cpu (process CPU time)")
+      ->check(CLI::IsMember({"wall", "cpu"}));
   CLI11_PARSE(app, argc, argv);
   set_num_threads(threads);
+  g_cpu_clock = clock == "cpu";
 
-  std::printf("attention fwd+bwd, nh=%lld nkv=%lld hd=%lld, %d threads, median of %d reps (ms); "
-              "MiB = allocator peak beyond inputs/outputs (saved probs or lse + workspace); dqkv diff = max abs eager-flash; tiles %lldx%lld\n",
+  std::printf("attention fwd+bwd, nh=%lld nkv=%lld hd=%lld, %d threads, median of %d reps (%s ms); "
+              "MiB = allocator peak beyond inputs/outputs (saved probs or lse + workspace); dqkv diff = max abs eager-flash; flash tiles %lld stacked query rows x %lld keys\n",
               static_cast<long long>(heads), static_cast<long long>(kv_heads), static_cast<long long>(head_dim),
-              num_threads(), reps, static_cast<long long>(kernels::kFlashRowTile),
+              num_threads(), reps, clock.c_str(), static_cast<long long>(kernels::kFlashRowTile),
               static_cast<long long>(kernels::kFlashColTile));
   std::printf("%3s %5s | %8s %8s %8s %8s %9s | %8s %8s %8s %8s %9s | %7s %7s %9s\n", "B", "S", "e.fwd", "e.bwd",
               "e.total", "e.best", "e.MiB", "f.fwd", "f.bwd", "f.total", "f.best", "f.MiB", "speedup", "best",

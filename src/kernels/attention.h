@@ -17,11 +17,11 @@
 //   lse[b, h, i] = log Σ_{j<=i} exp(scale · q_i · k_j)          (fp32, [B, nh, S])
 // The backward recomputes P = exp(scale · Q K^T − lse) tile by tile, with D = rowsum(dO ⊙ O) and
 // dS = P ⊙ (dP − D); it assigns dqkv like the eager backward (nothing accumulates).
-// Scratch: one Br×Bc tile per thread in forward, two in backward (plus a few rows), allocated
-// from ctx.alloc as "attention workspace"; attention_flash_workspace_bytes says exactly how many.
-// Work is split statically (forward: a task per (batch, query head); backward: a task per
-// (batch, kv head), which owns that head's dK/dV and its group's dQ), so results are bit-identical
-// from run to run at a given thread count.
+// Scratch: one score tile per thread in forward, two in backward (plus stacked Q/O/dO/dQ rows),
+// allocated from ctx.alloc as "attention workspace"; attention_flash_workspace_bytes says exactly
+// how many bytes. Work is split statically (forward: a task per (batch, kv head, row tile), dealt
+// round-robin; backward: a task per (batch, kv head), which owns that head's dK/dV and its group's
+// dQ), so results are bit-identical from run to run at a given thread count.
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -48,16 +48,21 @@ void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const 
 void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
                               const Tensor& qkv, const AttentionShape& s, float scale, ExecContext& ctx);
 
-// Tile sizes of the flash kernels (query rows × key columns), clamped to S for short sequences.
-inline constexpr std::int64_t kFlashRowTile = 64;
+// Tile sizes of the flash kernels. A row tile stacks the G = nh / nkv query heads of one kv group
+// over Br = max(1, kFlashRowTile / G) positions (so the GEMMs see G·Br ≈ kFlashRowTile rows and
+// each K/V tile serves the whole group); a column tile holds Bc = kFlashColTile keys. Both are
+// clamped to S. Chosen on this CPU (bench/attention.cpp): 128 stacked rows keep OpenBLAS near its
+// peak while Br = 32 positions (llama GQA, G = 4) wastes only ~Br/S of the work on the causal
+// diagonal; 256 keys keep each thread's backward scratch (~350 KiB at hd = 64) inside L2.
+inline constexpr std::int64_t kFlashRowTile = 128;
 inline constexpr std::int64_t kFlashColTile = 256;
 
 // Bytes the flash kernel of `phase` (Phase::kForward or Phase::kBackward) requests from the
 // allocator in its single "attention workspace" allocation, before the allocator's rounding, when
-// run with `threads` threads. With Br = min(kFlashRowTile, S), Bc = min(kFlashColTile, S) and
-// pad16(n) = n rounded up to a multiple of 16 floats (each thread's part starts on a cache line):
-//   forward:  threads · pad16(Br·Bc + 2·Br) · 4      (score tile, running max and sum)
-//   backward: threads · pad16(2·Br·Bc + Br) · 4      (P tile, dP/dS tile, D = rowsum(dO ⊙ O))
+// run with `threads` threads. With G = nh / nkv, Br and Bc as above, M = G·Br, and pad16(n) = n
+// rounded up to a multiple of 16 floats (each thread's part starts on a cache line):
+//   forward:  threads · pad16(M·Bc + 2·M·hd + 2·M) · 4   (score tile, stacked Q and O, row max, row sum)
+//   backward: threads · pad16(2·M·Bc + 3·M·hd + 2·M) · 4 (P and dS tiles, stacked Q, dO, dQ, D, lse)
 // Nothing else is allocated by the flash kernels; lse [B, nh, S] is the caller's tensor.
 std::size_t attention_flash_workspace_bytes(const AttentionShape& s, int threads, Phase phase);
 

@@ -6,6 +6,7 @@
 // 1e-5 absolute (+1e-5 relative for gradients, which grow with S).
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kernels/attention.h"
@@ -131,7 +132,14 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionFlashTest,
                                            AttentionShape{2, 9, 3, 3, 6},      // MHA, B>1
                                            AttentionShape{1, 1, 2, 1, 4},      // a single token
                                            AttentionShape{1, 300, 4, 2, 16},   // crosses a column tile (256)
-                                           AttentionShape{2, 130, 4, 1, 8}));  // group of 4, B>1, ragged tiles
+                                           AttentionShape{2, 130, 4, 1, 8},    // group of 4, B>1, ragged tiles
+                                           AttentionShape{1, 100, 6, 2, 10}),  // group of 3 (42-position tiles)
+                         [](const ::testing::TestParamInfo<AttentionShape>& i) {
+                           const AttentionShape& s = i.param;
+                           return "B" + std::to_string(s.batch) + "_S" + std::to_string(s.seq) + "_nh" +
+                                  std::to_string(s.n_heads) + "_kv" + std::to_string(s.n_kv_heads) + "_hd" +
+                                  std::to_string(s.head_dim);
+                         });
 
 // For a long sequence the flash kernels allocate one small scratch block each (exactly what
 // attention_flash_workspace_bytes says), far below one S×S buffer.
@@ -170,15 +178,21 @@ TEST(AttentionFlashMemory, NoSquareBufferAndExactWorkspace) {
 }
 
 TEST(AttentionFlashMemory, WorkspaceFormula) {
-  // S = 1024: Br = 64, Bc = 256. Forward 64·256 + 2·64 = 16512 floats per thread (a multiple of 16);
-  // backward 2·64·256 + 64 = 32832 floats per thread.
+  // llama-small at S = 1024: G = 4, Br = 32, Bc = 256, M = 128, hd = 64.
+  // Forward 128·256 + 2·128·64 + 2·128 = 49408 floats per thread; backward 2·128·256 + 3·128·64 + 2·128 = 90368.
   const AttentionShape big{4, 1024, 8, 2, 64};
-  EXPECT_EQ(kernels::attention_flash_workspace_bytes(big, 2, Phase::kForward), 2u * 16512u * 4u);
-  EXPECT_EQ(kernels::attention_flash_workspace_bytes(big, 2, Phase::kBackward), 2u * 32832u * 4u);
-  // S = 5: tiles clamp to 5×5. Forward 25 + 10 = 35 -> 48 floats; backward 50 + 5 = 55 -> 64 floats.
+  EXPECT_EQ(kernels::attention_flash_workspace_bytes(big, 2, Phase::kForward), 2u * 49408u * 4u);
+  EXPECT_EQ(kernels::attention_flash_workspace_bytes(big, 2, Phase::kBackward), 2u * 90368u * 4u);
+  // S = 5: tiles clamp to 5 positions × 5 keys, G = 2, M = 10, hd = 4.
+  // Forward 50 + 80 + 20 = 150 -> 160 floats (padded); backward 100 + 120 + 20 = 240 floats.
   const AttentionShape tiny{1, 5, 2, 1, 4};
-  EXPECT_EQ(kernels::attention_flash_workspace_bytes(tiny, 3, Phase::kForward), 3u * 48u * 4u);
-  EXPECT_EQ(kernels::attention_flash_workspace_bytes(tiny, 3, Phase::kBackward), 3u * 64u * 4u);
+  EXPECT_EQ(kernels::attention_flash_workspace_bytes(tiny, 3, Phase::kForward), 3u * 160u * 4u);
+  EXPECT_EQ(kernels::attention_flash_workspace_bytes(tiny, 3, Phase::kBackward), 3u * 240u * 4u);
+  // G = 3 does not divide 128: Br = 42, M = 126, Bc = S = 100, hd = 10.
+  // Forward 12600 + 2520 + 252 = 15372 -> 15376 floats; backward 25200 + 3780 + 252 = 29232 floats.
+  const AttentionShape odd{1, 100, 6, 2, 10};
+  EXPECT_EQ(kernels::attention_flash_workspace_bytes(odd, 1, Phase::kForward), 15376u * 4u);
+  EXPECT_EQ(kernels::attention_flash_workspace_bytes(odd, 1, Phase::kBackward), 29232u * 4u);
   EXPECT_THROW(kernels::attention_flash_workspace_bytes(tiny, 1, Phase::kOptimizer), RuntimeError);
 }
 

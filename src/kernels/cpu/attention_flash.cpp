@@ -15,8 +15,12 @@ namespace scalelab::kernels {
 
 namespace {
 
+// A tile stacks the query heads of one kv group: Br positions × G heads = M rows (head-major:
+// row k is head k / rows of the group at position r0 + k % rows). K/V tiles are then packed by
+// BLAS once per group instead of once per head, and the GEMMs see M = G·Br rows even when Br is
+// small enough to keep the causal diagonal's wasted work low.
 struct Tiles {
-  std::int64_t br, bc;        // row and column tile, clamped to S
+  std::int64_t br, bc, m;     // positions per row tile, keys per column tile, stacked rows G·br
   std::int64_t fwd_floats;    // per-thread scratch of the forward, padded to a cache line
   std::int64_t bwd_floats;    // per-thread scratch of the backward, padded to a cache line
 };
@@ -25,10 +29,12 @@ constexpr std::int64_t pad16(std::int64_t n) { return (n + 15) / 16 * 16; }
 
 Tiles tiles_for(const AttentionShape& s) {
   Tiles t{};
-  t.br = std::max<std::int64_t>(1, std::min(kFlashRowTile, s.seq));
+  const std::int64_t group = s.n_kv_heads > 0 ? std::max<std::int64_t>(1, s.n_heads / s.n_kv_heads) : 1;
+  t.br = std::max<std::int64_t>(1, std::min(std::max<std::int64_t>(1, kFlashRowTile / group), s.seq));
   t.bc = std::max<std::int64_t>(1, std::min(kFlashColTile, s.seq));
-  t.fwd_floats = pad16(t.br * t.bc + 2 * t.br);
-  t.bwd_floats = pad16(2 * t.br * t.bc + t.br);
+  t.m = group * t.br;
+  t.fwd_floats = pad16(t.m * t.bc + 2 * t.m * s.head_dim + 2 * t.m);
+  t.bwd_floats = pad16(2 * t.m * t.bc + 3 * t.m * s.head_dim + 2 * t.m);
   return t;
 }
 
@@ -105,7 +111,7 @@ void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const 
   check_common(qkv, out, lse, s, "attention_flash_forward");
   const Tiles tl = tiles_for(s);
   const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
-  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  const std::int64_t G = s.n_heads / s.n_kv_heads;
   const std::int64_t k_off = s.n_heads * hd, v_off = k_off + s.n_kv_heads * hd;
   const std::int64_t Br = tl.br, Bc = tl.bc;
   const float* qp = qkv.f32();
@@ -115,49 +121,57 @@ void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const 
   Tensor scratch = Tensor::empty({static_cast<std::int64_t>(nt) * tl.fwd_floats}, DType::kF32, *ctx.alloc,
                                  "attention workspace");
   float* scratch_p = scratch.f32();
-  const std::int64_t tasks = s.batch * s.n_heads;
-#pragma omp parallel for schedule(static)
+  // A task per (batch, kv head, row tile): each writes its own rows of out and lse. Row tiles cost
+  // in proportion to their index (causality); dealing them round-robin balances the threads.
+  const std::int64_t row_tiles = (S + Br - 1) / Br;
+  const std::int64_t tasks = s.batch * s.n_kv_heads * row_tiles;
+#pragma omp parallel for schedule(static, 1)
   for (std::int64_t task = 0; task < tasks; ++task) {
-    const std::int64_t b = task / s.n_heads, h = task % s.n_heads, g = h / group;
+    const std::int64_t rt = task % row_tiles, bg = task / row_tiles;
+    const std::int64_t b = bg / s.n_kv_heads, g = bg % s.n_kv_heads;
+    const std::int64_t r0 = rt * Br, rows = std::min(Br, S - r0), end = r0 + rows;  // keys [0, end) visible
+    const std::int64_t M = G * rows;
     float* tile = scratch_p + static_cast<std::int64_t>(omp_get_thread_num()) * tl.fwd_floats;
-    float* m = tile + Br * Bc;  // running row max
-    float* l = m + Br;          // running row sum of exp(score - m)
-    const float* Q = qp + b * S * ld + h * hd;
-    const float* K = qp + b * S * ld + k_off + g * hd;
-    const float* V = qp + b * S * ld + v_off + g * hd;
-    float* O = op + b * S * ldo + h * hd;
-    float* L = lp + task * S;
-    for (std::int64_t r0 = 0; r0 < S; r0 += Br) {
-      const std::int64_t rows = std::min(Br, S - r0), end = r0 + rows;  // keys [0, end) are visible
-      float* Ob = O + r0 * ldo;
-      for (std::int64_t c0 = 0; c0 < end; c0 += Bc) {
-        const std::int64_t cols = std::min(Bc, end - c0);
-        gemm(false, true, rows, cols, hd, scale, Q + r0 * ld, ld, K + c0 * ld, ld, 0.0f, tile, Bc);
-        for (std::int64_t i = 0; i < rows; ++i) {
-          float* row = tile + i * Bc;
-          const std::int64_t n = visible(r0 + i, c0, cols);
-          if (n == 0) {  // the row's keys all lie in earlier tiles
-            std::memset(row, 0, sizeof(float) * static_cast<std::size_t>(cols));
-            continue;
-          }
-          if (c0 == 0) {  // first tile: every row sees key 0, so the running state starts here
-            m[i] = vec::max_of(row, n);
-            l[i] = vec::exp_shift_sum(row, row, n, m[i]);
-          } else {
-            const float m_new = std::max(m[i], vec::max_of(row, n));
-            const float alpha = vec::exp1(m[i] - m_new);
-            l[i] = l[i] * alpha + vec::exp_shift_sum(row, row, n, m_new);
-            m[i] = m_new;
-            if (alpha != 1.0f) scale_row(Ob + i * ldo, hd, alpha);
-          }
-          if (n < cols) std::memset(row + n, 0, sizeof(float) * static_cast<std::size_t>(cols - n));
+    float* Qs = tile + tl.m * Bc;  // stacked queries [M, hd]
+    float* Os = Qs + tl.m * hd;    // stacked output accumulator [M, hd]
+    float* m = Os + tl.m * hd;     // running row max
+    float* l = m + tl.m;           // running row sum of exp(score − m)
+    const float* base = qp + b * S * ld;
+    const float* K = base + k_off + g * hd;
+    const float* V = base + v_off + g * hd;
+    for (std::int64_t k = 0; k < M; ++k)
+      std::memcpy(Qs + k * hd, base + (r0 + k % rows) * ld + (g * G + k / rows) * hd, sizeof(float) * hd);
+    for (std::int64_t c0 = 0; c0 < end; c0 += Bc) {
+      const std::int64_t cols = std::min(Bc, end - c0);
+      gemm(false, true, M, cols, hd, scale, Qs, hd, K + c0 * ld, ld, 0.0f, tile, Bc);
+      for (std::int64_t k = 0; k < M; ++k) {
+        float* row = tile + k * Bc;
+        const std::int64_t n = visible(r0 + k % rows, c0, cols);
+        if (n == 0) {  // the row's keys all lie in earlier tiles
+          std::memset(row, 0, sizeof(float) * static_cast<std::size_t>(cols));
+          continue;
         }
-        gemm(false, false, rows, hd, cols, 1.0f, tile, Bc, V + c0 * ld, ld, c0 == 0 ? 0.0f : 1.0f, Ob, ldo);
+        if (c0 == 0) {  // first tile: every row sees key 0, so the running state starts here
+          m[k] = vec::max_of(row, n);
+          l[k] = vec::exp_shift_sum(row, row, n, m[k]);
+        } else {
+          const float m_new = std::max(m[k], vec::max_of(row, n));
+          const float alpha = vec::exp1(m[k] - m_new);
+          l[k] = l[k] * alpha + vec::exp_shift_sum(row, row, n, m_new);
+          m[k] = m_new;
+          if (alpha != 1.0f) scale_row(Os + k * hd, hd, alpha);
+        }
+        if (n < cols) std::memset(row + n, 0, sizeof(float) * static_cast<std::size_t>(cols - n));
       }
-      for (std::int64_t i = 0; i < rows; ++i) {
-        scale_row(Ob + i * ldo, hd, 1.0f / l[i]);
-        L[r0 + i] = m[i] + std::log(l[i]);
-      }
+      gemm(false, false, M, hd, cols, 1.0f, tile, Bc, V + c0 * ld, ld, c0 == 0 ? 0.0f : 1.0f, Os, hd);
+    }
+    for (std::int64_t k = 0; k < M; ++k) {
+      const std::int64_t i = k % rows, h = g * G + k / rows;
+      const float inv = 1.0f / l[k];
+      float* dst = op + (b * S + r0 + i) * ldo + h * hd;
+      const float* src = Os + k * hd;
+      for (std::int64_t d = 0; d < hd; ++d) dst[d] = src[d] * inv;
+      lp[(b * s.n_heads + h) * S + r0 + i] = m[k] + std::log(l[k]);
     }
   }
 }
@@ -174,7 +188,7 @@ void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& ou
   require_numel(dqkv, qkv.numel(), "attention_flash_backward", "qkv gradient");
   const Tiles tl = tiles_for(s);
   const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
-  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  const std::int64_t G = s.n_heads / s.n_kv_heads;
   const std::int64_t k_off = s.n_heads * hd, v_off = k_off + s.n_kv_heads * hd;
   const std::int64_t Br = tl.br, Bc = tl.bc;
   const float* qp = qkv.f32();
@@ -193,45 +207,52 @@ void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& ou
   for (std::int64_t task = 0; task < tasks; ++task) {
     const std::int64_t b = task / s.n_kv_heads, g = task % s.n_kv_heads;
     float* P = scratch_p + static_cast<std::int64_t>(omp_get_thread_num()) * tl.bwd_floats;
-    float* dS = P + Br * Bc;
-    float* D = dS + Br * Bc;
-    const float* K = qp + b * S * ld + k_off + g * hd;
-    const float* V = qp + b * S * ld + v_off + g * hd;
-    float* dK = gp + b * S * ld + k_off + g * hd;
-    float* dV = gp + b * S * ld + v_off + g * hd;
+    float* dS = P + tl.m * Bc;
+    float* Qs = dS + tl.m * Bc;   // stacked queries [M, hd]
+    float* dOs = Qs + tl.m * hd;  // stacked output gradients [M, hd]
+    float* dQs = dOs + tl.m * hd; // stacked query gradients [M, hd]
+    float* D = dQs + tl.m * hd;   // rowsum(dO ⊙ O)
+    float* L = D + tl.m;          // saved log-sum-exp
+    const float* base = qp + b * S * ld;
+    const float* K = base + k_off + g * hd;
+    const float* V = base + v_off + g * hd;
+    float* dbase = gp + b * S * ld;
+    float* dK = dbase + k_off + g * hd;
+    float* dV = dbase + v_off + g * hd;
     for (std::int64_t t = 0; t < S; ++t) {
       std::memset(dK + t * ld, 0, sizeof(float) * static_cast<std::size_t>(hd));
       std::memset(dV + t * ld, 0, sizeof(float) * static_cast<std::size_t>(hd));
     }
-    for (std::int64_t h = g * group; h < (g + 1) * group; ++h) {
-      const float* Q = qp + b * S * ld + h * hd;
-      const float* O = opp + b * S * ldo + h * hd;
-      const float* dO = gop + b * S * ldo + h * hd;
-      const float* L = lp + (b * s.n_heads + h) * S;
-      float* dQ = gp + b * S * ld + h * hd;
-      for (std::int64_t r0 = 0; r0 < S; r0 += Br) {
-        const std::int64_t rows = std::min(Br, S - r0), end = r0 + rows;
-        for (std::int64_t i = 0; i < rows; ++i) D[i] = dot(dO + (r0 + i) * ldo, O + (r0 + i) * ldo, hd);
-        for (std::int64_t c0 = 0; c0 < end; c0 += Bc) {
-          const std::int64_t cols = std::min(Bc, end - c0);
-          // P = exp(scale · Q K^T − lse), zero above the diagonal.
-          gemm(false, true, rows, cols, hd, scale, Q + r0 * ld, ld, K + c0 * ld, ld, 0.0f, P, Bc);
-          for (std::int64_t i = 0; i < rows; ++i) {
-            float* row = P + i * Bc;
-            const std::int64_t n = visible(r0 + i, c0, cols);
-            exp_shift(row, row, n, L[r0 + i]);
-            if (n < cols) std::memset(row + n, 0, sizeof(float) * static_cast<std::size_t>(cols - n));
-          }
-          // dP = dO V^T, then dS = P ⊙ (dP − D) in place (zero wherever P is).
-          gemm(false, true, rows, cols, hd, 1.0f, dO + r0 * ldo, ldo, V + c0 * ld, ld, 0.0f, dS, Bc);
-          for (std::int64_t i = 0; i < rows; ++i) softmax_grad(P + i * Bc, dS + i * Bc, cols, D[i]);
-          // dV += P^T dO ; dK += scale · dS^T Q ; dQ (=, then +=) scale · dS K.
-          gemm(true, false, cols, hd, rows, 1.0f, P, Bc, dO + r0 * ldo, ldo, 1.0f, dV + c0 * ld, ld);
-          gemm(true, false, cols, hd, rows, scale, dS, Bc, Q + r0 * ld, ld, 1.0f, dK + c0 * ld, ld);
-          gemm(false, false, rows, hd, cols, scale, dS, Bc, K + c0 * ld, ld, c0 == 0 ? 0.0f : 1.0f, dQ + r0 * ld,
-               ld);
-        }
+    for (std::int64_t r0 = 0; r0 < S; r0 += Br) {
+      const std::int64_t rows = std::min(Br, S - r0), end = r0 + rows, M = G * rows;
+      for (std::int64_t k = 0; k < M; ++k) {
+        const std::int64_t t = b * S + r0 + k % rows, h = g * G + k / rows;
+        std::memcpy(Qs + k * hd, qp + t * ld + h * hd, sizeof(float) * hd);
+        std::memcpy(dOs + k * hd, gop + t * ldo + h * hd, sizeof(float) * hd);
+        D[k] = dot(dOs + k * hd, opp + t * ldo + h * hd, hd);
+        L[k] = lp[(b * s.n_heads + h) * S + r0 + k % rows];
       }
+      for (std::int64_t c0 = 0; c0 < end; c0 += Bc) {
+        const std::int64_t cols = std::min(Bc, end - c0);
+        // P = exp(scale · Q K^T − lse), zero above the diagonal.
+        gemm(false, true, M, cols, hd, scale, Qs, hd, K + c0 * ld, ld, 0.0f, P, Bc);
+        for (std::int64_t k = 0; k < M; ++k) {
+          float* row = P + k * Bc;
+          const std::int64_t n = visible(r0 + k % rows, c0, cols);
+          exp_shift(row, row, n, L[k]);
+          if (n < cols) std::memset(row + n, 0, sizeof(float) * static_cast<std::size_t>(cols - n));
+        }
+        // dP = dO V^T, then dS = P ⊙ (dP − D) in place (zero wherever P is).
+        gemm(false, true, M, cols, hd, 1.0f, dOs, hd, V + c0 * ld, ld, 0.0f, dS, Bc);
+        for (std::int64_t k = 0; k < M; ++k) softmax_grad(P + k * Bc, dS + k * Bc, cols, D[k]);
+        // dV += P^T dO and dK += scale · dS^T Q (summing the group's heads inside the GEMM);
+        // dQ = (first tile), then += scale · dS K.
+        gemm(true, false, cols, hd, M, 1.0f, P, Bc, dOs, hd, 1.0f, dV + c0 * ld, ld);
+        gemm(true, false, cols, hd, M, scale, dS, Bc, Qs, hd, 1.0f, dK + c0 * ld, ld);
+        gemm(false, false, M, hd, cols, scale, dS, Bc, K + c0 * ld, ld, c0 == 0 ? 0.0f : 1.0f, dQs, hd);
+      }
+      for (std::int64_t k = 0; k < M; ++k)
+        std::memcpy(dbase + (r0 + k % rows) * ld + (g * G + k / rows) * hd, dQs + k * hd, sizeof(float) * hd);
     }
   }
 }
