@@ -25,7 +25,6 @@ class LlamaModel final : public Model {
  public:
   LlamaModel(const ModelConfig& c, const ParamLayout& layout, Tensor& params, Tensor& grads, const ModelOptions& o)
       : c_(c), opt_(o), rope_(make_rope_table(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)) {
-    SCALELAB_CHECK(o.attention == AttentionImpl::kEager, "[llama] flash attention is not available in this build");
     SCALELAB_CHECK(!o.fused_kernels, "[llama] fused kernels are not available in this build");
     H_ = c.hidden_size;
     I_ = c.intermediate_size;
@@ -130,6 +129,7 @@ class LlamaModel final : public Model {
     Tensor y1;     // input_layernorm output [T, H]
     Tensor qkv;    // q, k (after RoPE), v [T, Q + 2KV]
     Tensor probs;  // eager attention probabilities [B, nh, S, S]
+    Tensor lse;    // flash attention log-sum-exp [B, nh, S] (fp32)
     Tensor attn;   // attention output [T, Q]
     Tensor h;      // residual after attention [T, H]
     Tensor rstd2;  // [T]
@@ -203,8 +203,14 @@ class LlamaModel final : public Model {
     rope_forward(a.qkv, Q_, ld, c_.num_key_value_heads, c_.head_dim, b.seq, rope_, ctx);
     const auto s = attn_shape(b);
     a.attn = new_act({T, Q_}, "attention output");
-    a.probs = new_act({b.batch, c_.num_attention_heads, b.seq, b.seq}, "attention scores");
-    attention_eager_forward(a.attn, a.probs, a.qkv, s, 1.0f / std::sqrt(static_cast<float>(c_.head_dim)), ctx);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    if (opt_.attention == AttentionImpl::kFlash) {
+      a.lse = new_f32({b.batch, c_.num_attention_heads, b.seq}, "attention lse");
+      attention_flash_forward(a.attn, a.lse, a.qkv, s, scale, ctx);
+    } else {
+      a.probs = new_act({b.batch, c_.num_attention_heads, b.seq, b.seq}, "attention scores");
+      attention_eager_forward(a.attn, a.probs, a.qkv, s, scale, ctx);
+    }
     a.h = new_act({T, H_}, "residual stream");
     linear_forward(a.h, a.attn, w.wo, nullptr, ctx);
     add_(a.h, x, ctx);
@@ -239,10 +245,15 @@ class LlamaModel final : public Model {
     Tensor dattn = new_act({T, Q_}, "attention output gradient");
     linear_backward(&dattn, g.wo, nullptr, dx, a.attn, w.wo, ctx);
     Tensor dqkv = new_act({T, ld}, "qkv gradient");
-    attention_eager_backward(dqkv, dattn, a.probs, a.qkv, attn_shape(b), 1.0f / std::sqrt(static_cast<float>(c_.head_dim)),
-                             ctx);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    if (opt_.attention == AttentionImpl::kFlash) {
+      attention_flash_backward(dqkv, dattn, a.attn, a.lse, a.qkv, attn_shape(b), scale, ctx);
+    } else {
+      attention_eager_backward(dqkv, dattn, a.probs, a.qkv, attn_shape(b), scale, ctx);
+    }
     dattn = Tensor();
     a.probs = Tensor();
+    a.lse = Tensor();
     rope_backward(dqkv, 0, ld, c_.num_attention_heads, c_.head_dim, b.seq, rope_, ctx);
     rope_backward(dqkv, Q_, ld, c_.num_key_value_heads, c_.head_dim, b.seq, rope_, ctx);
     linear_backward(&dy, g.wqkv, nullptr, dqkv, a.y1, w.wqkv, ctx);

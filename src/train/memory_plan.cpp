@@ -109,15 +109,23 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
     gemm_ws(out_f, in_f, z.T, A, A, G);
   };
   kernels::AttentionShape as{i64(z.B), i64(z.S), i64(z.NH), i64(z.NH * z.KV / z.Q), i64(z.Q / z.NH)};
-  const std::size_t attn_fwd_ws = kernels::attention_eager_forward_workspace_bytes(as, std::max(1, in.threads), A);
-  const std::size_t attn_bwd_ws = kernels::attention_eager_backward_workspace_bytes(as, std::max(1, in.threads), A);
+  const bool flash = in.options.attention == AttentionImpl::kFlash;
+  const int nt = std::max(1, in.threads);
+  const std::size_t attn_fwd_ws = flash ? kernels::attention_flash_workspace_bytes(as, nt, Phase::kForward, A)
+                                        : kernels::attention_eager_forward_workspace_bytes(as, nt, A);
+  const std::size_t attn_bwd_ws = flash ? kernels::attention_flash_workspace_bytes(as, nt, Phase::kBackward, A)
+                                        : kernels::attention_eager_backward_workspace_bytes(as, nt, A);
   auto layer_forward = [&](LayerActs& la, const char* cat) {
     la.rstd1 = s.alloc(cat, z.T * f);
     la.y1 = s.alloc(cat, z.T * z.H * a);
     la.qkv = s.alloc(cat, z.T * z.ld * a);
     lin_fwd(z.H, z.ld);
     la.attn = s.alloc(cat, z.T * z.Q * a);
-    la.probs = s.alloc(ckpt && cat[0] == 'r' ? cat : "attention scores", z.B * z.NH * z.S * z.S * a);
+    if (flash) {
+      la.probs = s.alloc(cat, z.B * z.NH * z.S * f);  // the saved log-sum-exp
+    } else {
+      la.probs = s.alloc(ckpt && cat[0] == 'r' ? cat : "attention scores", z.B * z.NH * z.S * z.S * a);
+    }
     if (attn_fwd_ws > 0) s.free(s.alloc("workspace", attn_fwd_ws));
     la.h = s.alloc(cat, z.T * z.H * a);
     lin_fwd(z.Q, z.H);
@@ -243,6 +251,8 @@ Result simulate(const PlanInput& in, bool with_items) {
       return format_bytes(per_layer) + " per layer kept for backward (input, norms, qkv, attention output, residual, "
                                        "gate/up, activation)";
     }
+    if (cat == "attention scores" && in.options.attention == AttentionImpl::kFlash)
+      return "flash attention keeps only the log-sum-exp";
     if (cat == "attention scores")
       return format_bytes(DeviceAllocator::round_size(z.B * z.NH * z.S * z.S * a)) +
              " per layer: eager softmax(QK^T) [B, heads, S, S]";

@@ -140,7 +140,6 @@ void validate_train_options(const TrainOptions& o) {
   if (o.device == "cuda") {
     throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
   }
-  if (o.attn != "eager") throw InvalidInput("[--attn] only eager attention is available in this build");
   if (o.fused_kernels) throw InvalidInput("[--fused-kernels] fused kernels are not available in this build");
 }
 

@@ -138,6 +138,18 @@ TEST_P(LowPrecision, AttentionAndLoss) {
   kernels::attention_eager_backward(dqkvl, doutl, probsl, qkvl, s, scale, c.ctx);
   expect_close(c, dqkvl, dqkv, dt, "attention dqkv", 2e-2);
 
+  // Flash attention on low-precision tensors against fp32 flash on the same rounded inputs.
+  Tensor lse = c.zeros({s.batch, 4, s.seq}), lsel = c.zeros({s.batch, 4, s.seq});
+  Tensor fo = c.zeros(out.shape()), fol = Tensor::empty(out.shape(), dt, *c.alloc);
+  kernels::attention_flash_forward(fo, lse, qkv, s, scale, c.ctx);
+  kernels::attention_flash_forward(fol, lsel, qkvl, s, scale, c.ctx);
+  expect_close(c, fol, fo, dt, "flash out", 2e-3);
+  for (std::int64_t i = 0; i < lse.numel(); ++i) ASSERT_NEAR(lsel.f32()[i], lse.f32()[i], 1e-4) << i;
+  Tensor fd = c.zeros(qkv.shape()), fdl = Tensor::empty(qkv.shape(), dt, *c.alloc);
+  kernels::attention_flash_backward(fd, dout, fo, lse, qkv, s, scale, c.ctx);
+  kernels::attention_flash_backward(fdl, doutl, fol, lsel, qkvl, s, scale, c.ctx);
+  expect_close(c, fdl, fd, dt, "flash dqkv", 2e-2);
+
   Tensor logits = c.randn({6, 50}, 2, 3), logitsl = to_dtype(c, logits, dt);
   Tensor tg = c.ids({1, 49, kernels::kIgnoreIndex, 0, 7, 7});
   Tensor l1 = c.zeros({6}), l2 = c.zeros({6});
