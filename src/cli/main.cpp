@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
 
   std::vector<cli::Subcommand> commands = {
       cli::add_version_command(app),
+      cli::add_monitor_command(app),
   };
 
   try {
