@@ -73,6 +73,8 @@ class NvidiaSmiSource : public TelemetrySource {
 
   // CPU seconds the streaming nvidia-smi process used (measured at close(); 0 before).
   double child_cpu_s() const { return child_cpu_s_; }
+  // The streaming nvidia-smi's pid while it runs (-1 otherwise).
+  pid_t child_pid() const { return pid_.load(); }
   // Data lines parsed so far.
   std::size_t lines_parsed() const { return lines_parsed_.load(); }
   // True once the stream has ended (nvidia-smi exited), whether or not close() was called.
@@ -84,7 +86,7 @@ class NvidiaSmiSource : public TelemetrySource {
   Options options_;
   std::string exe_;
   std::map<unsigned, std::string> device_by_index_;  // nvidia-smi index -> "cuda:<ordinal>"
-  pid_t pid_ = -1;
+  std::atomic<pid_t> pid_{-1};
   int out_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: close() wakes the reader out of poll()
   std::thread thread_;

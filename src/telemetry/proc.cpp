@@ -152,7 +152,7 @@ std::optional<std::vector<int>> children_from_task_lists(int pid, const std::str
 
 }  // namespace
 
-std::vector<int> process_tree(int root, const std::string& proc_root) {
+std::vector<int> process_tree(int root, const std::string& proc_root, const std::set<int>& prune) {
   if (!read_pid_stat(root, proc_root)) return {};
   std::vector<int> out;
   std::set<int> seen;
@@ -162,6 +162,7 @@ std::vector<int> process_tree(int root, const std::string& proc_root) {
     const int pid = queue.front();
     queue.pop_front();
     if (!seen.insert(pid).second) continue;
+    if (pid != root && prune.count(pid)) continue;
     out.push_back(pid);
     std::vector<int> kids;
     if (!by_parent) {

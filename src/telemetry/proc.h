@@ -2,6 +2,7 @@
 // Readers of Linux's /proc for the process and host sources. Each parse_* function takes a file's
 // text (so tests can feed it anything) and each read_* reads the file under `proc_root`.
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,10 @@ std::optional<MemInfo> read_meminfo(const std::string& proc_root = "/proc");
 
 // `root` and all its descendants (root first, then breadth first). Uses the children lists of
 // /proc/<pid>/task/<tid>/children, or a scan of every /proc/<pid>/stat where the kernel has no
-// such lists. Empty when `root` no longer exists.
-std::vector<int> process_tree(int root, const std::string& proc_root = "/proc");
+// such lists. Empty when `root` no longer exists. Pids in `prune` are left out with their
+// descendants (telemetry's own nvidia-smi child, when the tree is this process's).
+std::vector<int> process_tree(int root, const std::string& proc_root = "/proc",
+                              const std::set<int>& prune = {});
 
 // sysconf(_SC_CLK_TCK) and the page size.
 long clock_ticks_per_second();

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <set>
 
 #include "telemetry/proc.h"
 
@@ -16,12 +17,17 @@ std::optional<ProcessSource::TreeReading> ProcessSource::read_tree() const {
   const auto root = read_pid_stat(root_, options_.proc_root);
   if (!root || root->state == 'Z' || root->state == 'X') return std::nullopt;
   TreeReading r;
-  r.pids = options_.follow_children ? process_tree(root_, options_.proc_root)
+  std::set<int> prune;
+  if (options_.exclude)
+    for (int p : options_.exclude()) prune.insert(p);
+  r.pids = options_.follow_children ? process_tree(root_, options_.proc_root, prune)
                                     : std::vector<int>{static_cast<int>(root_)};
+  const bool self = root_ == ::getpid();
   for (int pid : r.pids) {
     const auto st = pid == root_ ? root : read_pid_stat(pid, options_.proc_root);
     if (!st) continue;  // exited between the listing and now
-    r.ticks += st->utime + st->stime + st->cutime + st->cstime;
+    r.ticks += st->utime + st->stime;
+    if (!(self && pid == root_)) r.ticks += st->cutime + st->cstime;
     r.rss_pages += st->rss_pages;
   }
   return r;

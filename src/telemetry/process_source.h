@@ -7,7 +7,9 @@
 //                  (as top counts it). Sums utime+stime+cutime+cstime over the live members,
 //                  so a child that exits and is reaped by a member still counts; CPU used by a
 //                  descendant that exits and is reaped by a process outside the tree in the
-//                  same interval is not seen.
+//                  same interval is not seen. When the root is this process itself, its
+//                  cutime/cstime are left out: the children it reaps are telemetry's own
+//                  (the nvidia-smi probe), not the run's.
 //   rss_bytes      sum of the members' resident set sizes (shared pages counted per process,
 //                  as ps does)
 //   num_processes  members of the tree (only when following children)
@@ -15,6 +17,7 @@
 // and stops producing readings; the session carries on.
 #include <sys/types.h>
 
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -30,6 +33,9 @@ class ProcessSource : public TelemetrySource {
     pid_t root_pid = 0;           // 0: this process
     bool follow_children = true;  // include every descendant of root_pid
     std::string proc_root = "/proc";
+    // Pids to leave out with their descendants: the session's own nvidia-smi child, which is in
+    // this process's tree but is telemetry's cost, not the run's.
+    std::function<std::vector<int>()> exclude;
   };
 
   explicit ProcessSource(Options options);

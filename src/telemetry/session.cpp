@@ -44,8 +44,15 @@ void TelemetrySession::open_sources() {
   std::vector<std::unique_ptr<TelemetrySource>> candidates;
   std::map<std::string, bool> enabled;
   if (options_.process) {
-    auto p = std::make_unique<ProcessSource>(ProcessSource::Options{
-        options_.root_pid, options_.follow_children, options_.proc_root});
+    ProcessSource::Options po;
+    po.root_pid = options_.root_pid;
+    po.follow_children = options_.follow_children;
+    po.proc_root = options_.proc_root;
+    po.exclude = [this] {
+      const pid_t p = smi_ ? smi_->child_pid() : -1;
+      return p > 0 ? std::vector<int>{static_cast<int>(p)} : std::vector<int>{};
+    };
+    auto p = std::make_unique<ProcessSource>(po);
     process_ = p.get();
     candidates.push_back(std::move(p));
   } else {

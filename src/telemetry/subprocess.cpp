@@ -53,6 +53,11 @@ SpawnedProcess spawn_reading_output(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
   posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 34))
+  // The host program's other descriptors (say, the lab's pipe from a trial's stdout, opened
+  // without O_CLOEXEC) must not stay open in nvidia-smi: the host would never see their EOF.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+#endif
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

@@ -1,6 +1,7 @@
 #pragma once
 // Child processes whose output telemetry reads (nvidia-smi): spawned with posix_spawn (safe in a
-// multi-threaded process, unlike fork), stdout and stderr into one close-on-exec pipe.
+// multi-threaded process, unlike fork), stdout and stderr into one close-on-exec pipe, stdin from
+// /dev/null, and no other descriptor of the host program inherited (glibc >= 2.34).
 // Callers reap only the pid they spawned (never waitpid(-1)), so a host program that waits for
 // its own children (the lab's trial runner) is not disturbed, and vice versa.
 #include <sys/types.h>

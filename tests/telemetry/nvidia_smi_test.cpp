@@ -175,8 +175,11 @@ TEST_F(FakeSmi, AgreesWithNvmlInASession) {
            s.readings() >= 5;
   }));
   s.stop();
+  // The nvidia-smi child is telemetry's own cost: it is not part of this process's tree.
+  for (double n : values_of(s.samples(), "process", "process", "num_processes")) EXPECT_EQ(n, 1);
   const auto j = s.summary();
   EXPECT_EQ(j["sources"]["nvidia-smi"], "ok");
+  EXPECT_GT(j["sampling"]["nvidia_smi_cpu_s"].get<double>(), 0.0);
   bool found_mem = false, found_power = false;
   for (const auto& row : j["agreement"]) {
     if (row["a"]["source"] != "nvml" || row["b"]["source"] != "nvidia-smi") continue;

@@ -135,6 +135,10 @@ TEST(ProcFake, ProcessTreeByScanningWhereNoChildrenLists) {
   auto tree = process_tree(1000, root.path());
   std::sort(tree.begin(), tree.end());
   EXPECT_EQ(tree, (std::vector<int>{1000, 1001, 1002, 1004}));
+  // Pruned: 1001 and its child 1002 are left out.
+  tree = process_tree(1000, root.path(), {1001});
+  std::sort(tree.begin(), tree.end());
+  EXPECT_EQ(tree, (std::vector<int>{1000, 1004}));
   EXPECT_TRUE(process_tree(999, root.path()).empty());
 }
 
@@ -149,8 +153,8 @@ TEST(ProcessSource, SeesTheCpuOfABusyTreeAndNoneOfAnIdleOne) {
     return st && st->state == 'S' && st->comm == "sleep";
   }));
   TimeSeries ts;
-  ProcessSource busy_src({busy, true, "/proc"});
-  ProcessSource idle_src({idle, true, "/proc"});
+  ProcessSource busy_src({busy, true, "/proc", nullptr});
+  ProcessSource idle_src({idle, true, "/proc", nullptr});
   ASSERT_EQ(busy_src.open(TelemetryClock::now(), ts), "");
   ASSERT_EQ(idle_src.open(TelemetryClock::now(), ts), "");
   TimeSeries busy_ts, idle_ts;
@@ -178,7 +182,7 @@ TEST(ProcessSource, RootThatExitedIsUnavailable) {
   int st = 0;
   ::waitpid(p, &st, 0);
   TimeSeries ts;
-  ProcessSource src({p, true, "/proc"});
+  ProcessSource src({p, true, "/proc", nullptr});
   EXPECT_NE(src.open(TelemetryClock::now(), ts).find("not found"), std::string::npos);
 }
 
