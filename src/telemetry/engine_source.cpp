@@ -8,7 +8,7 @@ namespace scalelab {
 EngineSource::EngineSource(std::vector<EngineProbe> probes)
     : probes_(std::move(probes)), failed_(probes_.size(), false) {}
 
-std::string EngineSource::open(TelemetryClock::time_point, TimeSeries&) {
+std::string EngineSource::open() {
   if (probes_.empty()) return "no engine probe given";
   for (const auto& p : probes_)
     if (!p.stats) return "engine probe for " + p.device + " has no callback";

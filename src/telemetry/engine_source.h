@@ -26,7 +26,7 @@ class EngineSource : public TelemetrySource {
   explicit EngineSource(std::vector<EngineProbe> probes);
 
   std::string name() const override { return "engine"; }
-  std::string open(TelemetryClock::time_point t0, TimeSeries& out) override;
+  std::string open() override;
   void sample(double t_s, TimeSeries& out) override;
 
  private:

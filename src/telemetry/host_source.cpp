@@ -144,7 +144,7 @@ void HostSource::open_hwmon() {
   if (sensors_.empty()) note("host: hwmon has no readable temperature sensor under " + base);
 }
 
-std::string HostSource::open(TelemetryClock::time_point, TimeSeries&) {
+std::string HostSource::open() {
   prev_cpu_ = read_system_cpu(options_.proc_root);
   prev_cpu_time_ = TelemetryClock::now();
   const auto mem = read_meminfo(options_.proc_root);

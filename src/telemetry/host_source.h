@@ -37,7 +37,7 @@ class HostSource : public TelemetrySource {
   explicit HostSource(Options options);
 
   std::string name() const override { return "host"; }
-  std::string open(TelemetryClock::time_point t0, TimeSeries& out) override;
+  std::string open() override;
   void sample(double t_s, TimeSeries& out) override;
 
   // "rapl:package-0", ... and "hwmon:coretemp/Package id 0", ... found by open().

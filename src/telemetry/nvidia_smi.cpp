@@ -111,7 +111,7 @@ NvidiaSmiSource::NvidiaSmiSource(Options options) : options_(std::move(options))
 
 NvidiaSmiSource::~NvidiaSmiSource() { close(); }
 
-std::string NvidiaSmiSource::open(TelemetryClock::time_point t0, TimeSeries& out) {
+std::string NvidiaSmiSource::open() {
   std::string name = options_.path;
   if (name.empty()) {
     const char* env = std::getenv("SCALELAB_NVIDIA_SMI");
@@ -155,26 +155,34 @@ std::string NvidiaSmiSource::open(TelemetryClock::time_point t0, TimeSeries& out
     device_by_index_[ids[map.ordinal_to_gpu[o]].index] = cuda_device_name(static_cast<int>(o));
   if (device_by_index_.empty()) return "no GPU is visible (CUDA_VISIBLE_DEVICES)";
 
+  return "";
+}
+
+void NvidiaSmiSource::begin(TelemetryClock::time_point t0, TimeSeries& out) {
+  if (thread_.joinable() || exe_.empty() || device_by_index_.empty()) return;
   const long ms = std::max<long>(1, static_cast<long>(options_.interval.count()));
   SpawnedProcess p;
   try {
     p = spawn_reading_output({exe_, nvidia_smi_query_argument(), "--format=csv,noheader,nounits",
                               "-lms", std::to_string(ms)});
   } catch (const Error& e) {
-    return e.what();
+    note(std::string("nvidia-smi: cannot start the stream: ") + e.what() + "; no readings from it");
+    ended_ = true;
+    return;
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
     ::close(p.out_fd);
     terminate_and_reap(p.pid, std::chrono::milliseconds(500));
-    return "eventfd failed";
+    note("nvidia-smi: eventfd failed; no readings from it");
+    ended_ = true;
+    return;
   }
   pid_ = p.pid;
   out_fd_ = p.out_fd;
   stopping_ = false;
   ended_ = false;
   thread_ = std::thread(&NvidiaSmiSource::reader, this, t0, &out);
-  return "";
 }
 
 void NvidiaSmiSource::reader(TelemetryClock::time_point t0, TimeSeries* out) {

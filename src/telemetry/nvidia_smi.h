@@ -67,7 +67,10 @@ class NvidiaSmiSource : public TelemetrySource {
   NvidiaSmiSource& operator=(const NvidiaSmiSource&) = delete;
 
   std::string name() const override { return "nvidia-smi"; }
-  std::string open(TelemetryClock::time_point t0, TimeSeries& out) override;
+  // Probes nvidia-smi (index and uuid of every GPU) and maps its GPUs to CUDA ordinals.
+  std::string open() override;
+  // Starts the streaming nvidia-smi and the reader thread that appends its lines to `out`.
+  void begin(TelemetryClock::time_point t0, TimeSeries& out) override;
   void sample(double, TimeSeries&) override {}  // the stream appends on its own
   void close() override;
 

@@ -155,7 +155,7 @@ NvmlSource::~NvmlSource() { close(); }
 
 const std::vector<GpuInfo>& NvmlSource::devices() const { return impl_->infos; }
 
-std::string NvmlSource::open(TelemetryClock::time_point, TimeSeries&) {
+std::string NvmlSource::open() {
   auto& s = *impl_;
   std::lock_guard<std::mutex> lock(s.mu);
   s.devs.clear();

@@ -80,7 +80,7 @@ class NvmlSource : public TelemetrySource {
   NvmlSource& operator=(const NvmlSource&) = delete;
 
   std::string name() const override { return "nvml"; }
-  std::string open(TelemetryClock::time_point t0, TimeSeries& out) override;
+  std::string open() override;
   void sample(double t_s, TimeSeries& out) override;
   void close() override;
 

@@ -33,7 +33,7 @@ std::optional<ProcessSource::TreeReading> ProcessSource::read_tree() const {
   return r;
 }
 
-std::string ProcessSource::open(TelemetryClock::time_point, TimeSeries&) {
+std::string ProcessSource::open() {
   const auto r = read_tree();
   if (!r) {
     return "process " + std::to_string(root_) + " not found under " + options_.proc_root +

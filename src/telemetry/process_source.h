@@ -41,7 +41,7 @@ class ProcessSource : public TelemetrySource {
   explicit ProcessSource(Options options);
 
   std::string name() const override { return "process"; }
-  std::string open(TelemetryClock::time_point t0, TimeSeries& out) override;
+  std::string open() override;
   void sample(double t_s, TimeSeries& out) override;
 
   // The members of the tree at the last reading (for the NVML per-process memory). Thread-safe.

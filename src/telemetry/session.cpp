@@ -36,9 +36,6 @@ TelemetrySession::~TelemetrySession() { stop(); }
 void TelemetrySession::open_sources() {
   if (opened_) return;
   opened_ = true;
-  t0_ = TelemetryClock::now();
-  start_unix_s_ =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 
   // Reading order within a tick: the process tree first (NVML's per-process memory uses it).
   std::vector<std::unique_ptr<TelemetrySource>> candidates;
@@ -100,7 +97,7 @@ void TelemetrySession::open_sources() {
   for (auto& src : candidates) {
     std::string why;
     try {
-      why = src->open(t0_, series_);
+      why = src->open();
     } catch (const std::exception& e) {
       why = e.what();
     }
@@ -128,6 +125,11 @@ void TelemetrySession::open_sources() {
     if (src.get() == process_) process_ = nullptr;
     src->close();
   }
+  // t = 0 is when every source is ready (probing nvidia-smi can take a while).
+  t0_ = TelemetryClock::now();
+  start_unix_s_ =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (auto& src : sources_) src->begin(t0_, series_);
 }
 
 void TelemetrySession::collect_notes() {

@@ -1,7 +1,8 @@
 #pragma once
 // The interface every telemetry source implements (NVML, nvidia-smi, process tree, host, engine).
 //
-// A source is opened once, sampled at every tick of the sampler, and closed. A source that cannot
+// A source is opened once, begun (once all are open), sampled at every tick of the sampler, and
+// closed. A source that cannot
 // work here (no GPU, no driver, no nvidia-smi) says why from open() and is left out; a source
 // that fails later (a device lost, a followed process ended) records a note once and carries on.
 // sample() never throws: telemetry never fails the run it observes.
@@ -23,15 +24,18 @@ class TelemetrySource {
   // The source column value: "nvml", "nvidia-smi", "process", "host", "engine".
   virtual std::string name() const = 0;
 
-  // Prepares the source. `t0` is the session's time origin (t_s = 0) and `out` the store that
-  // asynchronous sources (the nvidia-smi stream) append to from their own thread. Returns "" when
+  // Prepares the source (loads libraries, probes tools, takes counter baselines). Returns "" when
   // the source works, otherwise why it is unavailable ("libnvidia-ml.so.1 not found", ...).
-  virtual std::string open(TelemetryClock::time_point t0, TimeSeries& out) = 0;
+  virtual std::string open() = 0;
+
+  // Called once every source is open, with the session's time origin (t_s = 0) and its store:
+  // asynchronous sources (the nvidia-smi stream) start here and append from their own thread.
+  virtual void begin(TelemetryClock::time_point t0, TimeSeries& out) {}
 
   // Takes one reading of everything the source measures, stamped `t_s`. Never throws.
   virtual void sample(double t_s, TimeSeries& out) = 0;
 
-  // Releases what open() acquired (threads, child processes, libraries). Idempotent.
+  // Releases what open() and begin() acquired (threads, child processes, libraries). Idempotent.
   virtual void close() {}
 
   // Notes recorded since the last call, for the session's notes list. Sources record each

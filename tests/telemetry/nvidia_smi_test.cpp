@@ -89,7 +89,8 @@ TEST_F(FakeSmi, StreamsScriptedTicksUntilItEnds) {
             {"utilization.gpu": "70"}]])")}});
   TimeSeries ts;
   NvidiaSmiSource src(options());
-  ASSERT_EQ(src.open(TelemetryClock::now(), ts), "");
+  ASSERT_EQ(src.open(), "");
+  src.begin(TelemetryClock::now(), ts);
   ASSERT_TRUE(test::wait_until([&] { return src.stream_ended(); }));
   src.close();
   const auto s = ts.samples();
@@ -110,7 +111,8 @@ TEST_F(FakeSmi, HonoursCudaVisibleDevices) {
         {"ticks", nlohmann::json::parse(R"([[{"utilization.gpu": "10"}, {"utilization.gpu": "90"}]])")}});
   TimeSeries ts;
   NvidiaSmiSource src(options("GPU-bbbb"));
-  ASSERT_EQ(src.open(TelemetryClock::now(), ts), "");
+  ASSERT_EQ(src.open(), "");
+  src.begin(TelemetryClock::now(), ts);
   ASSERT_TRUE(test::wait_until([&] { return src.stream_ended(); }));
   src.close();
   const auto s = ts.samples();
@@ -124,7 +126,8 @@ TEST_F(FakeSmi, CloseStopsARunningStream) {
         {"ticks", nlohmann::json::parse(R"([[{"utilization.gpu": "10"}, {}]])")}});
   TimeSeries ts;
   NvidiaSmiSource src(options());
-  ASSERT_EQ(src.open(TelemetryClock::now(), ts), "");
+  ASSERT_EQ(src.open(), "");
+  src.begin(TelemetryClock::now(), ts);
   ASSERT_TRUE(test::wait_until([&] { return src.lines_parsed() >= 6; }));
   EXPECT_FALSE(src.stream_ended());
   src.close();  // kills and reaps the looping child; joins the reader
@@ -140,7 +143,7 @@ TEST_F(FakeSmi, DriverFailureIsUnavailableWithItsMessage) {
         {"fail", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver."}});
   TimeSeries ts;
   NvidiaSmiSource src(options());
-  const std::string why = src.open(TelemetryClock::now(), ts);
+  const std::string why = src.open();
   EXPECT_NE(why.find("exit status 9"), std::string::npos) << why;
   EXPECT_NE(why.find("couldn't communicate with the NVIDIA driver"), std::string::npos) << why;
 }
@@ -150,7 +153,7 @@ TEST_F(FakeSmi, MissingBinaryIsUnavailable) {
   o.path = "/nonexistent/nvidia-smi";
   TimeSeries ts;
   NvidiaSmiSource src(o);
-  EXPECT_EQ(src.open(TelemetryClock::now(), ts), "/nonexistent/nvidia-smi not found (or not executable)");
+  EXPECT_EQ(src.open(), "/nonexistent/nvidia-smi not found (or not executable)");
 }
 
 // NVML and nvidia-smi side by side in one session: the agreement row compares them.

@@ -155,8 +155,8 @@ TEST(ProcessSource, SeesTheCpuOfABusyTreeAndNoneOfAnIdleOne) {
   TimeSeries ts;
   ProcessSource busy_src({busy, true, "/proc", nullptr});
   ProcessSource idle_src({idle, true, "/proc", nullptr});
-  ASSERT_EQ(busy_src.open(TelemetryClock::now(), ts), "");
-  ASSERT_EQ(idle_src.open(TelemetryClock::now(), ts), "");
+  ASSERT_EQ(busy_src.open(), "");
+  ASSERT_EQ(idle_src.open(), "");
   TimeSeries busy_ts, idle_ts;
   for (int i = 1; i <= 3; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -183,7 +183,7 @@ TEST(ProcessSource, RootThatExitedIsUnavailable) {
   ::waitpid(p, &st, 0);
   TimeSeries ts;
   ProcessSource src({p, true, "/proc", nullptr});
-  EXPECT_NE(src.open(TelemetryClock::now(), ts).find("not found"), std::string::npos);
+  EXPECT_NE(src.open().find("not found"), std::string::npos);
 }
 
 TEST(Rapl, CounterDeltaWithWrap) {
@@ -214,7 +214,7 @@ TEST(HostSource, FakeSysfsRaplWithWrapAndHwmon) {
   o.sys_root = sys.path();
   HostSource src(o);
   TimeSeries ts;
-  ASSERT_EQ(src.open(TelemetryClock::now(), ts), "");
+  ASSERT_EQ(src.open(), "");
   EXPECT_EQ(src.rapl_devices(), (std::vector<std::string>{"rapl:package-0"}));
   EXPECT_EQ(src.hwmon_devices(),
             (std::vector<std::string>{"hwmon:coretemp/Package id 0", "hwmon:coretemp/temp2",
@@ -246,7 +246,7 @@ TEST(HostSource, ThisMachineWithoutRaplSaysSoAndReadsTheRest) {
   o.sys_root = "/nonexistent-sys";
   HostSource src(o);
   TimeSeries ts;
-  ASSERT_EQ(src.open(TelemetryClock::now(), ts), "");
+  ASSERT_EQ(src.open(), "");
   const auto notes = src.take_notes();
   EXPECT_TRUE(test::any_note_contains(notes, "RAPL unavailable"));
   EXPECT_TRUE(test::any_note_contains(notes, "hwmon unavailable"));
