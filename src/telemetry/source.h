@@ -3,7 +3,8 @@
 //
 // A source is opened once, begun (once all are open), sampled at every tick of the sampler, and
 // closed. A source that cannot work here (no GPU, no driver, no nvidia-smi) says why from open()
-// and is left out; a source that fails later (a device lost, a followed process ended) records a note once and carries on.
+// and is left out; a source that fails later (a device lost, a followed process ended) records
+// a note once and carries on.
 // sample() never throws: telemetry never fails the run it observes.
 #include <chrono>
 #include <mutex>
