@@ -16,5 +16,6 @@ struct Subcommand {
 Subcommand add_version_command(CLI::App& root);
 Subcommand add_train_command(CLI::App& root);
 Subcommand add_plan_command(CLI::App& root);
+Subcommand add_monitor_command(CLI::App& root);
 
 }  // namespace scalelab::cli

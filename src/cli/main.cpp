@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
       cli::add_train_command(app),
       cli::add_plan_command(app),
       cli::add_version_command(app),
+      cli::add_monitor_command(app),
   };
 
   try {
