@@ -49,6 +49,11 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_flag("--profile", o.profile, "Print time by op family, forward/backward, optimizer and data");
   app->add_option("--peak-tflops", o.peak_tflops, "Device peak TFLOP/s for MFU (unknown on CPU unless given)");
   app->add_flag("--quiet", o.quiet, "No per-step progress lines");
+  app->add_flag("--telemetry", o.telemetry,
+                "Sample GPUs (NVML, nvidia-smi), the process and the engine's memory; summary in the run record");
+  app->add_option("--telemetry-interval", o.telemetry_interval_ms, "Telemetry sampling interval in ms")
+      ->capture_default_str();
+  app->add_option("--telemetry-csv", o.telemetry_csv, "Write the telemetry time series to this CSV (implies --telemetry)");
 }
 
 }  // namespace scalelab::cli

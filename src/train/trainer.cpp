@@ -21,6 +21,7 @@
 #include "train/data.h"
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
+#include "telemetry/session.h"
 #include "train/precision.h"
 
 namespace scalelab {
@@ -55,7 +56,10 @@ nlohmann::json TrainOptions::to_json() const {
           {"max_shard_size", max_shard_size},
           {"bench_warmup_steps", bench_warmup_steps},
           {"profile", profile},
-          {"peak_tflops", peak_tflops}};
+          {"peak_tflops", peak_tflops},
+          {"telemetry", telemetry || !telemetry_csv.empty()},
+          {"telemetry_interval_ms", telemetry_interval_ms},
+          {"telemetry_csv", telemetry_csv}};
 }
 
 nlohmann::json TrainResult::to_json() const {
@@ -91,6 +95,7 @@ nlohmann::json TrainResult::to_json() const {
   if (!plan.is_null()) j["memory_plan"] = plan;
   if (!profile.is_null()) j["profile"] = profile;
   if (!precision.is_null()) j["precision"] = precision;
+  if (!telemetry.is_null()) j["telemetry"] = telemetry;
   j["skipped_steps"] = skipped_steps;
   if (loss_scale > 0) j["loss_scale"] = loss_scale;
   return j;
@@ -132,6 +137,7 @@ void validate_train_options(const TrainOptions& o) {
   if (std::isnan(o.max_grad_norm)) throw InvalidInput("[--max-grad-norm] must be a number (<= 0 disables clipping)");
   if (o.threads < 0) throw InvalidInput("[--threads] must be >= 0 (0 = all cores)");
   if (!o.save_precision.empty()) parse_dtype(o.save_precision, "--save-precision");
+  if (o.telemetry_interval_ms <= 0) throw InvalidInput("[--telemetry-interval] must be a positive number of ms");
   if (!o.max_shard_size.empty()) parse_bytes(o.max_shard_size, "--max-shard-size");
   parse_lr_schedule(o.lr_scheduler);
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
@@ -217,6 +223,22 @@ TrainResult run_training(const TrainOptions& o) {
   Profiler profiler;
   ExecContext ctx{&alloc, o.profile ? &profiler : nullptr};
   const std::int64_t tokens_per_step = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
+  // Telemetry samples from before the first step to after the last; a run that throws still
+  // stops the sampler (the session's destructor).
+  std::optional<TelemetrySession> tel;
+  if (o.telemetry || !o.telemetry_csv.empty()) {
+    TelemetryOptions topt;
+    topt.interval = std::chrono::milliseconds(o.telemetry_interval_ms);
+    topt.engine = {{"cpu", [&alloc] { return alloc.stats(); }}};
+    tel.emplace(topt);
+    tel->start();
+  }
+  auto finish_telemetry = [&] {
+    if (!tel) return;
+    tel->stop();
+    res.telemetry = tel->summary(static_cast<double>(tokens_per_step) * static_cast<double>(res.steps.size()));
+    if (!o.telemetry_csv.empty()) tel->write_csv(o.telemetry_csv);
+  };
   const std::int64_t bench_warmup = std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - 1));
   try {
     const std::int64_t P = layout.total_numel();
@@ -348,6 +370,7 @@ TrainResult run_training(const TrainOptions& o) {
                {"reserved_bytes", e.reserved()},
                {"capacity_bytes", e.capacity()}};
   }
+  finish_telemetry();
   const MemoryStats st = alloc.stats();
   res.max_allocated_bytes = st.peak_allocated;
   res.max_reserved_bytes = st.peak_reserved;

@@ -47,6 +47,9 @@ struct TrainOptions {
   bool profile = false;
   double peak_tflops = 0;  // for MFU; 0: unknown on this device (mfu is null)
   bool quiet = false;      // no per-step progress lines
+  bool telemetry = false;             // sample devices and the process during the run
+  int telemetry_interval_ms = 200;
+  std::string telemetry_csv;          // time series file (implies telemetry)
 
   nlohmann::json to_json() const;
 };
@@ -72,6 +75,7 @@ struct TrainResult {
   nlohmann::json plan;     // the memory plan (always computed; shown on oom)
   nlohmann::json profile;  // time by op family and phase when --profile
   nlohmann::json precision;  // storage and compute dtypes per op family
+  nlohmann::json telemetry;  // summary per device and for the process, when sampled
   std::int64_t skipped_steps = 0;  // fp16 loss scaling: steps skipped for inf/NaN gradients
   double loss_scale = 0;           // final fp16 loss scale (0 when not scaling)
   nlohmann::json to_json() const;

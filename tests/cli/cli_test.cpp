@@ -116,3 +116,41 @@ TEST(Cli, PlanPrintsTheBreakdownAndLargestBatch) {
 }
 
 }  // namespace
+
+namespace {
+
+// `train --telemetry` with the fake libnvidia-ml: the record carries the GPU's and the process's
+// summaries and the CSV has one row per sample per source.
+TEST(Cli, TrainTelemetrySummaryAndCsv) {
+  const std::string dir = testing::TempDir();
+  const std::string script = dir + "fake_nvml_script.txt";
+  std::ofstream(script) << "device 0 GPU-11111111-2222-3333-4444-555555555555 Fake H100\n"
+                           "power_mw 0 300000 310000 320000\n"
+                           "energy_mj 0 1000 2000 3000 4000 5000\n"
+                           "mem_total 0 85899345920\nmem_used 0 1073741824\ngpu_util 0 90\n";
+  const std::string json = dir + "cli_tel.json", csv = dir + "cli_tel.csv";
+  const std::string env = "SCALELAB_NVML_LIBRARY=" + std::string(FAKE_NVML_LIB) + " FAKE_NVML_SCRIPT=" + script +
+                          " SCALELAB_NVIDIA_SMI=/nonexistent ";
+  const std::string cmd = env + std::string(SCALELAB_EXE) + " " + kTiny +
+                          "--telemetry --telemetry-interval 20 --telemetry-csv " + csv + " --json " + json + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  ASSERT_EQ(pclose(p), 0) << out;
+  const auto j = read_json(json);
+  ASSERT_TRUE(j.contains("telemetry")) << out;
+  const auto& t = j["telemetry"];
+  EXPECT_TRUE(t["devices"].contains("cuda:0")) << t.dump();
+  EXPECT_GT(t["readings"].get<int>(), 1);
+  EXPECT_TRUE(t["process"].contains("rss_bytes"));
+  std::ifstream in(csv);
+  std::string header;
+  std::getline(in, header);
+  EXPECT_NE(header.find("source"), std::string::npos);
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) rows += line.find("nvml") != std::string::npos;
+  EXPECT_GT(rows, 0);
+}
+
+}  // namespace

@@ -14,3 +14,9 @@ if(TARGET scalelab_telemetry_tests)
     FAKE_NVML_MINIMAL_LIB="$<TARGET_FILE:fake_nvml_minimal>"
     FAKE_NVIDIA_SMI="${CMAKE_CURRENT_LIST_DIR}/fake_nvidia_smi.py")
 endif()
+
+# The train command's --telemetry is tested end to end against the fake library too.
+if(TARGET scalelab_cli_tests)
+  add_dependencies(scalelab_cli_tests fake_nvml)
+  target_compile_definitions(scalelab_cli_tests PRIVATE FAKE_NVML_LIB="$<TARGET_FILE:fake_nvml>")
+endif()
