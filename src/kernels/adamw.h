@@ -4,6 +4,7 @@
 //
 // The update is torch.optim.AdamW's (what the Hugging Face Trainer uses), with `step` counted
 // from 1:
+//   g  ← g · grad_scale                         (clipping / loss-scale factor, see below)
 //   p  ← p · (1 − lr·wd)                        (decoupled weight decay, only where decay)
 //   m  ← β1·m + (1 − β1)·g
 //   v  ← β2·v + (1 − β2)·g²
@@ -26,6 +27,9 @@ struct AdamWHyper {
   float eps = 1e-8f;
   float weight_decay = 0.0f;
   std::int64_t step = 1;  // 1-based, for bias correction
+  // Multiplies every gradient as it is read: the clipping coefficient (and the inverse fp16 loss
+  // scale) folded into the update, which saves a pass over the gradients.
+  float grad_scale = 1.0f;
 };
 
 struct ElementRange {
@@ -58,5 +62,8 @@ void scale_(Tensor& g, float factor, ExecContext& ctx);
 double clip_grad_norm_(Tensor& g, double max_norm, ExecContext& ctx);
 // The same given a precomputed total norm (used when the sum of squares was all-reduced).
 void clip_with_norm_(Tensor& g, double total_norm, double max_norm, ExecContext& ctx);
+// The factor clip_grad_norm_ would multiply by: min(1, max_norm / (total_norm + 1e-6)), or 1 when
+// max_norm <= 0.
+double clip_coefficient(double total_norm, double max_norm);
 
 }  // namespace scalelab::kernels

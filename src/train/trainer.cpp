@@ -298,25 +298,25 @@ TrainResult run_training(const TrainOptions& o) {
       }
       loss /= static_cast<double>(o.grad_accum_steps);
       const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
-      if (prec.loss_scaling) {
+      // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
+      // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
+      const double sum_sq = kernels::sum_of_squares(grads, ctx);
+      if (prec.loss_scaling && !std::isfinite(sum_sq)) {
         // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
         // double it after 2000 good steps.
-        if (kernels::has_non_finite(grads, ctx)) {
-          loss_scale *= 0.5;
-          good_steps = 0;
-          ++res.skipped_steps;
-          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-          res.steps.push_back({loss, lr, std::nan(""), dt});
-          if (!o.quiet) {
-            std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
-                         static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale);
-          }
-          continue;
+        loss_scale *= 0.5;
+        good_steps = 0;
+        ++res.skipped_steps;
+        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        res.steps.push_back({loss, lr, std::nan(""), dt});
+        if (!o.quiet) {
+          std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
+                       static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale);
         }
-        kernels::scale_(grads, static_cast<float>(1.0 / loss_scale), ctx);
-        if (++good_steps % 2000 == 0) loss_scale *= 2.0;
+        continue;
       }
-      const double norm = kernels::clip_grad_norm_(grads, o.max_grad_norm, ctx);
+      const double norm = std::sqrt(sum_sq) / loss_scale;
+      const double coef = kernels::clip_coefficient(norm, o.max_grad_norm);
       kernels::AdamWHyper hp;
       hp.rounding_seed = o.seed;
       hp.lr = static_cast<float>(lr);
@@ -325,7 +325,9 @@ TrainResult run_training(const TrainOptions& o) {
       hp.eps = static_cast<float>(o.adam_epsilon);
       hp.weight_decay = static_cast<float>(o.weight_decay);
       hp.step = step + 1;
+      hp.grad_scale = static_cast<float>(coef / loss_scale);
       kernels::adamw_update(params, m, v, grads, ranges, hp, ctx);
+      if (prec.loss_scaling && ++good_steps % 2000 == 0) loss_scale *= 2.0;
       if (prec.weight_copy) {
         ProfileScope p(ctx, "adamw", Phase::kOptimizer);
         compute_weights.copy_from(params);
