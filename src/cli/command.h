@@ -14,5 +14,9 @@ struct Subcommand {
 };
 
 Subcommand add_version_command(CLI::App& root);
+Subcommand add_sweep_command(CLI::App& root);
+Subcommand add_oom_search_command(CLI::App& root);
+Subcommand add_ladder_command(CLI::App& root);
+Subcommand add_results_command(CLI::App& root);
 
 }  // namespace scalelab::cli

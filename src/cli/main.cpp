@@ -15,6 +15,10 @@ int main(int argc, char** argv) {
 
   std::vector<cli::Subcommand> commands = {
       cli::add_version_command(app),
+      cli::add_sweep_command(app),
+      cli::add_oom_search_command(app),
+      cli::add_ladder_command(app),
+      cli::add_results_command(app),
   };
 
   try {

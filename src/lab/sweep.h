@@ -1,0 +1,28 @@
+#pragma once
+// Runs a sweep: every combination of the spec times its repeats, skipping trials the database
+// already has (resumption), each trial isolated (a crash, an OOM or a hang is recorded and the
+// sweep goes on).
+#include <cstdint>
+
+#include "lab/executor.h"
+#include "lab/progress.h"
+#include "lab/spec.h"
+#include "lab/store.h"
+
+namespace scalelab::lab {
+
+struct SweepRunSummary {
+  std::int64_t sweep_id = 0;
+  int combinations = 0;
+  int total = 0;         // combinations x repeats
+  int already_done = 0;  // found in the database
+  int ran = 0;
+  int ok = 0, oom = 0, failed = 0;  // of the trials run now
+  std::string log_dir;
+};
+
+// Records the sweep (kind "sweep", its spec) and runs what is missing. Takes no lock: the caller
+// holds the RunnerLock. Throws Interrupted when options.cancel fires (finished trials are kept).
+SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabOptions& options, Progress& progress);
+
+}  // namespace scalelab::lab
