@@ -73,7 +73,8 @@ Subcommand add_results_command(CLI::App& root) {
             const std::int64_t id = sweep ? sweep->sweep_id : 0;
             const std::vector<std::string> order = sweep ? lab::parameter_order(*sweep) : std::vector<std::string>{};
             if (view == "sweeps") table = lab::sweeps_table(store);
-            else if (view == "summary") table = lab::summary_table(store.trials(id), filters, order);
+            else if (view == "summary") table = sweep ? lab::sweep_summary_table(*sweep, store, filters)
+                                                      : lab::summary_table(store.trials(), filters);
             else if (view == "trials") table = lab::trials_table(store.trials(id, f->all), filters, order);
             else if (view == "oom") table = lab::oom_search_table(*sweep, store, filters);
             else if (view == "ladder") table = lab::ladder_sweep_table(*sweep, store, filters);

@@ -26,12 +26,14 @@ Subcommand add_sweep_command(CLI::App& root) {
   app->add_option("--format", f->format, "Table format at the end: md, csv or json")->capture_default_str();
   app->add_flag("--dry-run", f->dry_run, "Print the trials and their commands; run and record nothing");
 
-  return {app, [f] {
+  return {app, [f, app] {
             lab::TableFormat format = lab::parse_table_format(f->format);
             lab::SweepSpec spec = lab::load_sweep_spec(f->spec);
             if (!f->name.empty()) spec.name = f->name;
             InterruptFlag interrupt;
             lab::LabOptions options = lab_options(f->lab, interrupt.get());
+            // --timeout on the command line beats the spec's timeout, which beats the default.
+            if (app->get_option("--timeout")->count() == 0 && spec.timeout_s) options.timeout_s = *spec.timeout_s;
 
             if (f->dry_run) {
               auto combos = spec.expand();
@@ -61,7 +63,7 @@ Subcommand add_sweep_command(CLI::App& root) {
                                         "run the same command again to resume where it stopped.");
             }
             auto sweep = store.find_sweep(spec.name);
-            lab::Table table = lab::summary_table(store.trials(sweep->sweep_id), {}, lab::parameter_order(*sweep));
+            lab::Table table = lab::sweep_summary_table(*sweep, store, {});
             std::fputs(lab::render(table, format).c_str(), stdout);
             std::fprintf(stderr,
                          "\nsweep '%s': %d trials (%d run now: %d ok, %d oom, %d failed; %d already recorded)\n"

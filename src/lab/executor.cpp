@@ -66,8 +66,9 @@ TrialExecutor::TrialExecutor(ResultsStore& store, std::int64_t sweep_id, std::st
       workload_(std::move(workload)),
       options_(std::move(options)),
       progress_(progress) {
-  if (workload_.is_native() && options_.engine.empty()) {
-    throw InvalidInput("[lab] no engine executable for a native workload — pass --engine or set SCALELAB_ENGINE");
+  if (workload_.is_native() && find_executable(options_.engine).empty()) {
+    throw InvalidInput("[lab] the engine '" + options_.engine +
+                       "' is not an executable file — pass --engine PATH or set SCALELAB_ENGINE");
   }
   std::string base = options_.log_dir.empty() ? default_log_dir_for(options_.db_path) : options_.log_dir;
   dir_ = (fs::path(base) / safe_file_name(sweep_name_)).string();

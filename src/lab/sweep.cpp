@@ -2,13 +2,17 @@
 
 namespace scalelab::lab {
 
-SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabOptions& options_in,
-                          Progress& progress) {
-  LabOptions options = options_in;
-  if (spec.timeout_s) options.timeout_s = *spec.timeout_s;
+Json sweep_membership(const SweepSpec& spec) {
+  Json hashes = Json::array();
+  for (const auto& p : spec.expand()) hashes.push_back(fnv1a_hex(trial_config(spec.workload, p).dump()));
+  return Json{{"configs", hashes}, {"repeats", spec.repeats}};
+}
 
+SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabOptions& options,
+                          Progress& progress) {
   SweepRunSummary summary;
   summary.sweep_id = store.ensure_sweep(spec.name, "sweep", spec.to_json());
+  store.set_sweep_result(summary.sweep_id, sweep_membership(spec));
   TrialExecutor exec(store, summary.sweep_id, spec.name, spec.workload, options, progress);
   summary.log_dir = exec.log_dir();
 

@@ -21,8 +21,15 @@ struct SweepRunSummary {
   std::string log_dir;
 };
 
-// Records the sweep (kind "sweep", its spec) and runs what is missing. Takes no lock: the caller
-// holds the RunnerLock. Throws Interrupted when options.cancel fires (finished trials are kept).
+// What a sweep consists of, stored as the sweep's result before it runs: {"configs": [config
+// hashes in spec order], "repeats": N}. The summary table shows these configurations (trials of
+// configurations an edited spec no longer has stay in the database but out of the table).
+Json sweep_membership(const SweepSpec& spec);
+
+// Records the sweep (kind "sweep", its spec and membership) and runs what is missing.
+// options.timeout_s is used as given (the CLI decides between --timeout and the spec's timeout).
+// Takes no lock: the caller holds the RunnerLock. Throws Interrupted when options.cancel fires
+// (finished trials are kept).
 SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabOptions& options, Progress& progress);
 
 }  // namespace scalelab::lab

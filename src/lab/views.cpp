@@ -267,6 +267,25 @@ Table summary_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
   return t;
 }
 
+Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+  std::vector<TrialRow> rows = store.trials(sweep.sweep_id);
+  const Json& m = sweep.result;
+  if (sweep.kind == "sweep" && m.is_object() && m.contains("configs") && m["configs"].is_array()) {
+    std::map<std::string, std::size_t> rank;
+    for (const auto& h : m["configs"])
+      if (h.is_string()) rank.emplace(h.get<std::string>(), rank.size());
+    const int repeats = m.value("repeats", 1);
+    std::vector<TrialRow> kept;
+    for (auto& r : rows)
+      if (rank.count(r.config_hash) && r.repeat < repeats) kept.push_back(std::move(r));
+    std::stable_sort(kept.begin(), kept.end(), [&](const TrialRow& a, const TrialRow& b) {
+      return rank.at(a.config_hash) < rank.at(b.config_hash);
+    });
+    rows = std::move(kept);
+  }
+  return summary_table(rows, filters, parameter_order(sweep));
+}
+
 Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
   OomSearchResult res = OomSearchResult::from_json(sweep.result);
   std::vector<Json> objects;

@@ -36,6 +36,9 @@ Table trials_table(const std::vector<TrialRow>& rows, const std::vector<Filter>&
 // One row per configuration of the sweep (in trial order), repeats aggregated.
 Table summary_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
                     const std::vector<std::string>& param_order = {});
+// A sweep's summary: its current configurations (the stored membership, in spec order, with
+// repeats below the spec's), parameters in spec order.
+Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);
 // The parameter order a sweep's spec gives (its "parameter_order"), or none.
 std::vector<std::string> parameter_order(const SweepRow& sweep);
 // The probes of an OOM search and its conclusion (from the sweep's stored result).

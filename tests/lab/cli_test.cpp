@@ -141,6 +141,37 @@ TEST(CliSweep, DryRunPrintsCommandsOnly) {
   EXPECT_THAT(r.out, HasSubstr("3 configurations x 2 repeats = 6 trials"));
   EXPECT_THAT(r.out, HasSubstr("/x/eng train --device-memory 2GiB --micro-batch-size 64 --model llama-small"));
   EXPECT_FALSE(fs::exists(lab.db));
+  // The engine from the environment.
+  CliResult env = lab.run({"sweep", spec, "--dry-run"}, {"SCALELAB_ENGINE=/y/eng"});
+  EXPECT_THAT(env.out, HasSubstr("/y/eng train --device-memory 2GiB"));
+  // A native sweep refuses an engine that does not exist before running anything.
+  CliResult missing = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.dir / "no-engine"});
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_THAT(missing.err, HasSubstr("is not an executable file"));
+}
+
+TEST(CliSweep, AnEditedSpecReusesMatchingTrialsAndShowsItsOwnConfigurations) {
+  Lab lab;
+  std::string spec = lab.spec("grid.toml", kGrid);
+  ASSERT_EQ(lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine}).code, 0);
+  EXPECT_EQ(train_calls(lab.calls), 6);
+  write_text(spec, R"(
+name = "grid"
+[parameters]
+model = "llama-small"
+seq_len = 256
+device_memory = "2GiB"
+micro_batch_size = [4, 64, 2]
+)");
+  CliResult r = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine, "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(train_calls(lab.calls), 7);  // only micro-batch 2 is new
+  Json rows = Json::parse(r.out);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0]["micro_batch_size"], 4);  // spec order, one repeat each
+  EXPECT_EQ(rows[1]["micro_batch_size"], 64);
+  EXPECT_EQ(rows[2]["micro_batch_size"], 2);
+  for (const auto& row : rows) EXPECT_EQ(row["runs"], 1);
 }
 
 TEST(CliSweep, ExternalTrialsThatFailInEveryWayDoNotStopTheSweep) {
@@ -148,7 +179,7 @@ TEST(CliSweep, ExternalTrialsThatFailInEveryWayDoNotStopTheSweep) {
   std::string workload = fake_workload(lab.dir);
   std::string spec = lab.spec("ext.toml", R"(
 name = "ext"
-timeout = 1.5
+timeout = 3
 [workload]
 type = "external"
 command = ")" + workload + R"( --batch_size {micro_batch_size} {case}"
@@ -176,7 +207,7 @@ case = ["fine", "oom", "silent", "hang", "crash"]
   EXPECT_EQ(by_case["silent"]["status"], "error");
   EXPECT_THAT(by_case["silent"]["reason"].get<std::string>(), HasSubstr("no tokens_per_s_per_device"));
   EXPECT_EQ(by_case["hang"]["status"], "timeout");
-  EXPECT_THAT(by_case["hang"]["reason"].get<std::string>(), HasSubstr("timed out after 1.5 s"));
+  EXPECT_THAT(by_case["hang"]["reason"].get<std::string>(), HasSubstr("timed out after 3.0 s"));
   EXPECT_EQ(by_case["crash"]["status"], "error");
   EXPECT_THAT(by_case["crash"]["reason"].get<std::string>(), HasSubstr("exit code 1: RuntimeError: NCCL error"));
   EXPECT_FALSE(process_mentions(workload));  // the hung trial's group is gone
@@ -216,6 +247,28 @@ micro_batch_size = [1, 2, 3, 4, 5]
   std::set<std::string> hashes;
   for (const auto& t : trials) hashes.insert(t.config_hash);
   EXPECT_EQ(hashes.size(), 5u);
+}
+
+TEST(CliSweep, CtrlCKillsTheRunningTrialAndKeepsTheFinishedOnes) {
+  Lab lab;
+  std::string spec = lab.spec("slow.toml", "name = \"slow\"\n[parameters]\nmodel = \"llama-tiny\"\nmicro_batch_size = [1, 2, 3, 4]\n");
+  auto env = lab.env();
+  env.push_back("FAKE_ENGINE_SLEEP=0.5");
+  pid_t pid = start_scalelab({"sweep", spec, "--db", lab.db, "--engine", lab.engine}, lab.dir.path(), env,
+                             lab.dir / "a.out", lab.dir / "a.err");
+  ASSERT_TRUE(eventually([&] { return trial_count(lab.db) >= 1; }, 30)) << read_text(lab.dir / "a.err");
+  ::kill(pid, SIGINT);
+  EXPECT_EQ(wait_exit(pid), 130);
+  EXPECT_THAT(read_text(lab.dir / "a.err"), HasSubstr("interrupted"));
+  EXPECT_THAT(read_text(lab.dir / "a.err"), HasSubstr("run the same command again to resume"));
+  EXPECT_FALSE(process_mentions(lab.engine));  // killed before the runner exited
+  std::size_t done = trial_count(lab.db);
+  EXPECT_GE(done, 1u);
+  EXPECT_LT(done, 4u);
+  EXPECT_EQ(integrity(lab.db), "ok");
+  CliResult r = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(trial_count(lab.db), 4u);
 }
 
 TEST(CliSweep, TwoRunnersOnOneDatabase) {
@@ -337,7 +390,7 @@ TEST(CliOomSearch, NativeFromThePlanOrByBisection) {
   EXPECT_THAT(none.out, HasSubstr("No micro-batch fits"));
 
   // A trial that hangs stops the search with the reason (exit 1).
-  CliResult hang = lab.run(args(lab.dir / "hang.db", {"--no-plan", "--timeout", "1", "--kill-grace", "0.2"}),
+  CliResult hang = lab.run(args(lab.dir / "hang.db", {"--no-plan", "--timeout", "3", "--kill-grace", "0.2"}),
                            {"FAKE_ENGINE_HANG_ABOVE=4"});
   EXPECT_EQ(hang.code, 1) << hang.err;
   EXPECT_THAT(hang.out, HasSubstr("The search stopped: the trial at micro-batch 8 ended with timeout"));
