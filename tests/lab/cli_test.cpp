@@ -210,7 +210,8 @@ case = ["fine", "oom", "silent", "hang", "crash"]
   EXPECT_THAT(by_case["hang"]["reason"].get<std::string>(), HasSubstr("timed out after 3.0 s"));
   EXPECT_EQ(by_case["crash"]["status"], "error");
   EXPECT_THAT(by_case["crash"]["reason"].get<std::string>(), HasSubstr("exit code 1: RuntimeError: NCCL error"));
-  EXPECT_FALSE(process_mentions(workload));  // the hung trial's group is gone
+  // The hung trial's group is gone.
+  EXPECT_TRUE(eventually([&] { return !process_mentions({"fake_workload.py", "--hang"}); }, 5));
 }
 
 TEST(CliSweep, KilledRunnerLosesAtMostTheRunningTrial) {
@@ -223,29 +224,32 @@ micro_batch_size = [1, 2, 3, 4, 5]
 )");
   std::vector<std::string> args = {"sweep", spec, "--db", lab.db, "--engine", lab.engine};
   auto env = lab.env();
-  env.push_back("FAKE_ENGINE_SLEEP=0.4");
+  env.push_back("FAKE_ENGINE_HANG_ABOVE=2");  // the third trial never ends
   pid_t pid = start_scalelab(args, lab.dir.path(), env, lab.dir / "a.out", lab.dir / "a.err");
-  ASSERT_TRUE(eventually([&] { return trial_count(lab.db) >= 2; }, 30)) << read_text(lab.dir / "a.err");
+  const std::vector<std::string> hung_trial = {"fake_engine.py", "--micro-batch-size 3", lab.dir.path()};
+  // The third trial is running (it has logged its call) when the runner is killed.
+  ASSERT_TRUE(eventually([&] { return train_calls(lab.calls) == 3 && process_mentions(hung_trial); }, 30))
+      << read_text(lab.dir / "a.err");
   ::kill(pid, SIGKILL);
   wait_exit(pid);
   // The running trial died with its runner (PR_SET_PDEATHSIG), and the database is intact.
-  EXPECT_TRUE(eventually([&] { return !process_mentions(lab.engine); }, 10));
+  EXPECT_TRUE(eventually([&] { return !process_mentions(hung_trial); }, 10));
   EXPECT_EQ(integrity(lab.db), "ok");
-  std::size_t done = trial_count(lab.db);
-  EXPECT_GE(done, 2u);
-  EXPECT_LT(done, 5u);
-  int calls_before = train_calls(lab.calls);
-  EXPECT_LE(calls_before, static_cast<int>(done) + 1);
+  EXPECT_EQ(trial_count(lab.db), 2u);
+  EXPECT_EQ(train_calls(lab.calls), 3);
 
   CliResult r = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_THAT(r.err, HasSubstr(std::to_string(done) + " of 5 trials already in"));
-  EXPECT_EQ(train_calls(lab.calls), calls_before + 5 - static_cast<int>(done));
+  EXPECT_THAT(r.err, HasSubstr("2 of 5 trials already in"));
+  EXPECT_EQ(train_calls(lab.calls), 6);
   ResultsStore store(lab.db, ResultsStore::Mode::kReadOnly);
   auto trials = store.trials(0, true);
   ASSERT_EQ(trials.size(), 5u);
   std::set<std::string> hashes;
-  for (const auto& t : trials) hashes.insert(t.config_hash);
+  for (const auto& t : trials) {
+    hashes.insert(t.config_hash);
+    EXPECT_EQ(t.status, "ok");
+  }
   EXPECT_EQ(hashes.size(), 5u);
 }
 
@@ -257,11 +261,13 @@ TEST(CliSweep, CtrlCKillsTheRunningTrialAndKeepsTheFinishedOnes) {
   pid_t pid = start_scalelab({"sweep", spec, "--db", lab.db, "--engine", lab.engine}, lab.dir.path(), env,
                              lab.dir / "a.out", lab.dir / "a.err");
   ASSERT_TRUE(eventually([&] { return trial_count(lab.db) >= 1; }, 30)) << read_text(lab.dir / "a.err");
+  const std::vector<std::string> trial_process = {"fake_engine.py", lab.dir.path()};
+  ASSERT_TRUE(eventually([&] { return process_mentions(trial_process); }, 10));
   ::kill(pid, SIGINT);
   EXPECT_EQ(wait_exit(pid), 130);
   EXPECT_THAT(read_text(lab.dir / "a.err"), HasSubstr("interrupted"));
   EXPECT_THAT(read_text(lab.dir / "a.err"), HasSubstr("run the same command again to resume"));
-  EXPECT_FALSE(process_mentions(lab.engine));  // killed before the runner exited
+  EXPECT_TRUE(eventually([&] { return !process_mentions(trial_process); }, 5));  // killed with its group
   std::size_t done = trial_count(lab.db);
   EXPECT_GE(done, 1u);
   EXPECT_LT(done, 4u);
@@ -491,6 +497,34 @@ false = ""
   EXPECT_EQ(rows[7]["status"], "ok");
   EXPECT_EQ(rows[8]["status"], "ok");
   EXPECT_GT(rows[8]["micro_batch_size"].get<int>(), rows[4]["micro_batch_size"].get<int>());
+}
+
+}  // namespace
+}  // namespace scalelab::lab
+
+namespace scalelab::lab {
+namespace {
+
+TEST(CliResults, TelemetrySamplesExportInLongFormat) {
+  testing::TempDir dir;
+  std::string db = dir / "r.db";
+  {
+    ResultsStore s(db, ResultsStore::Mode::kReadWrite);
+    std::int64_t sw = s.ensure_sweep("t", "sweep", {});
+    TrialRecord r;
+    r.config_hash = "h";
+    r.config = {{"params", {{"micro_batch_size", 1}}}};
+    r.status = "ok";
+    r.started_at = r.ended_at = utc_now_iso();
+    std::int64_t id = s.insert_trial(sw, r);
+    s.insert_telemetry_samples(id, {{0, 0.0, "nvml", "0", "power_w", 250.5}, {0, 0.2, "nvml", "0", "power_w", 260.0},
+                                    {0, 0.2, "process", "host", "rss_bytes", 1e9}});
+  }
+  testing::CliResult r = testing::run_scalelab({"results", "--db", db, "--sweep", "t", "--view", "telemetry",
+                                                "--format", "csv", "--where", "metric=power_w"},
+                                               dir.path());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "trial_id,t_s,source,device,metric,value\n1,0.0,nvml,0,power_w,250.5\n1,0.2,nvml,0,power_w,260.0\n");
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ def fail(msg, code=2):
 
 
 def parse_size(text):
-    units = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "GB": 1e9, "MB": 1e6, "G": 2**30, "M": 2**20}
+    units = {"TiB": 2**40, "GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "GB": 1e9, "MB": 1e6, "G": 2**30, "M": 2**20}
     for u, f in units.items():
         if text.endswith(u):
             return int(float(text[: -len(u)]) * f)

@@ -150,8 +150,8 @@ bool eventually(F&& cond, double seconds) {
   return cond();
 }
 
-// Whether any process's command line mentions `needle`.
-inline bool process_mentions(const std::string& needle) {
+// Whether any live process's command line contains every one of `needles`.
+inline bool process_mentions(const std::vector<std::string>& needles) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
@@ -159,7 +159,9 @@ inline bool process_mentions(const std::string& needle) {
     for (char& c : cmdline)
       if (c == '\0') c = ' ';
     // Zombies have an empty cmdline and are dead already.
-    if (cmdline.find(needle) != std::string::npos) return true;
+    bool all = !cmdline.empty();
+    for (const auto& n : needles) all = all && cmdline.find(n) != std::string::npos;
+    if (all) return true;
   }
   return false;
 }
