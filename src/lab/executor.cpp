@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "lab/outcome.h"
 #include "lab/process.h"
-#include "lab/runner_lock.h"
+#include "lab/interrupted.h"
 #include "scalelab/version.h"
 
 namespace scalelab::lab {
@@ -134,9 +134,14 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   ps.timeout_s = options_.timeout_s;
   ps.kill_grace_s = options_.kill_grace_s;
 
+  std::unique_ptr<TrialMonitor> monitor = options_.monitor ? options_.monitor() : nullptr;
+  if (monitor) ps.on_start = [&monitor](int pid) { monitor->start(pid); };
+
   progress_.trial_started(label);
   rec.started_at = utc_now_iso();
   ProcessResult proc = run_process(ps, options_.cancel, [this] { progress_.tick(); });
+  std::vector<TelemetrySample> samples;
+  if (monitor && proc.started) monitor->stop(samples, rec.telemetry_summary);
   rec.ended_at = utc_now_iso();
   rec.duration_s = proc.wall_s;
   if (proc.cancelled) {
@@ -155,7 +160,7 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   if (proc.started && proc.exited) rec.exit_code = proc.exit_code;
   if (proc.started && !proc.exited) rec.signal = proc.signal;
 
-  std::int64_t id = store_.insert_trial(sweep_id_, rec);
+  std::int64_t id = store_.insert_trial(sweep_id_, rec, samples);
   ran_now_.insert(key_of(rec.config_hash, repeat));
   auto row = store_.trial(id);
   SCALELAB_CHECK(row.has_value(), "[lab] trial " + std::to_string(id) + " vanished after insert");

@@ -6,16 +6,31 @@
 // again (resumption), unless the options ask for it.
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
+#include "lab/interrupted.h"
 #include "lab/params.h"
 #include "lab/progress.h"
 #include "lab/store.h"
 #include "lab/workload.h"
 
 namespace scalelab::lab {
+
+// Watches one trial while it runs (the telemetry component implements this): start() when the
+// child runs, with its pid (= process group); stop() when it has ended, returning samples and a
+// summary that are stored with the trial row in the same transaction.
+class TrialMonitor {
+ public:
+  virtual ~TrialMonitor() = default;
+  virtual void start(int pid) = 0;
+  virtual void stop(std::vector<TelemetrySample>& samples, Json& summary) = 0;
+};
+using TrialMonitorFactory = std::function<std::unique_ptr<TrialMonitor>()>;
 
 struct LabOptions {
   std::string db_path = "results/scalelab.db";
@@ -27,6 +42,7 @@ struct LabOptions {
   bool rerun = false;         // re-run every trial, superseding earlier rows
   bool wait_for_lock = false; // queue behind another runner instead of refusing
   const std::atomic<bool>* cancel = nullptr;  // Ctrl-C: kill the running trial, throw Interrupted
+  TrialMonitorFactory monitor;                // empty: no per-trial telemetry
 };
 
 // The config stored (and hashed) for a trial: {"params": {...}, "workload": identity}.

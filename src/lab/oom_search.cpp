@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "lab/outcome.h"
 #include "lab/process.h"
-#include "lab/runner_lock.h"
+#include "lab/interrupted.h"
 
 namespace scalelab::lab {
 namespace {

@@ -215,6 +215,7 @@ ProcessResult run_process(const ProcessSpec& spec, const std::atomic<bool>* canc
     return result;
   }
   result.started = true;
+  if (spec.on_start) spec.on_start(static_cast<int>(pid));
 
   bool cancelled = false;
   bool ended = wait_until(pid, t0, spec.timeout_s > 0 ? spec.timeout_s : -1.0, cancel, tick, &cancelled);

@@ -22,6 +22,9 @@ struct ProcessSpec {
   std::string cwd;                // empty: the runner's
   double timeout_s = 0;           // 0: no timeout
   double kill_grace_s = 5;        // after SIGTERM to the group, wait this long before SIGKILL
+  // Called once the child runs (exec succeeded) with its pid, which is also its process-group id
+  // (e.g. to start sampling its process tree).
+  std::function<void(int pid)> on_start;
 };
 
 struct ProcessResult {

@@ -10,14 +10,9 @@
 #include <string>
 
 #include "core/error.h"
+#include "lab/interrupted.h"
 
 namespace scalelab::lab {
-
-// Thrown when the user interrupted a runner (Ctrl-C / SIGTERM): the CLI exits 130.
-class Interrupted : public RuntimeError {
- public:
-  explicit Interrupted(const std::string& message) : RuntimeError(message) {}
-};
 
 class RunnerLock {
  public:
