@@ -17,5 +17,9 @@ Subcommand add_version_command(CLI::App& root);
 Subcommand add_train_command(CLI::App& root);
 Subcommand add_plan_command(CLI::App& root);
 Subcommand add_monitor_command(CLI::App& root);
+Subcommand add_sweep_command(CLI::App& root);
+Subcommand add_oom_search_command(CLI::App& root);
+Subcommand add_ladder_command(CLI::App& root);
+Subcommand add_results_command(CLI::App& root);
 
 }  // namespace scalelab::cli

@@ -18,6 +18,10 @@ int main(int argc, char** argv) {
       cli::add_plan_command(app),
       cli::add_version_command(app),
       cli::add_monitor_command(app),
+      cli::add_sweep_command(app),
+      cli::add_oom_search_command(app),
+      cli::add_ladder_command(app),
+      cli::add_results_command(app),
   };
 
   try {

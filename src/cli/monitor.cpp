@@ -14,13 +14,11 @@
 #include <thread>
 
 #include "cli/command.h"
+#include "cli/lab_common.h"
 #include "telemetry/session.h"
 
 namespace scalelab::cli {
 namespace {
-
-volatile sig_atomic_t g_interrupted = 0;
-extern "C" void on_interrupt(int) { g_interrupted = 1; }
 
 struct MonitorOptions {
   int interval_ms = 1000;
@@ -113,12 +111,9 @@ int run_monitor(const MonitorOptions& o) {
   to.report_unavailable = false;  // said once below, in the output itself
   TelemetrySession session(to);
 
-  g_interrupted = 0;
-  struct sigaction sa {}, old_int {}, old_term {};
-  sa.sa_handler = on_interrupt;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, &old_int);
-  sigaction(SIGTERM, &sa, &old_term);
+  // Ctrl-C / SIGTERM end the loop between readings (the lab's handler: a second one kills).
+  InterruptFlag interrupt;
+  const std::atomic<bool>& interrupted = *interrupt.get();
 
   session.sample_now();
   const bool gpu = session.source_status()["nvml"] == "ok";
@@ -140,18 +135,16 @@ int run_monitor(const MonitorOptions& o) {
   };
   print();
   auto next = std::chrono::steady_clock::now() + to.interval;
-  for (int n = 1; (o.count == 0 || n < o.count) && !g_interrupted; ++n) {
+  for (int n = 1; (o.count == 0 || n < o.count) && !interrupted.load(); ++n) {
     // Sleeps in short slices so that Ctrl-C ends it promptly (the handler only sets a flag).
-    while (!g_interrupted && std::chrono::steady_clock::now() < next)
+    while (!interrupted.load() && std::chrono::steady_clock::now() < next)
       std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
           next - std::chrono::steady_clock::now(), std::chrono::milliseconds(50)));
-    if (g_interrupted) break;
+    if (interrupted.load()) break;
     next += to.interval;
     session.sample_now();
     print();
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
   session.stop();
   if (!o.csv.empty()) session.write_csv(o.csv);
   return 0;

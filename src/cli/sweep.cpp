@@ -1,0 +1,78 @@
+// `scalelab sweep SPEC.toml`: runs every combination of a sweep spec as isolated trials, records
+// them in the results database (resumable), and prints the sweep's table.
+#include <cstdio>
+
+#include "cli/command.h"
+#include "cli/lab_common.h"
+#include "lab/spec.h"
+#include "lab/sweep.h"
+#include "lab/views.h"
+
+namespace scalelab::cli {
+
+Subcommand add_sweep_command(CLI::App& root) {
+  auto* app = root.add_subcommand("sweep", "Run every combination of a sweep spec (TOML) as isolated, recorded, resumable trials");
+  struct Flags {
+    LabFlags lab;
+    std::string spec;
+    std::string name;
+    std::string format = "md";
+    bool dry_run = false;
+  };
+  auto f = std::make_shared<Flags>();
+  app->add_option("spec", f->spec, "Sweep spec file (see examples/batch-sweep.toml)")->required();
+  add_lab_flags(app, f->lab);
+  app->add_option("--name", f->name, "Record under this sweep name [default: the spec's name]");
+  app->add_option("--format", f->format, "Table format at the end: md, csv or json")->capture_default_str();
+  app->add_flag("--dry-run", f->dry_run, "Print the trials and their commands; run and record nothing");
+
+  return {app, [f, app] {
+            lab::TableFormat format = lab::parse_table_format(f->format);
+            lab::SweepSpec spec = lab::load_sweep_spec(f->spec);
+            if (!f->name.empty()) spec.name = f->name;
+            InterruptFlag interrupt;
+            lab::LabOptions options = lab_options(f->lab, interrupt.get());
+            // --timeout on the command line beats the spec's timeout, which beats the default.
+            if (app->get_option("--timeout")->count() == 0 && spec.timeout_s) options.timeout_s = *spec.timeout_s;
+
+            if (f->dry_run) {
+              auto combos = spec.expand();
+              std::printf("sweep '%s': %zu configurations x %d repeats = %zu trials\n", spec.name.c_str(), combos.size(),
+                          spec.repeats, combos.size() * static_cast<std::size_t>(spec.repeats));
+              lab::TrialContext ctx;
+              ctx.sweep = spec.name;
+              ctx.dir = "<log-dir>";
+              ctx.key = "<trial>";
+              ctx.log_path = "<log-dir>/<trial>.log";
+              ctx.record_path = "<log-dir>/<trial>.json";
+              for (const auto& p : combos) {
+                std::printf("%s\n", lab::build_launch(spec.workload, options.engine, p, ctx).display.c_str());
+              }
+              return 0;
+            }
+
+            lab::Progress progress(stderr, lab::Progress::is_terminal(stderr));
+            lab::RunnerLock lock(options.db_path, "sweep " + spec.name, options.wait_for_lock, options.cancel,
+                                 [&](const std::string& m) { progress.note(m); });
+            lab::ResultsStore store(options.db_path, lab::ResultsStore::Mode::kReadWrite);
+            lab::SweepRunSummary summary;
+            try {
+              summary = lab::run_sweep(spec, store, options, progress);
+            } catch (const lab::Interrupted& e) {
+              return report_interrupted(e, options.db_path,
+                                        "run the same command again to resume where it stopped.");
+            }
+            auto sweep = store.find_sweep(spec.name);
+            lab::Table table = lab::sweep_summary_table(*sweep, store, {});
+            std::fputs(lab::render(table, format).c_str(), stdout);
+            std::fprintf(stderr,
+                         "\nsweep '%s': %d trials (%d run now: %d ok, %d oom, %d failed; %d already recorded)\n"
+                         "Results: %s (scalelab results --db %s --sweep %s); logs in %s\n",
+                         spec.name.c_str(), summary.total, summary.ran, summary.ok, summary.oom, summary.failed,
+                         summary.already_done, store.path().c_str(), store.path().c_str(), spec.name.c_str(),
+                         summary.log_dir.c_str());
+            return 0;
+          }};
+}
+
+}  // namespace scalelab::cli

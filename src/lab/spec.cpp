@@ -1,0 +1,392 @@
+#include "lab/spec.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace scalelab::lab {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string at(const std::string& source, const toml::source_region& r) {
+  return source + ":" + std::to_string(r.begin.line) + ":" + std::to_string(r.begin.column);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) append_item(out, s, ", ");
+  return out;
+}
+
+void check_keys(const toml::table& t, const std::string& source, const std::string& where,
+                const std::vector<std::string>& allowed) {
+  for (auto&& [k, v] : t) {
+    bool ok = false;
+    for (const auto& a : allowed) ok = ok || a == k.str();
+    if (!ok) {
+      throw InvalidInput("[" + at(source, k.source()) + "] unknown key '" + std::string(k.str()) + "' in " + where +
+                         " — allowed: " + join(allowed));
+    }
+  }
+}
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "a list";
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    default: return "a date/time";
+  }
+}
+
+std::string expect_string(const toml::node& n, const std::string& source, const std::string& what) {
+  if (!n.is_string()) {
+    throw InvalidInput("[" + at(source, n.source()) + "] " + what + " must be a string, not " + type_name(n));
+  }
+  return *n.value<std::string>();
+}
+
+// A scalar parameter value as JSON.
+Json scalar(const toml::node& n, const std::string& source, const std::string& what) {
+  if (n.is_string()) return *n.value<std::string>();
+  if (n.is_integer()) return *n.value<std::int64_t>();
+  if (n.is_floating_point()) return *n.value<double>();
+  if (n.is_boolean()) return *n.value<bool>();
+  throw InvalidInput("[" + at(source, n.source()) + "] " + what + " is " + type_name(n) +
+                     " — a value is a string, a number, a boolean or a list of those");
+}
+
+// A value or a list of values.
+std::vector<Json> values_of(const toml::node& n, const std::string& source, const std::string& what) {
+  std::vector<Json> out;
+  if (const auto* arr = n.as_array()) {
+    if (arr->empty()) {
+      throw InvalidInput("[" + at(source, n.source()) + "] " + what +
+                         " is an empty list — give at least one value (or remove it)");
+    }
+    for (const auto& el : *arr) out.push_back(scalar(el, source, what + " element"));
+  } else {
+    out.push_back(scalar(n, source, what));
+  }
+  return out;
+}
+
+std::string value_list(const std::vector<Json>& values) {
+  std::string out;
+  for (const auto& v : values) append_item(out, param_text(v), ", ");
+  return out;
+}
+
+Workload parse_workload(const toml::table* t, const std::string& source, const fs::path& base_dir) {
+  if (!t) return Workload::native();
+  std::string type = "native";
+  if (const auto* n = t->get("type")) type = expect_string(*n, source, "workload.type");
+  if (type == "native") {
+    check_keys(*t, source, "[workload] (type = \"native\")", {"type"});
+    return Workload::native();
+  }
+  if (type != "external") {
+    throw InvalidInput("[" + at(source, t->get("type")->source()) + "] workload.type is '" + type +
+                       "' — use \"native\" (scalelab train) or \"external\" (a command template)");
+  }
+  check_keys(*t, source, "[workload] (type = \"external\")",
+             {"type", "command", "metrics", "oom_pattern", "required_metrics", "map", "env", "cwd"});
+  const toml::node* cmd = t->get("command");
+  if (!cmd) {
+    throw InvalidInput("[" + at(source, t->source()) + "] an external workload needs command = \"...\" "
+                       "(a command line with {placeholders}, or a list of words)");
+  }
+  Workload w = Workload::external("true", source + ": workload.command");
+  w.shell_command.reset();
+  if (cmd->is_string()) {
+    w.shell_command = CommandTemplate(*cmd->value<std::string>(), at(source, cmd->source()) + " workload.command");
+  } else if (const auto* arr = cmd->as_array()) {
+    if (arr->empty()) {
+      throw InvalidInput("[" + at(source, cmd->source()) + "] workload.command is an empty list — give the "
+                         "program and its arguments");
+    }
+    for (const auto& el : *arr) {
+      std::string word = expect_string(el, source, "each word of workload.command");
+      w.argv_command.emplace_back(word, at(source, el.source()) + " workload.command");
+    }
+  } else {
+    throw InvalidInput("[" + at(source, cmd->source()) + "] workload.command must be a string or a list of "
+                       "strings, not " + type_name(*cmd));
+  }
+  if (const auto* m = t->get("metrics")) {
+    const auto* mt = m->as_table();
+    if (!mt) throw InvalidInput("[" + at(source, m->source()) + "] workload.metrics must be a table of name = \"regex\"");
+    for (auto&& [k, v] : *mt) {
+      std::string pattern = expect_string(v, source, "workload.metrics." + std::string(k.str()));
+      w.set_metric(std::string(k.str()), pattern, at(source, v.source()));
+    }
+  }
+  if (const auto* o = t->get("oom_pattern")) {
+    w.set_oom_pattern(expect_string(*o, source, "workload.oom_pattern"), at(source, o->source()));
+  }
+  if (const auto* r = t->get("required_metrics")) {
+    w.required_metrics.clear();
+    const auto* arr = r->as_array();
+    if (!arr) throw InvalidInput("[" + at(source, r->source()) + "] workload.required_metrics must be a list of metric names");
+    for (const auto& el : *arr) {
+      std::string name = expect_string(el, source, "each of workload.required_metrics");
+      bool known = false;
+      for (const auto& m : w.metrics) known = known || m.name == name;
+      if (!known) {
+        std::vector<std::string> names;
+        for (const auto& m : w.metrics) names.push_back(m.name);
+        throw InvalidInput("[" + at(source, el.source()) + "] required metric '" + name +
+                           "' has no pattern — known metrics: " + join(names) + "; add it to [workload.metrics]");
+      }
+      w.required_metrics.push_back(name);
+    }
+  }
+  if (const auto* mp = t->get("map")) {
+    const auto* mt = mp->as_table();
+    if (!mt) throw InvalidInput("[" + at(source, mp->source()) + "] workload.map must hold tables: [workload.map.<parameter>]");
+    for (auto&& [param, table] : *mt) {
+      const auto* vt = table.as_table();
+      if (!vt) {
+        throw InvalidInput("[" + at(source, table.source()) + "] workload.map." + std::string(param.str()) +
+                           " must be a table of value = \"text\"");
+      }
+      auto& dst = w.value_map[param_name(std::string(param.str()))];
+      for (auto&& [value, text] : *vt) {
+        dst[std::string(value.str())] =
+            expect_string(text, source, "workload.map." + std::string(param.str()) + "." + std::string(value.str()));
+      }
+    }
+  }
+  if (const auto* e = t->get("env")) {
+    const auto* et = e->as_table();
+    if (!et) throw InvalidInput("[" + at(source, e->source()) + "] workload.env must be a table of NAME = \"value\"");
+    for (auto&& [k, v] : *et) {
+      std::string value = expect_string(v, source, "workload.env." + std::string(k.str()));
+      w.env.emplace_back(std::string(k.str()), CommandTemplate(value, at(source, v.source()) + " workload.env"));
+    }
+  }
+  if (const auto* c = t->get("cwd")) {
+    fs::path dir = expect_string(*c, source, "workload.cwd");
+    if (dir.is_relative()) dir = base_dir / dir;
+    if (!fs::is_directory(dir)) {
+      throw InvalidInput("[" + at(source, c->source()) + "] workload.cwd '" + dir.string() +
+                         "' is not a directory — it is relative to the spec file");
+    }
+    w.cwd = dir.string();
+  }
+  return w;
+}
+
+}  // namespace
+
+bool ExcludeRule::matches(const ParamMap& params) const {
+  for (const auto& [key, values] : match) {
+    auto it = params.find(key);
+    if (it == params.end()) return false;
+    bool any = false;
+    for (const auto& v : values) any = any || param_text(v) == param_text(it->second);
+    if (!any) return false;
+  }
+  return true;
+}
+
+std::vector<ParamMap> SweepSpec::expand() const {
+  std::vector<ParamMap> out{ParamMap{}};
+  for (const auto& [name, values] : parameters) {
+    std::vector<ParamMap> next;
+    next.reserve(out.size() * values.size());
+    for (const auto& partial : out) {
+      for (const auto& v : values) {
+        ParamMap p = partial;
+        p[name] = v;
+        next.push_back(std::move(p));
+      }
+    }
+    out = std::move(next);
+  }
+  std::vector<ParamMap> kept;
+  for (auto& p : out) {
+    bool excluded = false;
+    for (const auto& r : excludes) excluded = excluded || r.matches(p);
+    if (!excluded) kept.push_back(std::move(p));
+  }
+  return kept;
+}
+
+std::vector<std::string> SweepSpec::swept_parameters() const {
+  std::vector<std::string> out;
+  for (const auto& [name, values] : parameters)
+    if (values.size() > 1) out.push_back(name);
+  return out;
+}
+
+Json SweepSpec::to_json() const {
+  Json params = Json::object();
+  Json order = Json::array();
+  for (const auto& [name, values] : parameters) {
+    params[name] = values.size() == 1 ? values[0] : Json(values);
+    order.push_back(name);
+  }
+  Json ex = Json::array();
+  for (const auto& r : excludes) {
+    Json e = Json::object();
+    for (const auto& [k, v] : r.match) e[k] = v;
+    ex.push_back(e);
+  }
+  Json j{{"name", name},       {"description", description}, {"source", source},
+         {"repeats", repeats}, {"workload", workload.describe()}, {"parameters", params},
+         {"parameter_order", order},
+         {"exclude", ex}};
+  if (timeout_s) j["timeout_s"] = *timeout_s;
+  return j;
+}
+
+SweepSpec load_sweep_spec(const std::string& path, const std::set<std::string>& provided_by_runner) {
+  std::ifstream f(path);
+  if (!f) {
+    throw InvalidInput("[sweep] cannot read the spec file " + path + " — check the path");
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_sweep_spec(ss.str(), path, provided_by_runner);
+}
+
+SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
+                           const std::set<std::string>& provided_by_runner) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw InvalidInput("[" + at(source, e.source()) + "] malformed TOML: " + std::string(e.description()) +
+                       " — fix the file at that line and column");
+  }
+  check_keys(root, source, "the top level",
+             {"name", "description", "repeats", "timeout", "workload", "parameters", "exclude"});
+  SweepSpec spec;
+  spec.source = source;
+  fs::path base_dir = fs::path(source).has_parent_path() ? fs::path(source).parent_path() : fs::path(".");
+
+  spec.name = fs::path(source).stem().string();
+  if (const auto* n = root.get("name")) spec.name = expect_string(*n, source, "name");
+  if (spec.name.empty()) throw InvalidInput("[" + source + "] name is empty — give the sweep a name");
+  if (const auto* n = root.get("description")) spec.description = expect_string(*n, source, "description");
+  if (const auto* n = root.get("repeats")) {
+    auto v = n->value<std::int64_t>();
+    if (!n->is_integer() || !v || *v < 1 || *v > 1000) {
+      throw InvalidInput("[" + at(source, n->source()) + "] repeats must be an integer from 1 to 1000");
+    }
+    spec.repeats = static_cast<int>(*v);
+  }
+  if (const auto* n = root.get("timeout")) {
+    auto v = n->value<double>();
+    if (!(n->is_integer() || n->is_floating_point()) || !v || *v <= 0) {
+      throw InvalidInput("[" + at(source, n->source()) + "] timeout must be a positive number of seconds");
+    }
+    spec.timeout_s = *v;
+  }
+
+  const toml::table* wt = nullptr;
+  if (const auto* n = root.get("workload")) {
+    wt = n->as_table();
+    if (!wt) throw InvalidInput("[" + at(source, n->source()) + "] workload must be a table: [workload]");
+  }
+  spec.workload = parse_workload(wt, source, base_dir);
+
+  const auto* pn = root.get("parameters");
+  if (pn && !pn->is_table()) {
+    throw InvalidInput("[" + at(source, pn->source()) + "] parameters must be a table: [parameters]");
+  }
+  if (provided_by_runner.empty() && (!pn || pn->as_table()->empty())) {
+    throw InvalidInput("[" + (pn ? at(source, pn->source()) : source) +
+                       "] the spec needs a [parameters] table with at least one parameter");
+  }
+  std::set<std::string> names;
+  // toml++ tables iterate in key order; the spec's order (table columns, which parameter
+  // varies slowest) is the order in the file.
+  std::vector<std::pair<const toml::key*, const toml::node*>> entries;
+  if (pn)
+    for (auto&& [k, v] : *pn->as_table()) entries.emplace_back(&k, &v);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    const auto& x = a.first->source().begin;
+    const auto& y = b.first->source().begin;
+    return x.line != y.line ? x.line < y.line : x.column < y.column;
+  });
+  for (const auto& [kp, vp] : entries) {
+    const toml::key& k = *kp;
+    const toml::node& v = *vp;
+    std::string name = param_name(std::string(k.str()));
+    if (name.empty()) throw InvalidInput("[" + at(source, k.source()) + "] empty parameter name");
+    if (!names.insert(name).second) {
+      throw InvalidInput("[" + at(source, k.source()) + "] parameter '" + name +
+                         "' is given twice (as kebab and snake case?) — give it once");
+    }
+    if (spec.workload.is_native() && name == "json") {
+      throw InvalidInput("[" + at(source, k.source()) + "] parameter 'json' is set by the lab (each trial's run "
+                         "record) — remove it");
+    }
+    spec.parameters.emplace_back(name, values_of(v, source, "parameter '" + name + "'"));
+  }
+
+  if (const auto* en = root.get("exclude")) {
+    const auto* arr = en->as_array();
+    if (!arr) throw InvalidInput("[" + at(source, en->source()) + "] exclude must be written as [[exclude]] tables");
+    for (const auto& el : *arr) {
+      const auto* et = el.as_table();
+      if (!et || et->empty()) {
+        throw InvalidInput("[" + at(source, el.source()) + "] each [[exclude]] must be a non-empty table of "
+                           "parameter = value(s)");
+      }
+      ExcludeRule rule;
+      for (auto&& [k, v] : *et) {
+        std::string name = param_name(std::string(k.str()));
+        const std::vector<Json>* domain = nullptr;
+        for (const auto& [pname, pvalues] : spec.parameters)
+          if (pname == name) domain = &pvalues;
+        if (!domain) {
+          throw InvalidInput("[" + at(source, k.source()) + "] exclude names '" + name +
+                             "', which is not a parameter — parameters: " + join(std::vector<std::string>(names.begin(), names.end())));
+        }
+        auto values = values_of(v, source, "exclude." + name);
+        for (const auto& val : values) {
+          bool known = false;
+          for (const auto& d : *domain) known = known || param_text(d) == param_text(val);
+          if (!known) {
+            throw InvalidInput("[" + at(source, v.source()) + "] exclude value " + name + " = " + param_text(val) +
+                               " is not one of the parameter's values (" + value_list(*domain) + ")");
+          }
+        }
+        rule.match.emplace_back(name, std::move(values));
+      }
+      spec.excludes.push_back(std::move(rule));
+    }
+  }
+
+  if (!spec.workload.is_native()) {
+    std::set<std::string> provided = names;
+    provided.insert(provided_by_runner.begin(), provided_by_runner.end());
+    spec.workload.check_placeholders(provided, source);
+    // Map keys must name parameters, or they are probably a typo.
+    for (const auto& [param, m] : spec.workload.value_map) {
+      if (!provided.count(param)) {
+        throw InvalidInput("[" + source + "] [workload.map." + param + "] names no parameter — parameters: " +
+                           join(std::vector<std::string>(provided.begin(), provided.end())));
+      }
+    }
+  }
+  if (spec.expand().empty()) {
+    throw InvalidInput("[" + source + "] the exclude rules remove every combination — nothing would run");
+  }
+  return spec;
+}
+
+}  // namespace scalelab::lab

@@ -1,0 +1,73 @@
+#pragma once
+// Sweep specifications in TOML. A sweep is a workload and parameters; a parameter whose value is
+// a list is swept, and the sweep is the cartesian product of all lists minus the `exclude` rules,
+// each combination run `repeats` times.
+//
+//   name = "batch-sweep"             # default: the file name without .toml
+//   description = "..."
+//   repeats = 3                      # default 1; tables report median, min, max
+//   timeout = 600                    # seconds per trial (default: the command's --timeout)
+//
+//   [workload]                       # default: type = "native"
+//   type = "native"                  # `scalelab train` with the parameters as flags
+//   # type = "external"
+//   # command = "torchrun ... --batch_size {micro_batch_size}"   (or a list of argv words)
+//   # oom_pattern = "..."            # default: PyTorch's and scalelab's out-of-memory messages
+//   # required_metrics = ["tokens_per_s_per_device"]
+//   # cwd = "..."                    # relative to this file
+//   # [workload.metrics]   name = "regex with (one group)"
+//   # [workload.map.fused_kernels]   true = "--use_liger"  false = ""
+//   # [workload.env]       NAME = "value with {placeholders}"
+//
+//   [parameters]
+//   model = "llama-small"
+//   micro_batch_size = [1, 2, 4, 8]
+//   attn = ["eager", "flash"]
+//
+//   [[exclude]]                      # drops combinations matching every key (a list: any of)
+//   attn = "eager"
+//   micro_batch_size = [4, 8]
+//
+// Every malformed input is an InvalidInput naming file:line:column.
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lab/params.h"
+#include "lab/workload.h"
+
+namespace scalelab::lab {
+
+struct ExcludeRule {
+  std::vector<std::pair<std::string, std::vector<Json>>> match;  // every key must equal one of its values
+  bool matches(const ParamMap& params) const;
+};
+
+struct SweepSpec {
+  std::string name;
+  std::string description;
+  std::string source;  // the file it came from
+  int repeats = 1;
+  std::optional<double> timeout_s;
+  Workload workload;
+  std::vector<std::pair<std::string, std::vector<Json>>> parameters;  // file order
+  std::vector<ExcludeRule> excludes;
+
+  // The combinations, the first parameter varying slowest, excluded ones dropped.
+  std::vector<ParamMap> expand() const;
+  // Parameters with more than one value (the table's columns).
+  std::vector<std::string> swept_parameters() const;
+  // Everything above, for the database.
+  Json to_json() const;
+};
+
+// `provided_by_runner`: parameters the command supplies itself (oom-search and ladder set
+// micro_batch_size, attn, ...): placeholders may use them and [parameters] may then be empty.
+SweepSpec load_sweep_spec(const std::string& path, const std::set<std::string>& provided_by_runner = {});
+// `source` names the text in messages and resolves a relative workload cwd.
+SweepSpec parse_sweep_spec(const std::string& toml_text, const std::string& source,
+                           const std::set<std::string>& provided_by_runner = {});
+
+}  // namespace scalelab::lab

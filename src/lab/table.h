@@ -1,0 +1,44 @@
+#pragma once
+// Tables of results, rendered as Markdown (for people), CSV or JSON (for programs).
+// Cells are JSON values, so JSON output keeps numbers as numbers; Markdown formats them per
+// column, CSV writes them in full precision.
+#include <string>
+#include <vector>
+
+#include "lab/params.h"
+
+namespace scalelab::lab {
+
+enum class CellFormat {
+  kText,    // as is
+  kInt,     // 12
+  kFixed1,  // 27542.3
+  kFixed2,  // 3.21
+  kFixed3,  // 0.123
+  kRatio,   // 2.31x
+};
+
+struct Column {
+  std::string key;    // JSON / CSV name
+  std::string title;  // Markdown header
+  CellFormat format = CellFormat::kText;
+};
+
+struct Table {
+  std::vector<Column> columns;
+  std::vector<Json> rows;          // objects keyed by column key (may hold more keys: JSON keeps them)
+  std::vector<std::string> notes;  // lines printed under the Markdown table
+};
+
+enum class TableFormat { kMarkdown, kCsv, kJson };
+TableFormat parse_table_format(const std::string& name);  // md|markdown|csv|json; InvalidInput otherwise
+
+std::string render_markdown(const Table& t);
+std::string render_csv(const Table& t);   // RFC 4180 quoting; header = column keys
+std::string render_json(const Table& t);  // an array of the row objects
+std::string render(const Table& t, TableFormat format);
+
+// A cell as Markdown text ("" for null).
+std::string format_cell(const Json& v, CellFormat f);
+
+}  // namespace scalelab::lab

@@ -1,0 +1,344 @@
+#include "lab/views.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "core/error.h"
+#include "lab/ladder.h"
+#include "lab/oom_search.h"
+
+namespace scalelab::lab {
+namespace {
+
+std::optional<double> as_number(const Json& v) {
+  if (v.is_number()) return v.get<double>();
+  if (v.is_boolean()) return v.get<bool>() ? 1.0 : 0.0;
+  if (v.is_string()) {
+    const std::string s = v.get<std::string>();
+    char* end = nullptr;
+    double d = std::strtod(s.c_str(), &end);
+    if (!s.empty() && end == s.c_str() + s.size()) return d;
+  }
+  return std::nullopt;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Parameters whose value differs among the rows (all of them when there is one row), those named
+// in `order` first, in that order.
+std::vector<std::string> varying_params(const std::vector<TrialRow>& rows, const std::vector<std::string>& order_hint) {
+  std::map<std::string, std::set<std::string>> seen;
+  std::vector<std::string> order;
+  for (const auto& r : rows) {
+    for (const auto& [k, v] : r.params()) {
+      if (!seen.count(k)) order.push_back(k);
+      seen[k].insert(v.dump());
+    }
+  }
+  std::vector<std::string> sorted;
+  for (const auto& k : order_hint)
+    if (seen.count(k)) sorted.push_back(k);
+  for (const auto& k : order)
+    if (std::find(sorted.begin(), sorted.end(), k) == sorted.end()) sorted.push_back(k);
+  std::vector<std::string> out;
+  for (const auto& k : sorted) {
+    bool everywhere = std::all_of(rows.begin(), rows.end(), [&](const TrialRow& r) { return r.params().count(k) > 0; });
+    if (rows.size() <= 1 || seen[k].size() > 1 || !everywhere) out.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
+Filter parse_filter(const std::string& text) {
+  static const char* const ops[] = {"!=", "<=", ">=", "==", "=", "<", ">"};
+  for (const char* op : ops) {
+    auto pos = text.find(op);
+    if (pos == std::string::npos || pos == 0) continue;
+    // The first operator character in the text decides ("a<=b": "<=" not "=").
+    auto first = text.find_first_of("!<>=");
+    if (pos != first) continue;
+    Filter f{text.substr(0, pos), op, text.substr(pos + std::string(op).size())};
+    if (f.op == "==") f.op = "=";
+    while (!f.key.empty() && f.key.back() == ' ') f.key.pop_back();
+    while (!f.value.empty() && f.value.front() == ' ') f.value.erase(f.value.begin());
+    f.key = param_name(f.key);
+    if (!f.key.empty()) return f;
+  }
+  throw InvalidInput("[results] cannot read the filter '" + text +
+                     "' — write key=value, key!=value, key<value, key<=value, key>value or key>=value "
+                     "(e.g. status=ok, micro_batch_size>=4)");
+}
+
+bool filter_matches(const Json& object, const Filter& f) {
+  auto it = object.find(f.key);
+  if (it == object.end() || it->is_null()) return f.op == "!=";
+  auto a = as_number(*it);
+  auto b = as_number(Json(f.value));
+  int cmp;
+  if (a && b && !it->is_string()) cmp = *a < *b ? -1 : (*a > *b ? 1 : 0);
+  else {
+    std::string s = param_text(*it);
+    cmp = s < f.value ? -1 : (s > f.value ? 1 : 0);
+  }
+  if (f.op == "=") return cmp == 0;
+  if (f.op == "!=") return cmp != 0;
+  if (f.op == "<") return cmp < 0;
+  if (f.op == "<=") return cmp <= 0;
+  if (f.op == ">") return cmp > 0;
+  return cmp >= 0;
+}
+
+std::vector<Json> apply_filters(const std::vector<Json>& objects, const std::vector<Filter>& filters) {
+  if (!objects.empty()) {
+    for (const auto& f : filters) {
+      bool known = std::any_of(objects.begin(), objects.end(), [&](const Json& o) { return o.contains(f.key); });
+      if (!known) {
+        std::set<std::string> keys;
+        for (const auto& o : objects)
+          for (auto it = o.begin(); it != o.end(); ++it) keys.insert(it.key());
+        std::string list;
+        for (const auto& k : keys) append_item(list, k, ", ");
+        throw InvalidInput("[results] no row has a field '" + f.key + "' to filter on — fields: " + list);
+      }
+    }
+  }
+  std::vector<Json> out;
+  for (const auto& o : objects) {
+    bool keep = std::all_of(filters.begin(), filters.end(), [&](const Filter& f) { return filter_matches(o, f); });
+    if (keep) out.push_back(o);
+  }
+  return out;
+}
+
+Json flatten_trial(const TrialRow& r) {
+  Json o{{"trial_id", r.trial_id},
+         {"sweep", r.sweep_name},
+         {"repeat", r.repeat},
+         {"role", r.role},
+         {"status", r.status},
+         {"reason", r.reason},
+         {"exit_code", r.exit_code ? Json(*r.exit_code) : Json()},
+         {"signal", r.signal ? Json(*r.signal) : Json()},
+         {"duration_s", r.duration_s},
+         {"host", r.host},
+         {"started_at", r.started_at},
+         {"ended_at", r.ended_at},
+         {"log_path", r.log_path},
+         {"config_hash", r.config_hash},
+         {"command", r.command},
+         {"scalelab_version", r.scalelab_version},
+         {"git_rev", r.git_rev}};
+  for (const auto& [k, v] : r.params())
+    if (!o.contains(k)) o[k] = v;
+  for (auto it = r.metrics.begin(); it != r.metrics.end(); ++it)
+    if (!o.contains(it.key())) o[it.key()] = it.value();
+  if (r.metrics.contains("max_reserved_gib")) o["memory_gib"] = r.metrics["max_reserved_gib"];
+  if (!r.telemetry_summary.is_null()) o["telemetry_summary"] = r.telemetry_summary;
+  return o;
+}
+
+std::vector<std::string> parameter_order(const SweepRow& sweep) {
+  std::vector<std::string> out;
+  if (sweep.spec.is_object() && sweep.spec.contains("parameter_order") && sweep.spec["parameter_order"].is_array())
+    for (const auto& n : sweep.spec["parameter_order"])
+      if (n.is_string()) out.push_back(n.get<std::string>());
+  return out;
+}
+
+Table sweeps_table(const ResultsStore& store) {
+  Table t;
+  t.columns = {{"sweep", "sweep"},        {"kind", "kind"},       {"trials", "trials", CellFormat::kInt},
+               {"ok", "ok", CellFormat::kInt}, {"oom", "oom", CellFormat::kInt}, {"failed", "failed", CellFormat::kInt},
+               {"created_at", "created"}, {"updated_at", "updated"}};
+  for (const auto& s : store.sweeps()) {
+    int n = 0, ok = 0, oom = 0, failed = 0;
+    for (const auto& r : store.trials(s.sweep_id)) {
+      ++n;
+      if (r.status == "ok") ++ok;
+      else if (r.status == "oom") ++oom;
+      else ++failed;
+    }
+    t.rows.push_back({{"sweep", s.name}, {"kind", s.kind}, {"trials", n}, {"ok", ok}, {"oom", oom},
+                      {"failed", failed}, {"created_at", s.created_at}, {"updated_at", s.updated_at}});
+  }
+  if (t.rows.empty()) t.notes.push_back("No sweeps in " + store.path() + " yet.");
+  return t;
+}
+
+Table trials_table(const std::vector<TrialRow>& rows_in, const std::vector<Filter>& filters,
+                   const std::vector<std::string>& param_order) {
+  std::vector<Json> objects;
+  for (const auto& r : rows_in) objects.push_back(flatten_trial(r));
+  objects = apply_filters(objects, filters);
+  std::vector<TrialRow> kept;
+  std::set<std::int64_t> ids;
+  for (const auto& o : objects) ids.insert(o["trial_id"].get<std::int64_t>());
+  for (const auto& r : rows_in)
+    if (ids.count(r.trial_id)) kept.push_back(r);
+
+  Table t;
+  t.columns = {{"trial_id", "trial", CellFormat::kInt}, {"sweep", "sweep"}, {"repeat", "repeat", CellFormat::kInt},
+               {"status", "status"}};
+  for (const auto& p : varying_params(rows_in, param_order)) t.columns.push_back({p, p});
+  t.columns.push_back({"tokens_per_s_per_device", "tokens/s/device", CellFormat::kFixed1});
+  t.columns.push_back({"memory_gib", "memory GiB", CellFormat::kFixed2});
+  t.columns.push_back({"step_time_s", "step s", CellFormat::kFixed3});
+  t.columns.push_back({"duration_s", "wall s", CellFormat::kFixed1});
+  t.columns.push_back({"reason", "reason"});
+  t.columns.push_back({"log_path", "log"});
+  t.rows = objects;
+  return t;
+}
+
+Table summary_table(const std::vector<TrialRow>& rows_in, const std::vector<Filter>& filters,
+                    const std::vector<std::string>& param_order) {
+  std::vector<Json> objects;
+  for (const auto& r : rows_in) objects.push_back(flatten_trial(r));
+  objects = apply_filters(objects, filters);
+  std::set<std::int64_t> ids;
+  for (const auto& o : objects) ids.insert(o["trial_id"].get<std::int64_t>());
+  std::vector<TrialRow> rows;
+  for (const auto& r : rows_in)
+    if (ids.count(r.trial_id)) rows.push_back(r);
+
+  std::vector<std::string> order;
+  std::map<std::string, std::vector<const TrialRow*>> groups;
+  for (const auto& r : rows) {
+    if (!groups.count(r.config_hash)) order.push_back(r.config_hash);
+    groups[r.config_hash].push_back(&r);
+  }
+  const auto params = varying_params(rows_in, param_order);
+  Table t;
+  for (const auto& p : params) t.columns.push_back({p, p});
+  t.columns.push_back({"runs", "runs", CellFormat::kInt});
+  t.columns.push_back({"status", "status"});
+  t.columns.push_back({"tokens_per_s_per_device", "tokens/s/device (median)", CellFormat::kFixed1});
+  t.columns.push_back({"tokens_per_s_per_device_min", "min", CellFormat::kFixed1});
+  t.columns.push_back({"tokens_per_s_per_device_max", "max", CellFormat::kFixed1});
+  t.columns.push_back({"memory_gib", "memory GiB", CellFormat::kFixed2});
+  t.columns.push_back({"step_time_s", "step s", CellFormat::kFixed3});
+  t.columns.push_back({"reason", "reason"});
+  for (const auto& h : order) {
+    const auto& g = groups[h];
+    Json row = Json::object();
+    ParamMap pm = g.front()->params();
+    for (const auto& p : params) row[p] = pm.count(p) ? pm[p] : Json();
+    row["config_hash"] = h;
+    row["runs"] = static_cast<int>(g.size());
+    std::map<std::string, int> counts;
+    std::vector<double> tps, mem, step;
+    std::string reason;
+    Json trial_ids = Json::array();
+    for (const TrialRow* r : g) {
+      ++counts[r->status];
+      trial_ids.push_back(r->trial_id);
+      if (r->status == "ok") {
+        if (r->metrics.contains("tokens_per_s_per_device")) tps.push_back(r->metrics["tokens_per_s_per_device"].get<double>());
+        if (r->metrics.contains("max_reserved_gib")) mem.push_back(r->metrics["max_reserved_gib"].get<double>());
+        if (r->metrics.contains("step_time_s")) step.push_back(r->metrics["step_time_s"].get<double>());
+      } else if (reason.empty()) {
+        reason = r->reason;
+      }
+    }
+    if (counts.size() == 1) row["status"] = counts.begin()->first;
+    else {
+      std::string s;
+      for (const auto& [k, n] : counts) append_item(s, k + " " + std::to_string(n), ", ");
+      row["status"] = s;
+    }
+    if (!tps.empty()) {
+      row["tokens_per_s_per_device"] = median(tps);
+      row["tokens_per_s_per_device_min"] = *std::min_element(tps.begin(), tps.end());
+      row["tokens_per_s_per_device_max"] = *std::max_element(tps.begin(), tps.end());
+    }
+    if (!mem.empty()) row["memory_gib"] = median(mem);
+    if (!step.empty()) row["step_time_s"] = median(step);
+    row["reason"] = reason;
+    row["trial_ids"] = trial_ids;
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+  std::vector<TrialRow> rows = store.trials(sweep.sweep_id);
+  const Json& m = sweep.result;
+  if (sweep.kind == "sweep" && m.is_object() && m.contains("configs") && m["configs"].is_array()) {
+    std::map<std::string, std::size_t> rank;
+    for (const auto& h : m["configs"])
+      if (h.is_string()) rank.emplace(h.get<std::string>(), rank.size());
+    const int repeats = m.value("repeats", 1);
+    std::vector<TrialRow> kept;
+    for (auto& r : rows)
+      if (rank.count(r.config_hash) && r.repeat < repeats) kept.push_back(std::move(r));
+    std::stable_sort(kept.begin(), kept.end(), [&](const TrialRow& a, const TrialRow& b) {
+      return rank.at(a.config_hash) < rank.at(b.config_hash);
+    });
+    rows = std::move(kept);
+  }
+  return summary_table(rows, filters, parameter_order(sweep));
+}
+
+Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+  OomSearchResult res = OomSearchResult::from_json(sweep.result);
+  std::vector<Json> objects;
+  for (const auto& p : res.probes) {
+    Json o{{"micro_batch_size", p.micro_batch_size}, {"trial_id", p.trial_id}, {"status", p.status}};
+    if (auto tr = store.trial(p.trial_id)) {
+      if (tr->metrics.contains("tokens_per_s_per_device")) o["tokens_per_s_per_device"] = tr->metrics["tokens_per_s_per_device"];
+      if (tr->metrics.contains("max_reserved_gib")) o["memory_gib"] = tr->metrics["max_reserved_gib"];
+      o["reason"] = tr->reason;
+    }
+    objects.push_back(std::move(o));
+  }
+  Table t;
+  t.columns = {{"micro_batch_size", "micro-batch", CellFormat::kInt}, {"status", "status"},
+               {"tokens_per_s_per_device", "tokens/s/device", CellFormat::kFixed1},
+               {"memory_gib", "memory GiB", CellFormat::kFixed2}, {"trial_id", "trial", CellFormat::kInt},
+               {"reason", "reason"}};
+  t.rows = apply_filters(objects, filters);
+  if (sweep.result.is_null()) {
+    t.notes.push_back("The search did not finish (no result recorded); run it again to resume.");
+  } else if (res.failed) {
+    t.notes.push_back("The search stopped: " + res.failure);
+  } else if (res.max_micro_batch_size == 0) {
+    t.notes.push_back("No micro-batch fits: micro-batch 1 runs out of memory.");
+  } else if (res.capped) {
+    t.notes.push_back("Largest micro-batch tried: " + std::to_string(res.max_micro_batch_size) +
+                      " fits (the search stopped at --max-micro-batch; the limit is at least this).");
+  } else {
+    t.notes.push_back("Largest micro-batch that fits: " + std::to_string(res.max_micro_batch_size) + " (verified: " +
+                      std::to_string(res.max_micro_batch_size) + " fits, " +
+                      std::to_string(res.max_micro_batch_size + 1) + " runs out of memory).");
+  }
+  if (res.plan_estimate) t.notes.push_back("Memory plan estimate: " + std::to_string(*res.plan_estimate) + ".");
+  else if (!res.plan_note.empty()) t.notes.push_back("Memory plan: " + res.plan_note + ".");
+  return t;
+}
+
+Table ladder_sweep_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+  Table t = ladder_table(LadderResult::from_json(sweep.result), store);
+  t.rows = apply_filters(t.rows, filters);
+  if (sweep.result.is_null()) t.notes.push_back("The ladder did not finish (no result recorded); run it again to resume.");
+  return t;
+}
+
+Table telemetry_table(const std::vector<TelemetrySample>& samples) {
+  Table t;
+  t.columns = {{"trial_id", "trial", CellFormat::kInt}, {"t_s", "t s", CellFormat::kFixed3}, {"source", "source"},
+               {"device", "device"}, {"metric", "metric"}, {"value", "value", CellFormat::kFixed3}};
+  for (const auto& s : samples) {
+    t.rows.push_back({{"trial_id", s.trial_id}, {"t_s", s.t_s}, {"source", s.source}, {"device", s.device},
+                      {"metric", s.metric}, {"value", s.value}});
+  }
+  return t;
+}
+
+}  // namespace scalelab::lab

@@ -1,0 +1,50 @@
+#pragma once
+// The tables `scalelab results` prints, built from the database alone: the list of sweeps, a
+// sweep's summary (one row per configuration, repeats as median / min / max), raw trials, an OOM
+// search, a ladder, and telemetry samples. Filters ("status=ok", "micro_batch_size>=4") select
+// trials (or, for a ladder, rungs) by any column, parameter or metric.
+#include <string>
+#include <vector>
+
+#include "lab/store.h"
+#include "lab/table.h"
+
+namespace scalelab::lab {
+
+struct Filter {
+  std::string key;
+  std::string op;  // = != < <= > >=
+  std::string value;
+};
+// "key=value", "key!=value", "key>=4", ... InvalidInput on anything else.
+Filter parse_filter(const std::string& text);
+// Numbers compare as numbers, anything else as text; a missing key matches only "!=".
+bool filter_matches(const Json& object, const Filter& f);
+// Keeps the objects matching every filter. InvalidInput when a filter's key is in none of them
+// (a typo), listing the keys there are.
+std::vector<Json> apply_filters(const std::vector<Json>& objects, const std::vector<Filter>& filters);
+
+// A trial as one flat object: its columns, then its parameters, then its metrics
+// (tokens_per_s_per_device, max_reserved_gib, ...), then "memory_gib" for tables.
+Json flatten_trial(const TrialRow& row);
+
+Table sweeps_table(const ResultsStore& store);
+// One row per trial. Parameter columns: those that vary among `rows` (before filtering), the
+// ones in `param_order` first.
+Table trials_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
+                   const std::vector<std::string>& param_order = {});
+// One row per configuration of the sweep (in trial order), repeats aggregated.
+Table summary_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
+                    const std::vector<std::string>& param_order = {});
+// A sweep's summary: its current configurations (the stored membership, in spec order, with
+// repeats below the spec's), parameters in spec order.
+Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);
+// The parameter order a sweep's spec gives (its "parameter_order"), or none.
+std::vector<std::string> parameter_order(const SweepRow& sweep);
+// The probes of an OOM search and its conclusion (from the sweep's stored result).
+Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);
+// A ladder sweep's rungs (lab/ladder.h), filtered by rung columns.
+Table ladder_sweep_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);
+Table telemetry_table(const std::vector<TelemetrySample>& samples);
+
+}  // namespace scalelab::lab

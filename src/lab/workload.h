@@ -1,0 +1,108 @@
+#pragma once
+// What a trial runs: the native engine (`<engine> train <flags> --json <record>`) or an external
+// command template (e.g. a `torchrun benchmark.py ...` job) whose metrics and out-of-memory
+// failures are read from its log with regular expressions.
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lab/command_template.h"
+#include "lab/params.h"
+
+namespace scalelab::lab {
+
+enum class WorkloadKind { kNative, kExternal };
+
+// A metric read from an external workload's log: the first capture group of the last line that
+// matches (case-insensitive, ECMAScript syntax), as a number.
+struct MetricRule {
+  std::string name;
+  std::string pattern;
+  std::regex regex;
+};
+
+// Default patterns. They read the reference benchmark's lines ("Training throughput: 27542.25
+// Tokens/s/GPU", "Max reserved GPU Memory: 61.59") and scalelab train's own ("Training throughput:
+// X tokens/s/device", "Max reserved memory: Y GiB").
+extern const char* const kDefaultThroughputPattern;
+extern const char* const kDefaultMemoryPattern;
+// PyTorch's out-of-memory messages ("CUDA out of memory", "torch.OutOfMemoryError",
+// "CUDA error: out of memory", CUBLAS/cuDNN allocation failures) and the allocator's
+// "out of cpu memory"/"out of cuda memory".
+extern const char* const kDefaultOomPattern;
+
+// Placeholders every trial provides besides its parameters.
+extern const std::vector<std::string> kBuiltinPlaceholders;  // sweep, repeat, trial_key, log_path, trial_dir
+
+// Compiles `pattern` case-insensitively; InvalidInput naming `where` when it does not compile or
+// (with need_group) has no capture group.
+std::regex compile_pattern(const std::string& pattern, const std::string& where, bool need_group);
+
+struct Workload {
+  WorkloadKind kind = WorkloadKind::kNative;
+
+  // External: either a shell command (run with /bin/sh -c; substituted parameter values are
+  // shell-quoted) or an argv list (exec'd directly; an element that is only a placeholder and
+  // renders empty is dropped).
+  std::optional<CommandTemplate> shell_command;
+  std::vector<CommandTemplate> argv_command;
+  std::vector<MetricRule> metrics;
+  std::string oom_pattern;
+  std::regex oom_regex;
+  std::vector<std::string> required_metrics;  // an exit-0 trial without these is an error
+  // value_map[param][value text] = text substituted instead (e.g. fused_kernels true -> "--liger").
+  // Mapped text is inserted as written (not quoted).
+  std::map<std::string, std::map<std::string, std::string>> value_map;
+  std::vector<std::pair<std::string, CommandTemplate>> env;  // extra environment, templated
+  std::string cwd;                                            // working directory ("" = runner's)
+
+  // A native workload.
+  static Workload native();
+  // An external shell command with the default metric and OOM patterns.
+  static Workload external(const std::string& command, const std::string& where);
+
+  bool is_native() const { return kind == WorkloadKind::kNative; }
+  // Every placeholder of the command and environment templates.
+  std::set<std::string> placeholders() const;
+  // Whether changing parameter `name` reaches the workload (native: always).
+  bool uses_parameter(const std::string& name) const;
+  // Throws InvalidInput for the first placeholder that is neither in `provided` nor builtin.
+  void check_placeholders(const std::set<std::string>& provided, const std::string& where) const;
+  // Sets (or adds) a metric rule; InvalidInput when the pattern is bad.
+  void set_metric(const std::string& name, const std::string& pattern, const std::string& where);
+  void set_oom_pattern(const std::string& pattern, const std::string& where);
+
+  // What identifies the workload in a trial's config (and so its hash): the kind and, for an
+  // external command, the template text. Not the engine path, so a rebuilt engine resumes.
+  Json identity() const;
+  // Everything about the workload, for the sweep's stored spec.
+  Json describe() const;
+};
+
+// Where a trial's files go and the builtin placeholder values.
+struct TrialContext {
+  std::string sweep;
+  int repeat = 0;
+  std::string key;          // unique within the sweep's log directory
+  std::string dir;          // the sweep's log directory
+  std::string log_path;     // <dir>/<key>.log
+  std::string record_path;  // <dir>/<key>.json (native run record)
+};
+
+struct Launch {
+  std::vector<std::string> argv;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::string cwd;
+  std::string display;  // the command as one line, for logs and the database
+};
+
+// The command for one trial. Native: {engine, "train", flags..., "--json", record_path}.
+// Throws InvalidInput when a placeholder has no value.
+Launch build_launch(const Workload& workload, const std::string& engine, const ParamMap& params,
+                    const TrialContext& ctx);
+
+}  // namespace scalelab::lab

@@ -1,0 +1,121 @@
+// The trial executor: recording, resumption rules, and the per-trial monitor seam (telemetry).
+#include "lab/executor.h"
+#include "lab/interrupted.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "lab_test_util.h"
+
+namespace scalelab::lab {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Fixture {
+  testing::TempDir dir;
+  ResultsStore store{dir / "r.db", ResultsStore::Mode::kReadWrite};
+  std::int64_t sweep = store.ensure_sweep("s", "sweep", {});
+  LabOptions options() {
+    LabOptions o;
+    o.db_path = dir / "r.db";
+    o.timeout_s = 30;
+    return o;
+  }
+};
+
+// Prints the throughput given as {tps}; a negative value fails like a crash.
+Workload echo_workload() {
+  return Workload::external(
+      "if [ {tps} -lt 0 ]; then echo boom; exit 1; fi; echo \"Training throughput: {tps} tokens/s\"", "test");
+}
+
+TEST(Executor, RecordsAndReusesTrials) {
+  Fixture f;
+  TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), f.options(), Progress::silent());
+  auto first = exec.run({{"tps", 5}}, 0, "role-a");
+  EXPECT_FALSE(first.cached);
+  EXPECT_EQ(first.row.status, "ok");
+  EXPECT_EQ(first.row.role, "role-a");
+  EXPECT_DOUBLE_EQ(first.row.metrics["tokens_per_s_per_device"].get<double>(), 5);
+  EXPECT_THAT(first.row.command, HasSubstr("Training throughput: 5 tokens/s"));
+  EXPECT_EQ(first.row.log_path, exec.log_dir() + "/" + first.row.config_hash.substr(0, 12) + "-r0.log");
+  auto again = exec.run({{"tps", 5}}, 0, "role-b");
+  EXPECT_TRUE(again.cached);
+  EXPECT_EQ(again.row.trial_id, first.row.trial_id);
+  EXPECT_FALSE(exec.run({{"tps", 5}}, 1, "role-a").cached);  // another repeat is another trial
+
+  auto failed = exec.run({{"tps", -1}}, 0, "");
+  EXPECT_EQ(failed.row.status, "error");
+  EXPECT_EQ(failed.row.reason, "exit code 1: boom");
+  EXPECT_EQ(failed.row.exit_code, 1);
+
+  // A new runner with --retry-failed runs the failed trial again (once), not the good one.
+  LabOptions retry = f.options();
+  retry.retry_failed = true;
+  TrialExecutor exec2(f.store, f.sweep, "s", echo_workload(), retry, Progress::silent());
+  EXPECT_TRUE(exec2.run({{"tps", 5}}, 0, "").cached);
+  auto rerun = exec2.run({{"tps", -1}}, 0, "");
+  EXPECT_FALSE(rerun.cached);
+  EXPECT_NE(rerun.row.log_path, failed.row.log_path);  // the first attempt's log is kept
+  EXPECT_TRUE(exec2.run({{"tps", -1}}, 0, "").cached);  // not again within the same run
+  EXPECT_EQ(f.store.trials(f.sweep).size(), 3u);
+  EXPECT_EQ(f.store.trials(f.sweep, true).size(), 4u);
+
+  // --rerun runs everything again, once per runner.
+  LabOptions all = f.options();
+  all.rerun = true;
+  TrialExecutor exec3(f.store, f.sweep, "s", echo_workload(), all, Progress::silent());
+  EXPECT_FALSE(exec3.run({{"tps", 5}}, 0, "").cached);
+  EXPECT_TRUE(exec3.run({{"tps", 5}}, 0, "").cached);
+}
+
+class RecordingMonitor : public TrialMonitor {
+ public:
+  explicit RecordingMonitor(int* started_pid) : started_pid_(started_pid) {}
+  void start(int pid) override { *started_pid_ = pid; }
+  void stop(std::vector<TelemetrySample>& samples, Json& summary) override {
+    samples.push_back({0, 0.0, "process", "host", "rss_bytes", 1000});
+    samples.push_back({0, 0.1, "process", "host", "rss_bytes", 2000});
+    summary = {{"rss_bytes", {{"max", 2000}}}};
+  }
+
+ private:
+  int* started_pid_;
+};
+
+TEST(Executor, MonitorSamplesAreStoredWithTheTrial) {
+  Fixture f;
+  int pid = 0;
+  LabOptions o = f.options();
+  o.monitor = [&] { return std::make_unique<RecordingMonitor>(&pid); };
+  TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), o, Progress::silent());
+  auto r = exec.run({{"tps", 7}}, 0, "");
+  EXPECT_GT(pid, 0);
+  EXPECT_EQ(r.row.telemetry_summary["rss_bytes"]["max"], 2000);
+  auto samples = f.store.telemetry_samples(r.row.trial_id);
+  ASSERT_EQ(samples.size(), 2u);
+  EXPECT_EQ(samples[1].trial_id, r.row.trial_id);
+  EXPECT_DOUBLE_EQ(samples[1].value, 2000);
+}
+
+TEST(Executor, NativeNeedsAnExistingEngine) {
+  Fixture f;
+  LabOptions o = f.options();
+  o.engine = f.dir / "missing-engine";
+  EXPECT_THROW(TrialExecutor(f.store, f.sweep, "s", Workload::native(), o, Progress::silent()), InvalidInput);
+}
+
+TEST(Executor, CancelledTrialIsNotRecorded) {
+  Fixture f;
+  std::atomic<bool> cancel{true};
+  LabOptions o = f.options();
+  o.cancel = &cancel;
+  TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), o, Progress::silent());
+  EXPECT_THROW(exec.run({{"tps", 5}}, 0, ""), Interrupted);
+  EXPECT_TRUE(f.store.trials(f.sweep).empty());
+}
+
+}  // namespace
+}  // namespace scalelab::lab

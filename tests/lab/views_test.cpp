@@ -1,0 +1,147 @@
+// Tables and filters of `scalelab results`.
+#include "lab/views.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "lab/ladder.h"
+#include "lab_test_util.h"
+
+namespace scalelab::lab {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(Filters, ParseAndMatch) {
+  Filter f = parse_filter("micro_batch_size>=4");
+  EXPECT_EQ(f.key, "micro_batch_size");
+  EXPECT_EQ(f.op, ">=");
+  EXPECT_EQ(f.value, "4");
+  EXPECT_EQ(parse_filter("status = ok").op, "=");
+  EXPECT_EQ(parse_filter("status==ok").op, "=");
+  EXPECT_EQ(parse_filter("seq-len!=8").key, "seq_len");
+  EXPECT_THROW(parse_filter("status"), InvalidInput);
+  EXPECT_THROW(parse_filter("=ok"), InvalidInput);
+
+  Json row{{"micro_batch_size", 8}, {"status", "ok"}, {"attn", "flash"}};
+  EXPECT_TRUE(filter_matches(row, parse_filter("micro_batch_size>=4")));
+  EXPECT_FALSE(filter_matches(row, parse_filter("micro_batch_size<8")));
+  EXPECT_TRUE(filter_matches(row, parse_filter("micro_batch_size>10")) == false);  // numeric, not text order
+  EXPECT_TRUE(filter_matches(row, parse_filter("status=ok")));
+  EXPECT_TRUE(filter_matches(row, parse_filter("attn!=eager")));
+  EXPECT_FALSE(filter_matches(row, parse_filter("missing=1")));
+  EXPECT_TRUE(filter_matches(row, parse_filter("missing!=1")));
+
+  auto kept = apply_filters({row, Json{{"micro_batch_size", 2}, {"status", "oom"}}}, {parse_filter("status=ok")});
+  EXPECT_EQ(kept.size(), 1u);
+  try {
+    apply_filters({row}, {parse_filter("statsu=ok")});
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no row has a field 'statsu'"));
+    EXPECT_THAT(e.what(), HasSubstr("status"));
+  }
+}
+
+TEST(Tables, Render) {
+  Table t;
+  t.columns = {{"name", "name"}, {"tps", "tokens/s", CellFormat::kFixed1}, {"x", "speedup", CellFormat::kRatio}};
+  t.rows = {Json{{"name", "a|b"}, {"tps", 1234.56}, {"x", 2.0}}, Json{{"name", "c,\"d\""}, {"tps", nullptr}}};
+  t.notes = {"note"};
+  std::string md = render_markdown(t);
+  EXPECT_EQ(md,
+            "| name  | tokens/s | speedup |\n"
+            "| ----- | -------: | ------: |\n"
+            "| a\\|b  |   1234.6 |   2.00x |\n"
+            "| c,\"d\" |          |         |\n"
+            "\nnote\n");
+  EXPECT_THAT(md, HasSubstr("\nnote\n"));
+  std::string csv = render_csv(t);
+  EXPECT_EQ(csv, "name,tps,x\na|b,1234.56,2.0\n\"c,\"\"d\"\"\",,\n");
+  Json j = Json::parse(render_json(t));
+  ASSERT_TRUE(j.is_array());
+  EXPECT_DOUBLE_EQ(j[0]["tps"].get<double>(), 1234.56);
+  EXPECT_EQ(parse_table_format("markdown"), TableFormat::kMarkdown);
+  EXPECT_THROW(parse_table_format("xml"), InvalidInput);
+}
+
+TrialRow trial(std::int64_t id, const std::string& hash, int mbs, const std::string& status, double tps) {
+  TrialRow r;
+  r.trial_id = id;
+  r.config_hash = hash;
+  r.config = {{"params", {{"micro_batch_size", mbs}, {"model", "llama-small"}}}};
+  r.status = status;
+  if (status == "ok") r.metrics = {{"tokens_per_s_per_device", tps}, {"max_reserved_gib", 1.5}};
+  else r.reason = "out of memory";
+  return r;
+}
+
+TEST(Tables, SummaryAggregatesRepeats) {
+  std::vector<TrialRow> rows = {trial(1, "a", 1, "ok", 100), trial(2, "b", 2, "ok", 180), trial(3, "a", 1, "ok", 120),
+                                trial(4, "b", 2, "oom", 0), trial(5, "a", 1, "ok", 90)};
+  Table t = summary_table(rows, {});
+  ASSERT_EQ(t.rows.size(), 2u);
+  EXPECT_EQ(t.columns[0].key, "micro_batch_size");  // model does not vary: no column
+  EXPECT_EQ(t.rows[0]["runs"], 3);
+  EXPECT_DOUBLE_EQ(t.rows[0]["tokens_per_s_per_device"].get<double>(), 100);
+  EXPECT_DOUBLE_EQ(t.rows[0]["tokens_per_s_per_device_min"].get<double>(), 90);
+  EXPECT_DOUBLE_EQ(t.rows[0]["tokens_per_s_per_device_max"].get<double>(), 120);
+  EXPECT_EQ(t.rows[1]["status"], "ok 1, oom 1");
+  EXPECT_EQ(t.rows[1]["reason"], "out of memory");
+  Table ok_only = summary_table(rows, {parse_filter("status=ok")});
+  EXPECT_EQ(ok_only.rows[1]["status"], "ok");
+  Table trials = trials_table(rows, {parse_filter("micro_batch_size=2")});
+  EXPECT_EQ(trials.rows.size(), 2u);
+  // micro_batch_size stays a column: it varies in the sweep even if not among the kept rows.
+  bool has_col = false;
+  for (const auto& c : trials.columns) has_col = has_col || c.key == "micro_batch_size";
+  EXPECT_TRUE(has_col);
+}
+
+TEST(Tables, LadderSpeedupsAndLargestJump) {
+  testing::TempDir dir;
+  ResultsStore store(dir / "r.db", ResultsStore::Mode::kReadWrite);
+  std::int64_t sw = store.ensure_sweep("l", "ladder", {});
+  auto add = [&](double tps) {
+    TrialRecord r;
+    r.config_hash = fnv1a_hex(std::to_string(tps));
+    r.config = {{"params", Json::object()}};
+    r.status = "ok";
+    r.metrics = {{"tokens_per_s_per_device", tps}, {"max_reserved_gib", 2.0}};
+    r.started_at = r.ended_at = utc_now_iso();
+    return store.insert_trial(sw, r);
+  };
+  LadderResult l;
+  auto rung = [&](const std::string& name, std::optional<std::int64_t> id, const std::string& status) {
+    RungResult r;
+    r.name = name;
+    r.status = status;
+    r.trial_id = id;
+    if (id) {
+      r.params = ladder_baseline();
+      r.params["micro_batch_size"] = 4;
+      r.micro_batch_size = 4;
+    } else {
+      r.note = "the command template has no {attn} placeholder";
+    }
+    l.rungs.push_back(r);
+  };
+  rung("baseline", add(100), "ok");
+  rung("max batch", add(150), "ok");
+  rung("flash attention", std::nullopt, "n/a");
+  rung("fused", add(450), "ok");
+  Table t = ladder_table(LadderResult::from_json(l.to_json()), store);
+  ASSERT_EQ(t.rows.size(), 4u);
+  EXPECT_DOUBLE_EQ(t.rows[3]["speedup"].get<double>(), 4.5);
+  EXPECT_EQ(t.rows[2]["status"], "n/a");
+  EXPECT_FALSE(t.rows[2].contains("speedup"));
+  EXPECT_EQ(t.rows[3]["largest_jump"], true);
+  ASSERT_FALSE(t.notes.empty());
+  EXPECT_EQ(t.notes[0], "Largest single jump: 'fused', 3.00x over 'max batch'");
+  EXPECT_EQ(t.rows[0]["fused_kernels"], "no");
+  EXPECT_EQ(t.rows[0]["devices"], 1);
+}
+
+}  // namespace
+}  // namespace scalelab::lab
