@@ -12,7 +12,7 @@ void swiglu_forward(Tensor& h, const Tensor& gu, ExecContext& ctx) {
   require_cpu(gu, "swiglu_forward");
   const std::int64_t I = h.dim(-1), T = h.numel() / I;
   require_numel(gu, T * 2 * I, "swiglu_forward", "gate/up");
-  parallel_for(T, 4, [&](std::int64_t t0, std::int64_t t1) {
+  parallel_for(T, row_grain(2 * I), [&](std::int64_t t0, std::int64_t t1) {
     float* sig = row_buffer(I, 3);
     for (std::int64_t t = t0; t < t1; ++t) {
       const float* gate = load_row(elem(gu.raw(), gu.dtype(), t * 2 * I), gu.dtype(), 2 * I, 0);
@@ -32,7 +32,7 @@ void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, ExecContex
   const std::int64_t I = dh.dim(-1), T = dh.numel() / I;
   require_numel(gu, T * 2 * I, "swiglu_backward", "gate/up");
   require_numel(dgu, T * 2 * I, "swiglu_backward", "gate/up gradient");
-  parallel_for(T, 4, [&](std::int64_t t0, std::int64_t t1) {
+  parallel_for(T, row_grain(2 * I), [&](std::int64_t t0, std::int64_t t1) {
     float* sig = row_buffer(I, 3);
     for (std::int64_t t = t0; t < t1; ++t) {
       const float* gate = load_row(elem(gu.raw(), gu.dtype(), t * 2 * I), gu.dtype(), 2 * I, 0);

@@ -23,7 +23,7 @@ void add_any(void* out, DType ot, const void* a, DType at, const void* b, DType 
     return;
   }
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
-  parallel_for(chunks, 4, [&](std::int64_t c0, std::int64_t c1) {
+  parallel_for(chunks, row_grain(kChunk), [&](std::int64_t c0, std::int64_t c1) {
     for (std::int64_t c = c0; c < c1; ++c) {
       const std::int64_t i0 = c * kChunk, len = std::min(kChunk, n - i0);
       const float* ar = load_row(elem(a, at, i0), at, len, 0);

@@ -30,7 +30,7 @@ void embedding_forward(Tensor& y, const Tensor& ids, const Tensor& table, ExecCo
   require_numel(y, n * width, "embedding_forward", "output");
   const std::int32_t* id = ids.data<std::int32_t>();
   check_ids(id, n, rows, "embedding_forward");
-  parallel_for(n, 64, [&](std::int64_t t0, std::int64_t t1) {
+  parallel_for(n, row_grain(width), [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t)
       convert(elem(table.raw(), table.dtype(), static_cast<std::int64_t>(id[t]) * width), table.dtype(),
               elem(y.raw(), y.dtype(), t * width), y.dtype(), static_cast<std::size_t>(width));
@@ -54,7 +54,7 @@ void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, Exe
     if (i == 0 || id[order[static_cast<std::size_t>(i)]] != id[order[static_cast<std::size_t>(i - 1)]]) starts.push_back(i);
   starts.push_back(n);
   const std::int64_t groups = static_cast<std::int64_t>(starts.size()) - 1;
-  parallel_for(groups, 8, [&](std::int64_t g0, std::int64_t g1) {
+  parallel_for(groups, row_grain(width), [&](std::int64_t g0, std::int64_t g1) {
     float* acc = row_buffer(width, 0);
     for (std::int64_t g = g0; g < g1; ++g) {
       std::fill(acc, acc + width, 0.0f);

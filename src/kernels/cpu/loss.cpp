@@ -32,7 +32,7 @@ LossSum cross_entropy_forward(Tensor& lse, const Tensor& logits, const Tensor& t
   float* l = lse.f32();
   for (std::int64_t r = 0; r < rows; ++r) check_target(tg[r], V, r);
   std::vector<double> per_row(static_cast<std::size_t>(rows), 0.0);
-  parallel_for(rows, 1, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(V), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* row = load_row(elem(logits.raw(), logits.dtype(), r * V), logits.dtype(), V, 0);
       const float m = vec::max_of(row, V);
@@ -58,7 +58,7 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
   require_numel(dlogits, rows * V, "cross_entropy_backward", "logits gradient");
   const float* l = lse.f32();
   const std::int32_t* tg = targets.data<std::int32_t>();
-  parallel_for(rows, 1, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(V), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       void* dst = elem(dlogits.raw(), dlogits.dtype(), r * V);
       // Read the logits row before writing: dlogits may alias logits.

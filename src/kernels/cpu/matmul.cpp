@@ -54,7 +54,7 @@ Panels panel_sizes(std::int64_t m, std::int64_t n, std::int64_t k) {
 void convert_block(const void* src, DType dt, std::int64_t ld, std::int64_t r0, std::int64_t r1, std::int64_t c0,
                    std::int64_t c1, float* dst) {
   const std::int64_t w = c1 - c0;
-  parallel_for(r1 - r0, 64, [&](std::int64_t i0, std::int64_t i1) {
+  parallel_for(r1 - r0, row_grain(w), [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) {
       convert(elem(src, dt, (r0 + i) * ld + c0), dt, dst + i * w, DType::kF32, static_cast<std::size_t>(w));
     }
@@ -64,7 +64,7 @@ void convert_block(const void* src, DType dt, std::int64_t ld, std::int64_t r0, 
 void store_block(const float* src, void* dst, DType dt, std::int64_t ld, std::int64_t r0, std::int64_t r1,
                  std::int64_t c0, std::int64_t c1) {
   const std::int64_t w = c1 - c0;
-  parallel_for(r1 - r0, 64, [&](std::int64_t i0, std::int64_t i1) {
+  parallel_for(r1 - r0, row_grain(w), [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t i = i0; i < i1; ++i) {
       convert(src + i * w, DType::kF32, elem(dst, dt, (r0 + i) * ld + c0), dt, static_cast<std::size_t>(w));
     }
@@ -181,7 +181,7 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
     // Seed the output with the bias and accumulate the product into it (beta = 1).
     require_numel(*bias, d.out, "linear_forward", "bias");
     float* yp = y.f32();
-    parallel_for(d.tokens, 64, [&](std::int64_t t0, std::int64_t t1) {
+    parallel_for(d.tokens, row_grain(d.out), [&](std::int64_t t0, std::int64_t t1) {
       for (std::int64_t t = t0; t < t1; ++t) convert(bias->raw(), bias->dtype(), yp + t * d.out, DType::kF32,
                                                      static_cast<std::size_t>(d.out));
     });
@@ -193,7 +193,7 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
           y.dtype(), d.out, ctx);
   if (has_bias) {
     require_numel(*bias, d.out, "linear_forward", "bias");
-    parallel_for(d.tokens, 16, [&](std::int64_t t0, std::int64_t t1) {
+    parallel_for(d.tokens, row_grain(d.out), [&](std::int64_t t0, std::int64_t t1) {
       const float* bp = load_row(bias->raw(), bias->dtype(), d.out, 1);
       for (std::int64_t t = t0; t < t1; ++t) {
         void* row = elem(y.raw(), y.dtype(), t * d.out);
@@ -223,7 +223,7 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
     float* acc = row_buffer(d.out, 2);
     std::fill(acc, acc + d.out, 0.0f);
     const DType gt = dy.dtype();
-    parallel_for(d.out, 256, [&](std::int64_t j0, std::int64_t j1) {
+    parallel_for(d.out, row_grain(d.tokens), [&](std::int64_t j0, std::int64_t j1) {
       for (std::int64_t t = 0; t < d.tokens; ++t) {
         if (gt == DType::kF32) {
           const float* row = dy.f32() + t * d.out;

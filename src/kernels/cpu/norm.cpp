@@ -17,7 +17,7 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, 
   require_numel(y, rows * H, "rmsnorm_forward", "output");
   require_numel(rstd, rows, "rmsnorm_forward", "rstd");
   float* rp = rstd.f32();
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     const float* wp = load_row(w.raw(), w.dtype(), H, 1);
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
@@ -45,7 +45,7 @@ void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x,
   // Weight gradients: one fp32 partial row per thread, summed in thread order (deterministic).
   const int nt = num_threads();
   std::vector<float> partial(static_cast<std::size_t>(nt) * H, 0.0f);
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     float* dwp = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * H;
     const float* wp = load_row(w.raw(), w.dtype(), H, 3);
     for (std::int64_t r = r0; r < r1; ++r) {

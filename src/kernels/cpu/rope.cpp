@@ -69,7 +69,7 @@ void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_hea
   const std::int64_t rows = x.numel() / ld;
   const DType dt = x.dtype();
   const std::int64_t width = n_heads * head_dim;
-  parallel_for(rows, 32, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(width), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const std::int64_t pos = r % seq_len;
       const float* c = table.cos.data() + pos * half;
