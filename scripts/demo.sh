@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# `make demo`: the main job on the embedded default model, then where the results are.
+# `make demo`: the main job on the embedded default model: the optimization ladder of llama-small
+# on this CPU under an emulated 1 GiB device, every rung recorded in the results database.
 set -euo pipefail
 BUILD_DIR=${1:-build}
 OUT=${DEMO_DIR:-runs/demo}
 mkdir -p "$OUT"
-"$BUILD_DIR/scalelab" train --model llama-small --seq-len 256 --micro-batch-size 4 --max-steps 10 \
-  --json "$OUT/run.json"
+DB="$OUT/scalelab.db"
+"$BUILD_DIR/scalelab" ladder --model llama-small --seq-len 256 --device-memory 1GiB \
+  --max-steps 3 --bench-warmup-steps 1 --db "$DB"
 echo
-echo "Results: $OUT/run.json (the run record: config, losses, tokens/s, memory)"
+echo "Results: $DB (every trial, its config, metrics and log path)"
+echo "  ./$BUILD_DIR/scalelab results --db $DB               # the tables again, from the database"
+echo "  ./$BUILD_DIR/scalelab results --db $DB --view trials # every trial"
