@@ -13,12 +13,11 @@
 #include "model/safetensors.h"
 #include "model_test_util.h"
 #include "train/data.h"
+#include "golden_util.h"
 #include "train/trainer.h"
 
 namespace scalelab {
 namespace {
-
-std::string golden_dir(const std::string& name) { return std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/" + name; }
 
 std::vector<float> read_f32(const SafetensorsFile& f, const std::string& name) {
   const SafetensorsTensor* t = f.find(name);
@@ -85,24 +84,8 @@ TEST_P(Golden, LogitsLossAndStepOneGradients) {
 TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
   const std::string dir = golden_dir(GetParam());
   const auto expected = testing::read_json(dir + "/expected.json");
-  const auto& tr = expected["training"];
-  TrainOptions o;
-  o.model = dir;
-  o.data = dir + "/tokens.bin";
-  o.seq_len = tr["seq_len"];
-  o.micro_batch_size = tr["micro_batch_size"];
-  o.grad_accum_steps = tr["grad_accum_steps"];
-  o.max_steps = tr["max_steps"];
-  o.warmup_steps = tr["warmup_steps"];
-  o.lr = tr["lr"];
-  o.lr_scheduler = tr["lr_scheduler"];
-  o.weight_decay = tr["weight_decay"];
-  o.adam_beta1 = tr["adam_beta1"];
-  o.adam_beta2 = tr["adam_beta2"];
-  o.adam_epsilon = tr["adam_epsilon"];
-  o.max_grad_norm = tr["max_grad_norm"];
+  TrainOptions o = golden_train_options(dir);
   o.threads = 1;
-  o.quiet = true;
   const TrainResult r = run_training(o);
   ASSERT_EQ(r.status, "ok") << r.error;
   ASSERT_EQ(r.steps.size(), expected["losses"].size());
