@@ -48,8 +48,8 @@ constexpr CommDType comm_dtype_of() {
 struct CommOptions {
   // A collective that has not completed this many seconds after it started fails (--comm-timeout).
   double timeout_s = 300.0;
-  // After notify_failure(), how long this rank keeps serving its peers (so that they receive the
-  // notice and report it) before returning; the launcher usually ends the job sooner.
+  // After notify_failure(), how long linger_after_failure() keeps serving the peers (so that they
+  // receive the notice and report it); the launcher usually ends the job sooner.
   double failure_linger_s = 2.0;
   // MPI progress polling of the communication thread: it spins on MPI_Test for poll_spin_us, then
   // sleeps poll_sleep_us between tests (so that it does not take a core from compute threads).
@@ -117,9 +117,10 @@ class Communicator {
   virtual std::unique_ptr<CommWork> barrier_async() = 0;
 
   // Tells the other ranks that this rank failed (what: the error), so that their collectives stop
-  // with a message naming this rank instead of waiting for the timeout. Waits up to
-  // options().failure_linger_s while serving the peers; never throws. Call it before reporting
-  // an error and exiting (with_failure_notice() does).
+  // with a message naming this rank instead of waiting for the timeout. Returns once the notice is
+  // sent (within about 2 s); never throws. with_failure_notice() calls it; after printing the
+  // error, the CLI calls linger_after_failure() so that the peers report it before the launcher
+  // ends the job.
   virtual void notify_failure(const std::string& what) = 0;
   // The failure a peer reported (its message names the rank), if any. Non-blocking.
   virtual std::optional<std::string> peer_failure() const = 0;
@@ -176,6 +177,12 @@ std::int64_t segment_offset(std::span<const std::int64_t> counts, int r);
 // kAvg only on floating types); throws RuntimeError naming the collective (a caller bug).
 void check_counts(const char* what, std::span<const std::int64_t> counts, int world_size);
 void check_reduce(const char* what, CommDType dtype, ReduceOp op);
+
+// For src/cli, after it printed an error: when a communicator of this process notified a
+// failure, keeps serving the peers for failure_linger_s (they receive the notice and report which
+// rank failed, and the launcher ends the job), then stops the communication threads of failed
+// communicators. A no-op when nothing failed. Defined with the MPI communicator.
+void linger_after_failure();
 
 // Runs body(); when it throws, tells the peers (comm.notify_failure, naming this rank and the
 // error) and rethrows, so that they stop at once with a message naming the failing rank.

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <climits>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -32,6 +33,11 @@ std::mutex g_mpi_mu;
 int g_live = 0;
 bool g_we_initialized = false;
 bool g_all_healthy = true;
+// Communicators that failed: their communication threads keep serving the peers (failure notices,
+// status queries) until linger_after_failure() or exit. Never freed: MPI may still use them.
+std::vector<MpiCommunicator::Impl*>* g_zombies = nullptr;
+bool g_atexit_registered = false;
+void stop_zombies();
 
 std::string mpi_error_string(int code) {
   char buf[MPI_MAX_ERROR_STRING];
@@ -454,25 +460,36 @@ MpiCommunicator::~MpiCommunicator() {
     notify_failure("an exception ended its run (see rank " + std::to_string(s.rank) + "'s output)");
     healthy = false;
   }
+  if (!healthy) {
+    // Requests may still be pending: keep the communicators and never finalize (a finalize would
+    // wait for peers that are gone); the launcher ends the job when this process exits. The
+    // communication thread keeps serving the peers until linger_after_failure() or exit.
+    {
+      std::lock_guard<std::mutex> lk(s.mu);
+      for (auto& op : s.queue)
+        s.resolve(*op, Op::State::kFailed, s.broken.empty() ? "[dist] communicator destroyed" : s.broken);
+      s.queue.clear();
+    }
+    std::lock_guard<std::mutex> lk(g_mpi_mu);
+    --g_live;
+    g_all_healthy = false;
+    if (!g_zombies) g_zombies = new std::vector<Impl*>();
+    g_zombies->push_back(impl_.release());
+    if (!g_atexit_registered) {
+      g_atexit_registered = true;
+      std::atexit(stop_zombies);
+    }
+    return;
+  }
   {
     std::lock_guard<std::mutex> lk(s.mu);
     s.stopping = true;
-    if (!healthy) {
-      for (auto& op : s.queue) s.resolve(*op, Op::State::kFailed, s.broken.empty() ? "[dist] communicator destroyed" : s.broken);
-      s.queue.clear();
-    }
   }
   s.cv.notify_all();
   if (s.worker.joinable()) s.worker.join();
 
   std::lock_guard<std::mutex> lk(g_mpi_mu);
   --g_live;
-  if (!healthy) {
-    // Requests may still be pending: keep the communicators, never finalize (a finalize would
-    // wait for peers that are gone); the launcher ends the job when this process exits.
-    g_all_healthy = false;
-    return;
-  }
   if (s.ctrl_recv != MPI_REQUEST_NULL) {
     MPI_Cancel(&s.ctrl_recv);
     MPI_Wait(&s.ctrl_recv, MPI_STATUS_IGNORE);
@@ -481,6 +498,38 @@ MpiCommunicator::~MpiCommunicator() {
   MPI_Comm_free(&s.ctrl);
   MPI_Comm_free(&s.comm);
   if (g_live == 0 && g_all_healthy && g_we_initialized) MPI_Finalize();
+}
+
+namespace {
+void stop_zombies() {
+  std::vector<MpiCommunicator::Impl*> zombies;
+  {
+    std::lock_guard<std::mutex> lk(g_mpi_mu);
+    if (g_zombies) zombies.swap(*g_zombies);
+  }
+  for (MpiCommunicator::Impl* z : zombies) {
+    {
+      std::lock_guard<std::mutex> lk(z->mu);
+      z->stopping = true;
+    }
+    z->cv.notify_all();
+    if (z->worker.joinable()) z->worker.join();
+  }
+}
+}  // namespace
+
+void linger_after_failure() {
+  double linger = 0;
+  {
+    std::lock_guard<std::mutex> lk(g_mpi_mu);
+    if (g_zombies)
+      for (MpiCommunicator::Impl* z : *g_zombies) {
+        std::lock_guard<std::mutex> zl(z->mu);
+        if (z->outgoing_failure && !z->peer_failure) linger = std::max(linger, z->options.failure_linger_s);
+      }
+  }
+  if (linger > 0) std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(linger * 1e6)));
+  stop_zombies();
 }
 
 int MpiCommunicator::rank() const { return impl_->rank; }
@@ -614,9 +663,6 @@ void MpiCommunicator::notify_failure(const std::string& what) {
     s.cv.notify_all();
     s.sent_cv.wait_for(lk, std::chrono::seconds(2), [&] { return s.outgoing_sent; });
   }
-  // Keep serving the peers (the worker answers their queries) while they receive the notice and
-  // stop; the launcher usually ends this process first.
-  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<std::int64_t>(s.options.failure_linger_s * 1e6)));
 }
 
 std::optional<std::string> MpiCommunicator::peer_failure() const {
@@ -663,6 +709,7 @@ std::unique_ptr<CommWork> MpiCommunicator::reduce_scatter_async(const void*, voi
                                                                 CommDType, ReduceOp) { no_mpi(); }
 std::unique_ptr<CommWork> MpiCommunicator::barrier_async() { no_mpi(); }
 void MpiCommunicator::notify_failure(const std::string&) {}
+void linger_after_failure() {}
 std::optional<std::string> MpiCommunicator::peer_failure() const { return std::nullopt; }
 void MpiCommunicator::abort_job(int) { no_mpi(); }
 
