@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+#include "dist/dist_context.h"
 #include "dist/mpi_communicator.h"
 #include "dist/process.h"
 
@@ -112,9 +114,20 @@ TEST(MpiJob, RanksFindThemselvesInTheLauncherEnvironment) {
 
 #else
 
-TEST(MpiJob, NotBuiltWithMpi) {
+TEST(MpiJob, NotBuiltWithMpiSaysSo) {
   EXPECT_FALSE(MpiCommunicator::available());
-  EXPECT_THROW(MpiCommunicator::create(), RuntimeError);
+  LaunchEnv two;
+  two.launcher = Launcher::kOpenMpi;
+  two.world_size = 2;
+  try {
+    make_dist_context(CommBackend::kAuto, false, CommOptions{}, two);
+    ADD_FAILURE() << "expected 'built without MPI'";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("built without MPI"), std::string::npos) << e.what();
+  }
+  // One process needs no MPI.
+  DistContext one = make_dist_context(CommBackend::kAuto, false, CommOptions{}, LaunchEnv{});
+  EXPECT_STREQ(one.host().backend(), "single");
 }
 
 #endif
