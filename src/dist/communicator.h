@@ -8,7 +8,7 @@
 //
 // Every collective exists as `<name>_async`, which returns a CommWork, and as a blocking `<name>`
 // that waits for it. All ranks must issue the same collectives in the same order (as with MPI and
-// NCCL). A collective that does not complete within the communicator's timeout (--comm-timeout)
+// NCCL), each rank from one thread. A collective that does not complete within the communicator's timeout (--comm-timeout)
 // fails with a RuntimeError that says which peer ranks are missing or failed; a peer that called
 // notify_failure() makes the collectives of every other rank fail with a message naming it. After
 // a failure the communicator is unusable and the process should stop (the CLI reports and exits;

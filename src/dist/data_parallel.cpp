@@ -40,9 +40,7 @@ double DataParallel::end_backward() {
   synced_ = true;
   if (zero_) return zero_->reduce_gradients();
   reducer_->finish();
-  double sq = 0;
-  for (std::int64_t i = 0; i < numel_; ++i) sq += static_cast<double>(grads_[i]) * grads_[i];
-  return std::sqrt(sq);
+  return std::sqrt(sum_of_squares(grads_, numel_));
 }
 
 void DataParallel::optimizer_step() {

@@ -4,11 +4,28 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace scalelab {
 namespace {
 double since(CommClock::time_point t) { return std::chrono::duration<double>(CommClock::now() - t).count(); }
 }  // namespace
+
+double sum_of_squares(const float* x, std::int64_t n) {
+  if (n <= 0) return 0.0;
+  const int threads = n >= (1 << 16) ? num_threads() : 1;
+  std::vector<double> partial(static_cast<std::size_t>(threads), 0.0);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int t = 0; t < threads; ++t) {
+    const std::int64_t b = n * t / threads, e = n * (t + 1) / threads;
+    double s = 0;
+    for (std::int64_t i = b; i < e; ++i) s += static_cast<double>(x[i]) * x[i];
+    partial[static_cast<std::size_t>(t)] = s;
+  }
+  double s = 0;
+  for (double p : partial) s += p;
+  return s;
+}
 
 ZeroOptimizer::ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update)
     : comm_(comm), params_(params), grads_(grads), numel_(numel), update_(std::move(update)) {
@@ -28,9 +45,7 @@ double ZeroOptimizer::reduce_gradients() {
     comm_.reduce_scatter(grads_, recv_.data(), counts_, CommDType::kF32, ReduceOp::kAvg);
     if (!recv_.empty()) std::memcpy(grads_ + shard_begin_, recv_.data(), recv_.size() * sizeof(float));
   }
-  double sq = 0;
-  for (std::int64_t i = shard_begin_; i < shard_end_; ++i) sq += static_cast<double>(grads_[i]) * grads_[i];
-  sq = comm_.all_reduce_value(sq, ReduceOp::kSum);
+  const double sq = comm_.all_reduce_value(sum_of_squares(grads_ + shard_begin_, shard_numel()), ReduceOp::kSum);
   reduced_ = true;
   stats_.reduce_scatter_s += since(t0);
   return std::sqrt(sq);

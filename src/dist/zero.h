@@ -28,6 +28,10 @@ struct ZeroStats {
   double update_s = 0;          // wall time in update(shard)
 };
 
+// Sum of x[i]^2 in double, over OpenMP threads with a fixed split: the same result every run at
+// a given thread count (the gradient norm for clipping).
+double sum_of_squares(const float* x, std::int64_t n);
+
 class ZeroOptimizer {
  public:
   // Applies the optimizer to elements [begin, end) of the flat parameter/gradient buffers.
