@@ -1,13 +1,14 @@
 // All-reduce bus bandwidth over MPI on this machine, for gradient-bucket sizes 1..256 MiB.
 //
 //   mpirun --allow-run-as-root --oversubscribe -np 2 build/bench/bench_allreduce_busbw
-//          [--min-mb 1] [--max-mb 256] [--max-iters 20]
+//          [--min-mb 1] [--max-mb 256] [--max-iters 20] [--poll-sleep-us 20]
 //
 // As nccl-tests define it: algbw = bytes / time, busbw = algbw * 2(n-1)/n (the bandwidth each
 // link needs for a ring all-reduce, comparable across rank counts). Time per size is the median
 // over iterations of the slowest rank. Three ways to run the same fp32 sum all-reduce:
 //   comm      MpiCommunicator::all_reduce as DDP issues it: MPI_Iallreduce on the communication
-//             thread, polled with the default policy (spin 50 us, then sleep 20 us between tests)
+//             thread, polled with the default policy (spin 50 us, then sleep --poll-sleep-us,
+//             default CommOptions' 20 us, between tests)
 //   comm-spin the same, polling without sleeping (poll_sleep_us = 0)
 //   blocking  MPI_Allreduce from the calling thread (OpenMPI's tuned collective): the reference
 #include <algorithm>
@@ -39,6 +40,8 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--max-iters")) max_iters = std::stoi(argv[i + 1]);
   }
   CommOptions polled;
+  for (int i = 1; i + 1 < argc; i += 2)
+    if (!std::strcmp(argv[i], "--poll-sleep-us")) polled.poll_sleep_us = std::stoi(argv[i + 1]);
   CommOptions spin;
   spin.poll_sleep_us = 0;
   auto comm = MpiCommunicator::create(polled);
@@ -59,7 +62,8 @@ int main(int argc, char** argv) {
   };
 
   if (rank == 0) {
-    std::printf("all-reduce (fp32 sum) over MPI, %d ranks, busbw = algbw * 2(n-1)/n; GB = 1e9 bytes\n", n);
+    std::printf("all-reduce (fp32 sum) over MPI, %d ranks, busbw = algbw * 2(n-1)/n; GB = 1e9 bytes; comm polls "
+                "with %d us sleeps\n", n, polled.poll_sleep_us);
     std::printf("| size MiB | iters |");
     for (const auto& v : variants) std::printf(" %s ms | %s busbw GB/s |", v.name, v.name);
     std::printf("\n|---:|---:|");
