@@ -9,6 +9,7 @@ PKGS=(
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libsqlite3-dev
   libgtest-dev libgmock-dev
   libopenmpi-dev openmpi-bin     # data-parallel ranks on the host (MPI)
+  slurm-wlm munge                # a real SLURM cluster on localhost for the launcher tests (scripts/slurm-localhost.sh)
   libxgboost-dev                 # gradient-boosted feature importance (analysis)
   python3                        # test helper scripts (fake workloads, fake nvidia-smi)
   "$@"
