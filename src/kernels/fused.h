@@ -107,17 +107,23 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
 // Label of the chunk scratch in the allocator.
 constexpr const char* kFusedLossChunkLabel = "fused loss chunk";
 
-// Default chunk: the largest power of two of tokens whose fp32 logits fit in 16 MiB, at least 64
-// and at most 1024 tokens (for V = 32768: 128 tokens, 16 MiB; V = 128256: 64 tokens, 31 MiB;
-// V = 50272: 64 tokens, 12 MiB). Below ~64 tokens the weight-gradient GEMM (k = chunk) re-reads
-// the [V, H] gradient too often for its FLOPs; above, the chunk stops fitting in cache.
+// Default chunk: 512 tokens, halved (not below 128) while the chunk's fp32 logits exceed 128 MiB:
+// V = 32768 (llama-small) 512 tokens, 64 MiB; V = 50272 (OPT) 512, 98 MiB; V = 128256 (Llama 3)
+// 256, 125 MiB. A token count, not a byte target, because the cost of chunking is per token: each
+// chunk's GEMMs re-pack all of w (and read and write all of dw), work that a chunk of c tokens
+// amortizes over 2c FLOPs per weight; on the CPU below ~256 tokens that overhead shows (bench_fused:
+// 64 tokens ~0.8x, 128 ~0.85x, 512-1024 at parity with the unfused head). The workspace does not
+// grow with the micro-batch, which is what removes the logits term from the memory plan.
 std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab);
 
 // The rows the kernel processes per chunk: chunk_tokens (the default when <= 0) capped at tokens.
 std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab);
 
 // Bytes the kernel allocates through ctx.alloc (the allocator-rounded [chunk, vocab] fp32 logits
-// of one chunk); pass the effective chunk (fused_linear_cross_entropy_chunk) for the exact figure.
+// of one chunk, label kFusedLossChunkLabel); pass the effective chunk
+// (fused_linear_cross_entropy_chunk) for the exact figure. Besides it the kernel uses host
+// scratch as the other CPU kernels do for per-thread reductions, outside the device allocator:
+// threads × chunk × H floats of input-gradient partials and a few floats per token.
 std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t chunk_tokens, std::int64_t vocab);
 
 // Number of targets that count toward the loss (not kIgnoreIndex).
@@ -135,7 +141,12 @@ std::int64_t count_target_tokens(const Tensor& targets);
 // integers); with that, loss.sum / loss.count, dx and dw equal the unfused
 // linear_forward + cross_entropy_forward + cross_entropy_backward + linear_backward.
 // dw may be the embedding gradient (tied head): it accumulates. Throws InvalidInput for a target
-// outside [0, V) before touching any output.
+// outside [0, V) before touching any output. A chunk whose rows are all ignored costs nothing
+// but zeroing its dx rows.
+//
+// Threads split the vocabulary (each owns rows of w and dw and runs single-threaded BLAS on them,
+// which the OpenMP build of OpenBLAS does inside a parallel region); results are deterministic at
+// a given thread count. The profiler books the whole call as ("loss", backward).
 LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                                    float grad_scale_per_token, std::int64_t chunk_tokens, ExecContext& ctx);
 

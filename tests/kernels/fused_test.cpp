@@ -399,14 +399,20 @@ TEST(FusedLinearCrossEntropy, EdgeCases) {
   expect_bitwise(dw, dw0, "dw untouched after a bad target");
 }
 
-TEST(FusedLinearCrossEntropy, DefaultChunkKeepsTheChunkLogitsSmall) {
+TEST(FusedLinearCrossEntropy, DefaultChunkIsBoundedAndIndependentOfTokens) {
+  using kernels::fused_linear_cross_entropy_chunk;
   using kernels::fused_linear_cross_entropy_default_chunk;
-  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(32768), 128);   // llama-small: 16 MiB
-  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(128256), 64);   // Llama 3: the floor
-  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(1000), 1024);   // tiny vocab: the cap
-  EXPECT_EQ(kernels::fused_linear_cross_entropy_chunk(100, 0, 32768), 100);
-  EXPECT_EQ(kernels::fused_linear_cross_entropy_chunk(4096, 0, 32768), 128);
-  EXPECT_EQ(kernels::fused_linear_cross_entropy_workspace_bytes(128, 32768), std::size_t{16} << 20);
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(32768), 512);   // llama-small: 64 MiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(50272), 512);   // OPT: 98 MiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(128256), 256);  // Llama 3: 125 MiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(1 << 20), 128);  // the floor
+  for (std::int64_t v : {256, 32768, 50272, 128256})
+    EXPECT_LE(fused_linear_cross_entropy_default_chunk(v) * v * 4, std::int64_t{128} << 20) << v;
+  EXPECT_EQ(fused_linear_cross_entropy_chunk(100, 0, 32768), 100);  // capped at the tokens
+  EXPECT_EQ(fused_linear_cross_entropy_chunk(65536, 0, 32768), 512);
+  EXPECT_EQ(fused_linear_cross_entropy_chunk(100, 7, 32768), 7);
+  EXPECT_EQ(kernels::fused_linear_cross_entropy_workspace_bytes(512, 32768), std::size_t{64} << 20);
+  EXPECT_EQ(kernels::fused_linear_cross_entropy_workspace_bytes(3, 5), DeviceAllocator::kRoundBytes);
 }
 
 }  // namespace
