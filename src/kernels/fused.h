@@ -13,13 +13,15 @@
 //
 // Conventions as everywhere in kernels/: arguments are outputs, saved-for-backward, inputs,
 // parameters, sizes, then the context. Parameter gradients accumulate (+=), activation gradients
-// are assigned (=) unless a function says otherwise. Tensors are fp32 on the CPU. Rows are the
-// leading dimensions flattened; the last dimension is the feature dimension.
+// are assigned (=) unless a function says otherwise. Rows are the
+// leading dimensions flattened; the last dimension is the feature dimension. Tensors may be fp32,
+// bf16 or fp16 (compute in fp32; low-precision rows are staged through fp32 buffers).
 //
 // RoPE needs no fused form here: rope_forward/rope_backward (rope.h) already rotate in place.
 // The plain LayerNorm that OPT's baseline uses is in layernorm.h.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/context.h"
 #include "core/tensor.h"
@@ -125,6 +127,14 @@ std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t 
 // scratch as the other CPU kernels do for per-thread reductions, outside the device allocator:
 // threads × chunk × H floats of input-gradient partials and a few floats per token.
 std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t chunk_tokens, std::int64_t vocab);
+
+// Every block the kernel allocates, in order, for the memory plan: the [chunk, vocab] fp32 logits,
+// and with low-precision tensors an fp32 [chunk, hidden] copy of the chunk's input rows; the GEMMs
+// of the low-precision path add gemm_ex's transient panels (matmul.h) for each product.
+std::vector<std::size_t> fused_linear_cross_entropy_workspace_blocks(std::int64_t tokens, std::int64_t chunk_tokens,
+                                                                     std::int64_t hidden, std::int64_t vocab,
+                                                                     DType x_type, DType w_type, DType dx_type,
+                                                                     DType dw_type, bool backward);
 
 // Number of targets that count toward the loss (not kIgnoreIndex).
 std::int64_t count_target_tokens(const Tensor& targets);

@@ -210,3 +210,88 @@ TEST(AdamW, Bf16ParamsWithFp32OrBf16States) {
 
 }  // namespace
 }  // namespace scalelab
+
+#include "kernels/fused.h"
+#include "kernels/layernorm.h"
+
+namespace scalelab {
+namespace {
+
+class LowPrecisionFused : public ::testing::TestWithParam<DType> {};
+
+TEST_P(LowPrecisionFused, NormsActivationsAndLinearCrossEntropy) {
+  const DType dt = GetParam();
+  Cpu c;
+  const std::int64_t R = 11, H = 24;
+  Tensor x = c.randn({R, H}, 1, 1), d = c.randn({R, H}, 1, 2), w = c.randn({H}, 1, 3), b = c.randn({H}, 1, 4);
+  Tensor xl = to_dtype(c, x, dt), dl = to_dtype(c, d, dt), wl = to_dtype(c, w, dt), bl = to_dtype(c, b, dt);
+  // RMSNorm + residual.
+  Tensor h = c.zeros({R, H}), y = c.zeros({R, H}), r = c.zeros({R});
+  Tensor hl = Tensor::empty({R, H}, dt, *c.alloc), yl = Tensor::empty({R, H}, dt, *c.alloc), rl = c.zeros({R});
+  kernels::rmsnorm_residual_forward(h, y, r, x, d, w, 1e-5f, c.ctx);
+  kernels::rmsnorm_residual_forward(hl, yl, rl, xl, dl, wl, 1e-5f, c.ctx);
+  expect_close(c, hl, h, dt, "rms residual h");
+  expect_close(c, yl, y, dt, "rms residual y");
+  Tensor y2 = Tensor::empty({R, H}, dt, *c.alloc);
+  kernels::rmsnorm_recompute(y2, hl, rl, wl, c.ctx);
+  for (std::int64_t i = 0; i < R * H; ++i) ASSERT_EQ(static_cast<bf16*>(y2.raw())[i].bits, static_cast<bf16*>(yl.raw())[i].bits);
+  Tensor dy = c.randn({R, H}, 1, 5), dyl = to_dtype(c, dy, dt);
+  Tensor dh = c.randn({R, H}, 1, 6), dhl = to_dtype(c, dh, dt), dw = c.zeros({H}), dwl = Tensor::zeros({H}, dt, *c.alloc);
+  kernels::rmsnorm_residual_backward(dh, dw, dy, h, r, w, c.ctx);
+  kernels::rmsnorm_residual_backward(dhl, dwl, dyl, hl, rl, wl, c.ctx);
+  expect_close(c, dhl, dh, dt, "rms residual dh", 2e-2);
+  expect_close(c, dwl, dw, dt, "rms residual dw", 2e-2);
+  // LayerNorm + residual (affine) and its backward.
+  Tensor m1 = c.zeros({R}), s1 = c.zeros({R}), m2 = c.zeros({R}), s2 = c.zeros({R});
+  kernels::layernorm_residual_forward(h, y, m1, s1, x, d, w, b, 1e-5f, c.ctx);
+  kernels::layernorm_residual_forward(hl, yl, m2, s2, xl, dl, wl, bl, 1e-5f, c.ctx);
+  expect_close(c, yl, y, dt, "layernorm residual y", 2e-2);
+  Tensor gx = c.zeros({R, H}), gxl = Tensor::empty({R, H}, dt, *c.alloc);
+  Tensor gw = c.zeros({H}), gb = c.zeros({H}), gwl = Tensor::zeros({H}, dt, *c.alloc), gbl = Tensor::zeros({H}, dt, *c.alloc);
+  kernels::layernorm_backward(gx, &gw, &gb, dy, h, m1, s1, w, c.ctx);
+  kernels::layernorm_backward(gxl, &gwl, &gbl, dyl, hl, m2, s2, wl, c.ctx);
+  expect_close(c, gxl, gx, dt, "layernorm dx", 5e-2);
+  expect_close(c, gbl, gb, dt, "layernorm db", 2e-2);
+  // SwiGLU + down projection backward with recompute.
+  const std::int64_t T = 7, I = 10, D = 6;
+  Tensor gu = c.randn({T, 2 * I}, 1, 7), wd = c.randn({D, I}, 0.3f, 8), dout = c.randn({T, D}, 1, 9);
+  Tensor gul = to_dtype(c, gu, dt), wdl = to_dtype(c, wd, dt), doutl = to_dtype(c, dout, dt);
+  Tensor dgu = c.zeros({T, 2 * I}), dwd = c.zeros({D, I}), dgul = Tensor::empty({T, 2 * I}, dt, *c.alloc);
+  Tensor dwdl = c.zeros({D, I});
+  kernels::swiglu_down_backward_recompute(dgu, dwd, dout, gu, wd, c.ctx);
+  kernels::swiglu_down_backward_recompute(dgul, dwdl, doutl, gul, wdl, c.ctx);
+  expect_close(c, dgul, dgu, dt, "swiglu recompute dgu", 2e-2);
+  expect_close(c, dwdl, dwd, dt, "swiglu recompute dwdown", 2e-2);
+  // Bias + ReLU.
+  Tensor u = c.randn({T, I}, 1, 10), ub = c.randn({I}, 1, 11), ul = to_dtype(c, u, dt), ubl = to_dtype(c, ub, dt);
+  Tensor ry = c.zeros({T, I}), ryl = Tensor::empty({T, I}, dt, *c.alloc);
+  kernels::bias_relu_forward(ry, u, ub, c.ctx);
+  kernels::bias_relu_forward(ryl, ul, ubl, c.ctx);
+  expect_close(c, ryl, ry, dt, "bias relu");
+  // Linear + cross-entropy (bf16 input and weight; fp32 and low-precision weight gradients).
+  const std::int64_t N = 37, K = 16, V = 45;
+  Tensor lx = c.randn({N, K}, 1, 12), lw = c.randn({V, K}, 0.5f, 13), lxl = to_dtype(c, lx, dt), lwl = to_dtype(c, lw, dt);
+  std::vector<std::int32_t> tv;
+  for (std::int64_t i = 0; i < N; ++i) tv.push_back(i % 5 == 3 ? kernels::kIgnoreIndex : static_cast<std::int32_t>((i * 7) % V));
+  Tensor tg = c.ids(tv);
+  const float scale = 1.0f / static_cast<float>(kernels::count_target_tokens(tg));
+  Tensor ldx = c.zeros({N, K}), ldw = c.zeros({V, K}), ldxl = Tensor::empty({N, K}, dt, *c.alloc), ldw32 = c.zeros({V, K});
+  const auto a = kernels::fused_linear_cross_entropy(ldx, ldw, lx, lw, tg, scale, 8, c.ctx);
+  const auto bsum = kernels::fused_linear_cross_entropy(ldxl, ldw32, lxl, lwl, tg, scale, 8, c.ctx);
+  EXPECT_EQ(a.count, bsum.count);
+  EXPECT_NEAR(a.sum, bsum.sum, 1e-4 * std::fabs(a.sum));
+  expect_close(c, ldxl, ldx, dt, "fused CE dx", 1e-3);
+  for (std::int64_t i = 0; i < V * K; ++i) ASSERT_NEAR(ldw32.f32()[i], ldw.f32()[i], 1e-4) << i;
+  const auto f = kernels::fused_linear_cross_entropy_forward(lxl, lwl, tg, 8, c.ctx);
+  EXPECT_NEAR(f.sum, a.sum, 1e-4 * std::fabs(a.sum));
+  // The low-precision path never holds [N, V] logits: its blocks are one chunk.
+  const auto blocks = kernels::fused_linear_cross_entropy_workspace_blocks(N, 8, K, V, dt, dt, dt, DType::kF32, true);
+  ASSERT_EQ(blocks.size(), 2u);
+  EXPECT_EQ(blocks[0], 8u * V * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, LowPrecisionFused, ::testing::Values(DType::kBF16, DType::kF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+}  // namespace
+}  // namespace scalelab

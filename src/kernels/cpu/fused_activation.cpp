@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
@@ -31,23 +32,22 @@ void swiglu_backward_recompute(Tensor& dgu, Tensor& act, const Tensor& dh, const
   ProfileScope prof(ctx, "activation", Phase::kBackward);
   const char* op = "swiglu_backward_recompute";
   require_cpu(gu, op);
-  require_dtype(gu, DType::kF32, op, "gate/up");
   const std::int64_t I = dh.dim(-1), T = dh.numel() / I;
   require_numel(gu, T * 2 * I, op, "gate/up");
   require_numel(dgu, T * 2 * I, op, "gate/up gradient");
   require_numel(act, T * I, op, "recomputed activation");
-  const float* g = gu.f32();
-  const float* d = dh.f32();
-  float* out = dgu.f32();
-  float* a = act.f32();
-  parallel_for(T, 4, [&](std::int64_t t0, std::int64_t t1) {
+  // Low-precision rows are staged: inputs are read into fp32 buffers before any output is
+  // stored, so the aliasing the header allows holds there too.
+  parallel_for(T, row_grain(2 * I), [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {
-      const float* gate = g + t * 2 * I;
+      const float* gate = load_row(elem(gu.raw(), gu.dtype(), t * 2 * I), gu.dtype(), 2 * I, 0);
       const float* up = gate + I;
-      const float* dr = d + t * I;
-      float* dgate = out + t * 2 * I;
+      const float* dr = load_row(elem(dh.raw(), dh.dtype(), t * I), dh.dtype(), I, 1);
+      void* gdst = elem(dgu.raw(), dgu.dtype(), t * 2 * I);
+      void* adst = elem(act.raw(), act.dtype(), t * I);
+      float* dgate = out_row(gdst, dgu.dtype(), 2 * I, 2);
       float* dup = dgate + I;
-      float* ar = a + t * I;
+      float* ar = out_row(adst, act.dtype(), I, 3);
       std::int64_t i = 0;
 #ifdef SCALELAB_AVX2
       const __m256 one = _mm256_set1_ps(1.0f);
@@ -65,6 +65,8 @@ void swiglu_backward_recompute(Tensor& dgu, Tensor& act, const Tensor& dh, const
       }
 #endif
       for (; i < I; ++i) swiglu_element(dgate + i, dup + i, ar + i, gate + i, up + i, dr + i);
+      store_row(dgate, gdst, dgu.dtype(), 2 * I);
+      store_row(ar, adst, act.dtype(), I);
     }
   });
 }
@@ -73,36 +75,37 @@ void swiglu_down_backward_recompute(Tensor& dgu, Tensor& dwdown, const Tensor& d
                                     const Tensor& wdown, ExecContext& ctx) {
   const char* op = "swiglu_down_backward_recompute";
   require_cpu(dout, op);
-  require_dtype(wdown, DType::kF32, op, "down weight");
   SCALELAB_CHECK(wdown.rank() == 2, std::string("[") + op + "] down weight must be 2-D, got " + wdown.shape().str());
   const std::int64_t H = wdown.dim(0), I = wdown.dim(1), T = dout.numel() / H;
   require_numel(dout, T * H, op, "output gradient");
   require_numel(dwdown, H * I, op, "down weight gradient");
-  Tensor scratch = Tensor::empty({T, I}, DType::kF32, *ctx.alloc, "mlp activation (recomputed)");
+  // The scratch holds dact, then the recomputed act, in the activation dtype (what the unfused
+  // MLP would have stored).
+  Tensor scratch = Tensor::empty({T, I}, dout.dtype(), *ctx.alloc, "mlp activation (recomputed)");
   {
     ProfileScope prof(ctx, "matmul", Phase::kBackward);
-    gemm(false, false, T, I, H, 1.0f, dout.f32(), H, wdown.f32(), I, 0.0f, scratch.f32(), I);  // dact
+    gemm_ex(false, false, T, I, H, 1.0f, dout.raw(), dout.dtype(), H, wdown.raw(), wdown.dtype(), I, 0.0f,
+            scratch.raw(), scratch.dtype(), I, ctx);  // dact
   }
   swiglu_backward_recompute(dgu, scratch, scratch, gu, ctx);  // scratch: dact -> act
   ProfileScope prof(ctx, "matmul", Phase::kBackward);
-  gemm(true, false, H, I, T, 1.0f, dout.f32(), H, scratch.f32(), I, 1.0f, dwdown.f32(), I);
+  gemm_ex(true, false, H, I, T, 1.0f, dout.raw(), dout.dtype(), H, scratch.raw(), scratch.dtype(), I, 1.0f,
+          dwdown.raw(), dwdown.dtype(), I, ctx);
 }
 
 void bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& b, ExecContext& ctx) {
   ProfileScope prof(ctx, "activation", Phase::kForward);
   const char* op = "bias_relu_forward";
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
   const std::int64_t F = x.dim(-1), rows = x.numel() / F;
   require_numel(y, rows * F, op, "output");
   if (b.defined()) require_numel(b, F, op, "bias");
-  const float* xp = x.f32();
-  const float* bp = b.defined() ? b.f32() : nullptr;
-  float* yp = y.f32();
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(F), [&](std::int64_t r0, std::int64_t r1) {
+    const float* bp = b.defined() ? load_row(b.raw(), b.dtype(), F, 2) : nullptr;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * F;
-      float* yr = yp + r * F;
+      const float* xr = load_row(elem(x.raw(), x.dtype(), r * F), x.dtype(), F, 0);
+      void* ydst = elem(y.raw(), y.dtype(), r * F);
+      float* yr = out_row(ydst, y.dtype(), F, 1);
       // `v < 0 ? 0 : v` keeps a NaN as NaN, like torch.relu.
       if (bp) {
         for (std::int64_t j = 0; j < F; ++j) {
@@ -115,6 +118,7 @@ void bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& b, ExecContext&
           yr[j] = v < 0.0f ? 0.0f : v;
         }
       }
+      store_row(yr, ydst, y.dtype(), F);
     }
   });
 }
@@ -123,27 +127,21 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
   ProfileScope prof(ctx, "activation", Phase::kBackward);
   const char* op = "bias_relu_backward";
   require_cpu(y, op);
-  require_dtype(y, DType::kF32, op, "output");
   const std::int64_t F = y.dim(-1), rows = y.numel() / F;
   require_numel(dy, rows * F, op, "output gradient");
   require_numel(dx, rows * F, op, "input gradient");
-  float* dbo = nullptr;
-  if (db != nullptr && db->defined()) {
-    require_numel(*db, F, op, "bias gradient");
-    dbo = db->f32();
-  }
-  const float* yp = y.f32();
-  const float* gp = dy.f32();
-  float* dxp = dx.f32();
-  // Bias gradient: one partial row per thread, summed in thread order (deterministic).
-  const int nt = dbo ? num_threads() : 0;
+  const bool want_db = db != nullptr && db->defined();
+  if (want_db) require_numel(*db, F, op, "bias gradient");
+  // Bias gradient: one fp32 partial row per thread, summed in thread order (deterministic).
+  const int nt = want_db ? num_threads() : 0;
   std::vector<float> partial(static_cast<std::size_t>(nt) * F, 0.0f);
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
-    float* pb = dbo ? partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * F : nullptr;
+  parallel_for(rows, row_grain(F), [&](std::int64_t r0, std::int64_t r1) {
+    float* pb = want_db ? partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * F : nullptr;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* yr = yp + r * F;
-      const float* gr = gp + r * F;
-      float* dr = dxp + r * F;
+      const float* yr = load_row(elem(y.raw(), y.dtype(), r * F), y.dtype(), F, 0);
+      const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * F), dy.dtype(), F, 1);
+      void* ddst = elem(dx.raw(), dx.dtype(), r * F);
+      float* dr = out_row(ddst, dx.dtype(), F, 2);
       if (pb) {
         for (std::int64_t j = 0; j < F; ++j) {
           const float v = yr[j] > 0.0f ? gr[j] : 0.0f;
@@ -153,10 +151,15 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
       } else {
         for (std::int64_t j = 0; j < F; ++j) dr[j] = yr[j] > 0.0f ? gr[j] : 0.0f;
       }
+      store_row(dr, ddst, dx.dtype(), F);
     }
   });
-  for (int t = 0; t < nt; ++t)
-    for (std::int64_t j = 0; j < F; ++j) dbo[j] += partial[static_cast<std::size_t>(t) * F + j];
+  if (!want_db) return;
+  for (int t = 1; t < nt; ++t)
+    for (std::int64_t j = 0; j < F; ++j) partial[static_cast<std::size_t>(j)] += partial[static_cast<std::size_t>(t) * F + j];
+  float* dbo = inout_row(db->raw(), db->dtype(), F, 0);
+  for (std::int64_t j = 0; j < F; ++j) dbo[j] += partial[static_cast<std::size_t>(j)];
+  store_row(dbo, db->raw(), db->dtype(), F);
 }
 
 }  // namespace scalelab::kernels

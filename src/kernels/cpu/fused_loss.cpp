@@ -6,6 +6,7 @@
 
 #include "core/allocator.h"
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
@@ -25,8 +26,8 @@ struct Dims {
 Dims check(const Tensor& x, const Tensor& w, const Tensor& targets, std::int64_t chunk_tokens, const char* op) {
   require_cpu(x, op);
   require_cpu(w, op);
-  require_dtype(x, DType::kF32, op, "input");
-  require_dtype(w, DType::kF32, op, "weight");
+  SCALELAB_CHECK(is_float_type(x.dtype()) && is_float_type(w.dtype()),
+                 std::string("[") + op + "] input and weight must be fp32, bf16 or fp16");
   require_dtype(targets, DType::kI32, op, "targets");
   SCALELAB_CHECK(w.rank() == 2, std::string("[") + op + "] weight must be 2-D [vocab, hidden], got " + w.shape().str());
   const std::int64_t V = w.dim(0), H = w.dim(1);
@@ -177,7 +178,71 @@ class VocabSplit {
   std::vector<float> m_, s_, target_logit_;
 };
 
+// Low-precision tensors (bf16/fp16 input, weight or gradients): the same chunked algorithm in
+// its plain form. Per chunk: the input rows widened into an fp32 [chunk, H] buffer, the logits
+// L = x_c · wᵀ (gemm_ex converts w panel by panel), the loss and (softmax − onehot)·scale in
+// place row by row, dx_c = L · w and dw += Lᵀ · x_c (gemm_ex rounds into the stored dtypes).
+// Allocations, in order: the [chunk, V] logits, the [chunk, H] input rows, then each GEMM's
+// transient panels (fused_linear_cross_entropy_workspace_blocks lists them for the plan).
+LossSum lowp_chunks(Tensor* dx, Tensor* dw, const Tensor& x, const Tensor& w, const Tensor& targets, float scale,
+                    const Dims& d, ExecContext& ctx) {
+  const std::int64_t T = d.T, H = d.H, V = d.V;
+  Tensor L = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
+  Tensor xc = Tensor::empty({d.chunk, H}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  std::vector<double> row_loss(static_cast<std::size_t>(T), 0.0);
+  for (std::int64_t r0 = 0; r0 < T; r0 += d.chunk) {
+    const std::int64_t c = std::min(d.chunk, T - r0);
+    const std::int32_t* tc = tg + r0;
+    convert(elem(x.raw(), x.dtype(), r0 * H), x.dtype(), xc.raw(), DType::kF32, static_cast<std::size_t>(c * H));
+    gemm_ex(false, true, c, V, H, 1.0f, xc.raw(), DType::kF32, H, w.raw(), w.dtype(), H, 0.0f, L.raw(), DType::kF32,
+            V, ctx);
+    float* lp = L.f32();
+    parallel_for(c, row_grain(V), [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i) {
+        float* row = lp + i * V;
+        if (tc[i] == kIgnoreIndex) {
+          if (dx) std::fill(row, row + V, 0.0f);
+          continue;
+        }
+        const float m = vec::max_of(row, V);
+        const float target = row[tc[i]];
+        const float lse = m + std::log(vec::exp_shift_sum(row, V, m));
+        row_loss[static_cast<std::size_t>(r0 + i)] = static_cast<double>(lse) - target;
+        if (!dx) continue;
+        vec::exp_shift_sum(row, row, V, lse);
+        for (std::int64_t j = 0; j < V; ++j) row[j] *= scale;
+        row[tc[i]] -= scale;
+      }
+    });
+    if (!dx) continue;
+    gemm_ex(false, false, c, H, V, 1.0f, L.raw(), DType::kF32, V, w.raw(), w.dtype(), H, 0.0f,
+            elem(dx->raw(), dx->dtype(), r0 * H), dx->dtype(), H, ctx);
+    gemm_ex(true, false, V, H, c, 1.0f, L.raw(), DType::kF32, V, xc.raw(), DType::kF32, H, 1.0f, dw->raw(), dw->dtype(),
+            H, ctx);
+  }
+  LossSum out;
+  for (std::int64_t r = 0; r < T; ++r) {
+    if (tg[r] == kIgnoreIndex) continue;
+    out.sum += row_loss[static_cast<std::size_t>(r)];
+    ++out.count;
+  }
+  return out;
+}
+
 }  // namespace
+
+std::vector<std::size_t> fused_linear_cross_entropy_workspace_blocks(std::int64_t tokens, std::int64_t chunk_tokens,
+                                                                     std::int64_t hidden, std::int64_t vocab,
+                                                                     DType x_type, DType w_type, DType dx_type,
+                                                                     DType dw_type, bool backward) {
+  const std::int64_t c = fused_linear_cross_entropy_chunk(tokens, chunk_tokens, vocab);
+  const bool lowp = x_type != DType::kF32 || w_type != DType::kF32 ||
+                    (backward && (dx_type != DType::kF32 || dw_type != DType::kF32));
+  std::vector<std::size_t> blocks = {static_cast<std::size_t>(c * vocab) * sizeof(float)};
+  if (lowp) blocks.push_back(static_cast<std::size_t>(c * hidden) * sizeof(float));
+  return blocks;
+}
 
 LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                                    float grad_scale_per_token, std::int64_t chunk_tokens, ExecContext& ctx) {
@@ -189,6 +254,10 @@ LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, cons
   LossSum out;
   if (T == 0) return out;
   ProfileScope prof(ctx, "loss", Phase::kBackward);
+  if (x.dtype() != DType::kF32 || w.dtype() != DType::kF32 || dx.dtype() != DType::kF32 ||
+      dw.dtype() != DType::kF32) {
+    return lowp_chunks(&dx, &dw, x, w, targets, grad_scale_per_token, d, ctx);
+  }
   Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
   float* L = scratch.f32();
   const float* xp = x.f32();
@@ -257,6 +326,7 @@ LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, con
   const std::int64_t T = d.T, H = d.H, V = d.V;
   LossSum out;
   if (T == 0) return out;
+  if (x.dtype() != DType::kF32 || w.dtype() != DType::kF32) return lowp_chunks(nullptr, nullptr, x, w, targets, 0, d, ctx);
   Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
   const int nt = static_cast<int>(std::clamp<std::int64_t>(num_threads(), 1, V));  // each owns >= 1 column
   // Token block and vocabulary tile: the block as large as the scratch allows with tiles of at

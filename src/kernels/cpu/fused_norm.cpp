@@ -4,6 +4,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/fused_vec.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
 
@@ -19,7 +20,6 @@ inline void write_row(float* __restrict y, const float* __restrict h, float inv,
 
 std::int64_t check_rms(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& w, const char* op) {
   require_cpu(h, op);
-  require_dtype(h, DType::kF32, op, "input");
   const std::int64_t H = w.numel(), rows = h.numel() / H;
   SCALELAB_CHECK(H > 0 && h.dim(-1) == H,
                  std::string("[") + op + "] input " + h.shape().str() + " does not end in the weight's " +
@@ -38,20 +38,28 @@ void rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& 
   const std::int64_t rows = check_rms(x, y, rstd, w, op), H = w.numel();
   require_numel(delta, rows * H, op, "residual delta");
   require_numel(h, rows * H, op, "residual output");
-  const float* xp = x.f32();
-  const float* dp = delta.f32();
-  const float* wp = w.f32();
-  float* hp = h.f32();
-  float* yp = y.f32();
+  require_dtype(rstd, DType::kF32, op, "rstd");
   float* rp = rstd.f32();
   const float inv_h = 1.0f / static_cast<float>(H);
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  // Rows are staged through fp32 buffers for bf16/fp16 tensors (pointers pass through for fp32,
+  // where h may alias x or delta as add_sumsq reads each element before writing it).
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
+    const float* wp = load_row(w.raw(), w.dtype(), H, 3);
     for (std::int64_t r = r0; r < r1; ++r) {
-      float* hr = hp + r * H;
-      const float ss = vec::add_sumsq(hr, xp + r * H, dp + r * H, H);
+      const float* xr = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
+      const float* dr = load_row(elem(delta.raw(), delta.dtype(), r * H), delta.dtype(), H, 1);
+      void* hdst = elem(h.raw(), h.dtype(), r * H);
+      float* hr = out_row(hdst, h.dtype(), H, 2);
+      const float ss = vec::add_sumsq(hr, xr, dr, H);
+      store_row(hr, hdst, h.dtype(), H);
+      // y is computed from h as stored, so recompute rebuilds it bit for bit.
+      const float* hs = h.dtype() == DType::kF32 ? hr : load_row(hdst, h.dtype(), H, 2);
       const float inv = 1.0f / std::sqrt(ss * inv_h + eps);
       rp[r] = inv;
-      write_row(yp + r * H, hr, inv, wp, H);
+      void* ydst = elem(y.raw(), y.dtype(), r * H);
+      float* yr = out_row(ydst, y.dtype(), H, 0);
+      write_row(yr, hs, inv, wp, H);
+      store_row(yr, ydst, y.dtype(), H);
     }
   });
 }
@@ -63,20 +71,19 @@ void rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const T
   const std::int64_t rows = check_rms(h, dy, rstd, w, op), H = w.numel();
   require_numel(dh, rows * H, op, "residual gradient");
   require_numel(dw, H, op, "weight gradient");
-  const float* hp = h.f32();
-  const float* wp = w.f32();
-  const float* gp = dy.f32();
   const float* rp = rstd.f32();
-  float* dhp = dh.f32();
   // Weight gradients: one partial row per thread, summed in thread order (deterministic).
   const int nt = num_threads();
   std::vector<float> partial(static_cast<std::size_t>(nt) * H, 0.0f);
   const float inv_h = 1.0f / static_cast<float>(H);
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     float* pw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * H;
+    const float* wp = load_row(w.raw(), w.dtype(), H, 3);
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* hr = hp + r * H;
-      const float* gr = gp + r * H;
+      const float* hr = load_row(elem(h.raw(), h.dtype(), r * H), h.dtype(), H, 0);
+      const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * H), dy.dtype(), H, 1);
+      void* ddst = elem(dh.raw(), dh.dtype(), r * H);
+      float* dr = inout_row(ddst, dh.dtype(), H, 2);
       const float inv = rp[r];
       // One read of the row for Σ (dy·w)·h and the weight-gradient partial dy·h·rstd.
       float acc = 0.0f;
@@ -100,24 +107,30 @@ void rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const T
       // m = mean(dy·w·xhat) = acc·rstd/H with xhat = h·rstd; dh += rstd·(dy·w − xhat·m), and
       // rstd·xhat·m = h·(acc·rstd³/H).
       const float c = acc * inv_h * (inv * inv * inv);
-      float* dr = dhp + r * H;
       for (std::int64_t j = 0; j < H; ++j) dr[j] += inv * (gr[j] * wp[j]) - hr[j] * c;
+      store_row(dr, ddst, dh.dtype(), H);
     }
   });
-  float* dwo = dw.f32();
-  for (int t = 0; t < nt; ++t)
-    for (std::int64_t i = 0; i < H; ++i) dwo[i] += partial[static_cast<std::size_t>(t) * H + i];
+  for (int t = 1; t < nt; ++t)
+    for (std::int64_t i = 0; i < H; ++i) partial[static_cast<std::size_t>(i)] += partial[static_cast<std::size_t>(t) * H + i];
+  float* dwo = inout_row(dw.raw(), dw.dtype(), H, 0);
+  for (std::int64_t i = 0; i < H; ++i) dwo[i] += partial[static_cast<std::size_t>(i)];
+  store_row(dwo, dw.raw(), dw.dtype(), H);
 }
 
 void rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& w, ExecContext& ctx) {
   ProfileScope prof(ctx, "norm", Phase::kBackward);
   const std::int64_t rows = check_rms(h, y, rstd, w, "rmsnorm_recompute"), H = w.numel();
-  const float* hp = h.f32();
-  const float* wp = w.f32();
   const float* rp = rstd.f32();
-  float* yp = y.f32();
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) write_row(yp + r * H, hp + r * H, rp[r], wp, H);
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
+    const float* wp = load_row(w.raw(), w.dtype(), H, 3);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* hr = load_row(elem(h.raw(), h.dtype(), r * H), h.dtype(), H, 0);
+      void* ydst = elem(y.raw(), y.dtype(), r * H);
+      float* yr = out_row(ydst, y.dtype(), H, 1);
+      write_row(yr, hr, rp[r], wp, H);
+      store_row(yr, ydst, y.dtype(), H);
+    }
   });
 }
 

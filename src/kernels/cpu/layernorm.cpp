@@ -7,6 +7,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/fused_vec.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
 
@@ -14,16 +15,25 @@ namespace scalelab::kernels {
 
 namespace {
 
-const float* optional_f32(const Tensor& t, std::int64_t n, const char* op, const char* name) {
+// An optional per-feature parameter (weight or bias) as fp32, in row-buffer `slot` when it is
+// stored in low precision; null when the tensor is undefined.
+const float* optional_row(const Tensor& t, std::int64_t n, const char* op, const char* name, int slot) {
   if (!t.defined()) return nullptr;
   require_numel(t, n, op, name);
-  return t.f32();
+  return load_row(t.raw(), t.dtype(), n, slot);
 }
 
-float* optional_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
-  if (t == nullptr || !t->defined()) return nullptr;
+bool has_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
+  if (t == nullptr || !t->defined()) return false;
   require_numel(*t, n, op, name);
-  return t->f32();
+  return true;
+}
+
+// t += acc (t of any float dtype, rounded once).
+void add_into(Tensor& t, const float* acc, std::int64_t n) {
+  float* d = inout_row(t.raw(), t.dtype(), n, 0);
+  for (std::int64_t i = 0; i < n; ++i) d[i] += acc[i];
+  store_row(d, t.raw(), t.dtype(), n);
 }
 
 // y = (src − m) · inv [· w] [+ b]; the one expression forward and recompute share (bit-identical).
@@ -45,34 +55,48 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
                   const Tensor& w, const Tensor& b, float eps, ExecContext& ctx, const char* op) {
   ProfileScope prof(ctx, "norm", Phase::kForward);
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
   require_numel(y, rows * H, op, "output");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const float* wp = optional_f32(w, H, op, "weight");
-  const float* bp = optional_f32(b, H, op, "bias");
-  const float* xp = x.f32();
-  const float* dp = nullptr;
-  float* hp = nullptr;
   if (delta != nullptr) {
     require_numel(*delta, rows * H, op, "residual delta");
     require_numel(*h, rows * H, op, "residual output");
-    dp = delta->f32();
-    hp = h->f32();
   }
-  float* yp = y.f32();
   float* mp = mean.f32();
   float* rp = rstd.f32();
   const float inv_h = 1.0f / static_cast<float>(H);
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  // Rows staged through fp32 buffers for low-precision tensors (slots: 0 x, 1 delta, 2 h, 3 y,
+  // weight and bias in the caller thread's slots 3/... are loaded per chunk below).
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
+    // Weight and bias as fp32 for this thread (their own buffers: the row slots are reused).
+    std::vector<float> wb;
+    const float* wp = nullptr;
+    const float* bp = nullptr;
+    if (w.defined() || b.defined()) {
+      wb.resize(static_cast<std::size_t>(2 * H));
+      if (w.defined()) {
+        require_numel(w, H, op, "weight");
+        convert(w.raw(), w.dtype(), wb.data(), DType::kF32, static_cast<std::size_t>(H));
+        wp = wb.data();
+      }
+      if (b.defined()) {
+        require_numel(b, H, op, "bias");
+        convert(b.raw(), b.dtype(), wb.data() + H, DType::kF32, static_cast<std::size_t>(H));
+        bp = wb.data() + H;
+      }
+    }
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* src = xp + r * H;
+      const float* src = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
       float s;
-      if (dp != nullptr) {
-        float* hr = hp + r * H;
-        s = vec::add_sum(hr, src, dp + r * H, H);
-        src = hr;
+      if (delta != nullptr) {
+        const float* dr = load_row(elem(delta->raw(), delta->dtype(), r * H), delta->dtype(), H, 1);
+        void* hdst = elem(h->raw(), h->dtype(), r * H);
+        float* hr = out_row(hdst, h->dtype(), H, 2);
+        s = vec::add_sum(hr, src, dr, H);
+        store_row(hr, hdst, h->dtype(), H);
+        // Normalize h as stored, so recompute rebuilds y bit for bit.
+        src = h->dtype() == DType::kF32 ? hr : load_row(hdst, h->dtype(), H, 2);
       } else {
         s = vec::sum(src, H);
       }
@@ -80,7 +104,10 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
       const float inv = 1.0f / std::sqrt(vec::sumsq_centered(src, m, H) * inv_h + eps);
       mp[r] = m;
       rp[r] = inv;
-      write_row(yp + r * H, src, m, inv, wp, bp, H);
+      void* ydst = elem(y.raw(), y.dtype(), r * H);
+      float* yr = out_row(ydst, y.dtype(), H, 3);
+      write_row(yr, src, m, inv, wp, bp, H);
+      store_row(yr, ydst, y.dtype(), H);
     }
   });
 }
@@ -91,30 +118,28 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
                    const Tensor& rstd, const Tensor& w, ExecContext& ctx, bool accumulate_dx, const char* op) {
   ProfileScope prof(ctx, "norm", Phase::kBackward);
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
   require_numel(dx, rows * H, op, "input gradient");
   require_numel(dy, rows * H, op, "output gradient");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const float* wp = optional_f32(w, H, op, "weight");
-  float* dwo = optional_grad(dw, H, op, "weight gradient");
-  float* dbo = optional_grad(db, H, op, "bias gradient");
-  const float* xp = x.f32();
-  const float* gp = dy.f32();
+  const bool want_dw = has_grad(dw, H, op, "weight gradient");
+  const bool want_db = has_grad(db, H, op, "bias gradient");
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
-  float* dxp = dx.f32();
   const int nt = num_threads();
   // Partial rows: [thread][dw | db].
   std::vector<float> partial(static_cast<std::size_t>(nt) * 2 * H, 0.0f);
   const float inv_h = 1.0f / static_cast<float>(H);
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     float* pw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * H;
     float* pb = pw + H;
+    const float* wp = optional_row(w, H, op, "weight", 3);
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * H;
-      const float* gr = gp + r * H;
+      const float* xr = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
+      const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * H), dy.dtype(), H, 1);
+      void* ddst = elem(dx.raw(), dx.dtype(), r * H);
+      float* dxr = accumulate_dx ? inout_row(ddst, dx.dtype(), H, 2) : out_row(ddst, dx.dtype(), H, 2);
       const float m = mp[r], inv = rp[r];
       float sum_g = 0.0f, sum_gx = 0.0f;  // Σ g, Σ g·xhat
       std::int64_t i = 0;
@@ -144,22 +169,21 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
         pb[i] += gr[i];
       }
       const float a = sum_g * inv_h, c = sum_gx * inv_h;
-      float* dxr = dxp + r * H;
       for (std::int64_t j = 0; j < H; ++j) {
         const float xh = (xr[j] - m) * inv;
         const float g = wp ? gr[j] * wp[j] : gr[j];
         const float v = inv * (g - a - xh * c);
         dxr[j] = accumulate_dx ? dxr[j] + v : v;
       }
+      store_row(dxr, ddst, dx.dtype(), H);
     }
   });
-  for (int t = 0; t < nt; ++t) {
+  for (int t = 1; t < nt; ++t) {
     const float* pw = partial.data() + static_cast<std::size_t>(t) * 2 * H;
-    if (dwo)
-      for (std::int64_t i = 0; i < H; ++i) dwo[i] += pw[i];
-    if (dbo)
-      for (std::int64_t i = 0; i < H; ++i) dbo[i] += pw[H + i];
+    for (std::int64_t i = 0; i < 2 * H; ++i) partial[static_cast<std::size_t>(i)] += pw[i];
   }
+  if (want_dw) add_into(*dw, partial.data(), H);
+  if (want_db) add_into(*db, partial.data() + H, H);
 }
 
 }  // namespace
@@ -193,14 +217,18 @@ void layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const T
   require_numel(y, rows * H, op, "output");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const float* wp = optional_f32(w, H, op, "weight");
-  const float* bp = optional_f32(b, H, op, "bias");
-  const float* hp = h.f32();
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
-  float* yp = y.f32();
-  parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) write_row(yp + r * H, hp + r * H, mp[r], rp[r], wp, bp, H);
+  parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
+    const float* wp = optional_row(w, H, op, "weight", 2);
+    const float* bp = optional_row(b, H, op, "bias", 3);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* hr = load_row(elem(h.raw(), h.dtype(), r * H), h.dtype(), H, 0);
+      void* ydst = elem(y.raw(), y.dtype(), r * H);
+      float* yr = out_row(ydst, y.dtype(), H, 1);
+      write_row(yr, hr, mp[r], rp[r], wp, bp, H);
+      store_row(yr, ydst, y.dtype(), H);
+    }
   });
 }
 
