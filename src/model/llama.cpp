@@ -9,6 +9,7 @@
 #include "kernels/attention.h"
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
+#include "kernels/fused.h"
 #include "kernels/loss.h"
 #include "kernels/matmul.h"
 #include "kernels/norm.h"
@@ -25,7 +26,6 @@ class LlamaModel final : public Model {
  public:
   LlamaModel(const ModelConfig& c, const ParamLayout& layout, Tensor& params, Tensor& grads, const ModelOptions& o)
       : c_(c), opt_(o), rope_(make_rope_table(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)) {
-    SCALELAB_CHECK(!o.fused_kernels, "[llama] fused kernels are not available in this build");
     H_ = c.hidden_size;
     I_ = c.intermediate_size;
     Q_ = c.q_dim();
@@ -65,18 +65,27 @@ class LlamaModel final : public Model {
       if (opt_.activation_checkpointing) a.drop_all_but_input();
       x = out;
     }
-    // Head: final norm, LM head, loss; then its backward (dlogits in place of the logits).
+    // Head: final norm, LM head, loss, and at once their backward. Unfused: the [T, vocab]
+    // logits exist (their gradient is written in place); fused: chunk by chunk, never whole.
     Tensor xf = new_act({T, H_}, "final norm output"), rstdf = new_f32({T}, "final norm rstd");
     rmsnorm_forward(xf, rstdf, x, norm_, static_cast<float>(c_.rms_norm_eps), ctx);
-    Tensor logits = new_act({T, c_.vocab_size}, "logits");
-    linear_forward(logits, xf, head_, nullptr, ctx);
-    Tensor lse = new_f32({T}, "loss lse");
-    const LossSum ls = cross_entropy_forward(lse, logits, b.targets, ctx);
-    SCALELAB_CHECK(ls.count > 0, "[llama] the batch has no target tokens to train on");
-    cross_entropy_backward(logits, logits, lse, b.targets, grad_scale / static_cast<float>(ls.count), ctx);
-    Tensor dxf = new_act({T, H_}, "final norm gradient");
-    linear_backward(&dxf, dhead_, nullptr, logits, xf, head_, ctx);
-    logits = Tensor();
+    LossSum ls;
+    Tensor dxf;
+    if (opt_.fused_kernels) {
+      const std::int64_t n = count_target_tokens(b.targets);
+      SCALELAB_CHECK(n > 0, "[llama] the batch has no target tokens to train on");
+      dxf = new_act({T, H_}, "final norm gradient");
+      ls = fused_linear_cross_entropy(dxf, dhead_, xf, head_, b.targets, grad_scale / static_cast<float>(n), 0, ctx);
+    } else {
+      Tensor logits = new_act({T, c_.vocab_size}, "logits");
+      linear_forward(logits, xf, head_, nullptr, ctx);
+      Tensor lse = new_f32({T}, "loss lse");
+      ls = cross_entropy_forward(lse, logits, b.targets, ctx);
+      SCALELAB_CHECK(ls.count > 0, "[llama] the batch has no target tokens to train on");
+      cross_entropy_backward(logits, logits, lse, b.targets, grad_scale / static_cast<float>(ls.count), ctx);
+      dxf = new_act({T, H_}, "final norm gradient");
+      linear_backward(&dxf, dhead_, nullptr, logits, xf, head_, ctx);
+    }
     Tensor dx = new_act({T, H_}, "residual gradient");
     rmsnorm_backward(dx, dnorm_, dxf, x, rstdf, norm_, ctx);
     dxf = Tensor();
@@ -109,11 +118,16 @@ class LlamaModel final : public Model {
     }
     Tensor xf = new_act({T, H_}, "final norm output"), rstdf = new_f32({T}, "final norm rstd");
     rmsnorm_forward(xf, rstdf, x, norm_, static_cast<float>(c_.rms_norm_eps), ctx);
-    Tensor logits = new_act({T, c_.vocab_size}, "logits");
-    linear_forward(logits, xf, head_, nullptr, ctx);
-    Tensor lse = new_f32({T}, "loss lse");
-    const LossSum ls = cross_entropy_forward(lse, logits, b.targets, ctx);
-    if (logits_out) *logits_out = logits;
+    LossSum ls;
+    if (opt_.fused_kernels && logits_out == nullptr) {
+      ls = fused_linear_cross_entropy_forward(xf, head_, b.targets, 0, ctx);
+    } else {
+      Tensor logits = new_act({T, c_.vocab_size}, "logits");
+      linear_forward(logits, xf, head_, nullptr, ctx);
+      Tensor lse = new_f32({T}, "loss lse");
+      ls = cross_entropy_forward(lse, logits, b.targets, ctx);
+      if (logits_out) *logits_out = logits;
+    }
     return ls.count ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
 
@@ -126,16 +140,16 @@ class LlamaModel final : public Model {
   struct Acts {
     Tensor x;      // layer input (residual stream) [T, H]
     Tensor rstd1;  // [T]
-    Tensor y1;     // input_layernorm output [T, H]
+    Tensor y1;     // input_layernorm output [T, H] (fused: rebuilt in backward)
     Tensor qkv;    // q, k (after RoPE), v [T, Q + 2KV]
     Tensor probs;  // eager attention probabilities [B, nh, S, S]
     Tensor lse;    // flash attention log-sum-exp [B, nh, S] (fp32)
     Tensor attn;   // attention output [T, Q]
     Tensor h;      // residual after attention [T, H]
     Tensor rstd2;  // [T]
-    Tensor y2;     // post_attention_layernorm output [T, H]
+    Tensor y2;     // post_attention_layernorm output [T, H] (fused: rebuilt in backward)
     Tensor gu;     // gate and up projections [T, 2I]
-    Tensor act;    // silu(gate) * up [T, I]
+    Tensor act;    // silu(gate) * up [T, I] (fused: not kept, recomputed in backward)
     void drop_all_but_input() {
       Tensor keep = x;
       *this = Acts();
@@ -193,12 +207,14 @@ class LlamaModel final : public Model {
     const Weights& w = layers_[static_cast<std::size_t>(l)];
     const std::int64_t T = b.batch * b.seq, ld = Q_ + 2 * KV_;
     const float eps = static_cast<float>(c_.rms_norm_eps);
+    const bool fused = opt_.fused_kernels;
     a.x = x;
     a.rstd1 = new_f32({T}, "rmsnorm rstd");
     a.y1 = new_act({T, H_}, "attention norm output");
     rmsnorm_forward(a.y1, a.rstd1, x, w.ln1, eps, ctx);
     a.qkv = new_act({T, ld}, "qkv");
     linear_forward(a.qkv, a.y1, w.wqkv, nullptr, ctx);
+    if (fused) a.y1 = Tensor();  // rebuilt from x and rstd1 in backward
     rope_forward(a.qkv, 0, ld, c_.num_attention_heads, c_.head_dim, b.seq, rope_, ctx);
     rope_forward(a.qkv, Q_, ld, c_.num_key_value_heads, c_.head_dim, b.seq, rope_, ctx);
     const auto s = attn_shape(b);
@@ -213,15 +229,22 @@ class LlamaModel final : public Model {
     }
     a.h = new_act({T, H_}, "residual stream");
     linear_forward(a.h, a.attn, w.wo, nullptr, ctx);
-    add_(a.h, x, ctx);
     a.rstd2 = new_f32({T}, "rmsnorm rstd");
     a.y2 = new_act({T, H_}, "mlp norm output");
-    rmsnorm_forward(a.y2, a.rstd2, a.h, w.ln2, eps, ctx);
+    if (fused) {
+      // h = x + o_proj(attn) and y2 = rmsnorm(h) in one pass (h written over the projection).
+      rmsnorm_residual_forward(a.h, a.y2, a.rstd2, x, a.h, w.ln2, eps, ctx);
+    } else {
+      add_(a.h, x, ctx);
+      rmsnorm_forward(a.y2, a.rstd2, a.h, w.ln2, eps, ctx);
+    }
     a.gu = new_act({T, 2 * I_}, "mlp gate/up");
     linear_forward(a.gu, a.y2, w.wgu, nullptr, ctx);
+    if (fused) a.y2 = Tensor();  // rebuilt from h and rstd2 in backward
     a.act = new_act({T, I_}, "mlp activation");
     swiglu_forward(a.act, a.gu, ctx);
     linear_forward(out, a.act, w.wdown, nullptr, ctx);
+    if (fused) a.act = Tensor();  // recomputed in backward
     add_(out, a.h, ctx);
   }
 
@@ -230,17 +253,32 @@ class LlamaModel final : public Model {
     const Weights& w = layers_[static_cast<std::size_t>(l)];
     Weights& g = grads_[static_cast<std::size_t>(l)];
     const std::int64_t T = b.batch * b.seq, ld = Q_ + 2 * KV_;
+    const bool fused = opt_.fused_kernels;
     // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
-    Tensor dact = new_act({T, I_}, "mlp activation gradient");
-    linear_backward(&dact, g.wdown, nullptr, dx, a.act, w.wdown, ctx);
-    a.act = Tensor();
-    Tensor dgu = new_act({T, 2 * I_}, "mlp gate/up gradient");
-    swiglu_backward(dgu, dact, a.gu, ctx);
-    dact = Tensor();
+    Tensor dgu;
+    if (fused) {
+      // dact, the recomputed activation and dW_down in one kernel; dgu is written over gu.
+      swiglu_down_backward_recompute(a.gu, g.wdown, dx, a.gu, w.wdown, ctx);
+      dgu = a.gu;
+      a.y2 = new_act({T, H_}, "mlp norm output (recomputed)");
+      rmsnorm_recompute(a.y2, a.h, a.rstd2, w.ln2, ctx);
+    } else {
+      Tensor dact = new_act({T, I_}, "mlp activation gradient");
+      linear_backward(&dact, g.wdown, nullptr, dx, a.act, w.wdown, ctx);
+      a.act = Tensor();
+      dgu = new_act({T, 2 * I_}, "mlp gate/up gradient");
+      swiglu_backward(dgu, dact, a.gu, ctx);
+    }
     Tensor dy = new_act({T, H_}, "norm output gradient");
     linear_backward(&dy, g.wgu, nullptr, dgu, a.y2, w.wgu, ctx);
     dgu = Tensor();
-    rmsnorm_backward(dx, g.ln2, dy, a.h, a.rstd2, w.ln2, ctx, /*accumulate_dx=*/true);  // dx is now dh
+    a.gu = Tensor();
+    a.y2 = Tensor();
+    if (fused) {
+      rmsnorm_residual_backward(dx, g.ln2, dy, a.h, a.rstd2, w.ln2, ctx);  // dx is now dh
+    } else {
+      rmsnorm_backward(dx, g.ln2, dy, a.h, a.rstd2, w.ln2, ctx, /*accumulate_dx=*/true);  // dx is now dh
+    }
     // Attention: h = x + o_proj(attention(rope(qkv(rmsnorm(x))))).
     Tensor dattn = new_act({T, Q_}, "attention output gradient");
     linear_backward(&dattn, g.wo, nullptr, dx, a.attn, w.wo, ctx);
@@ -256,9 +294,18 @@ class LlamaModel final : public Model {
     a.lse = Tensor();
     rope_backward(dqkv, 0, ld, c_.num_attention_heads, c_.head_dim, b.seq, rope_, ctx);
     rope_backward(dqkv, Q_, ld, c_.num_key_value_heads, c_.head_dim, b.seq, rope_, ctx);
+    if (fused) {
+      a.y1 = new_act({T, H_}, "attention norm output (recomputed)");
+      rmsnorm_recompute(a.y1, a.x, a.rstd1, w.ln1, ctx);
+    }
     linear_backward(&dy, g.wqkv, nullptr, dqkv, a.y1, w.wqkv, ctx);
+    a.y1 = Tensor();
     dqkv = Tensor();
-    rmsnorm_backward(dx, g.ln1, dy, a.x, a.rstd1, w.ln1, ctx, /*accumulate_dx=*/true);
+    if (fused) {
+      rmsnorm_residual_backward(dx, g.ln1, dy, a.x, a.rstd1, w.ln1, ctx);
+    } else {
+      rmsnorm_backward(dx, g.ln1, dy, a.x, a.rstd1, w.ln1, ctx, /*accumulate_dx=*/true);
+    }
   }
 
   ModelConfig c_;

@@ -7,6 +7,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/fused.h"
 #include "kernels/matmul.h"
 #include "model/params.h"
 
@@ -31,9 +32,9 @@ class VirtualBackend final : public MemoryBackend {
 };
 
 // Categories of the plan, in display order.
-const char* const kCategories[] = {"weights",          "gradients",         "optimizer states", "batch",
-                                   "activations",      "attention scores",  "logits",           "head buffers",
-                                   "recomputed layer", "backward temporaries", "workspace"};
+const char* const kCategories[] = {"weights",          "gradients",        "optimizer states",     "batch",
+                                   "activations",      "attention scores", "logits",               "fused loss chunk",
+                                   "head buffers",     "recomputed layer", "backward temporaries", "workspace"};
 
 class Schedule {
  public:
@@ -45,8 +46,12 @@ class Schedule {
   int alloc(const char* category, std::size_t bytes) {
     void* p = alloc_.allocate(bytes);
     const int id = next_id_++;
-    live_[id] = {p, DeviceAllocator::round_size(std::max<std::size_t>(bytes, 1)), category};
-    rounding_[category] += DeviceAllocator::round_size(std::max<std::size_t>(bytes, 1)) - bytes;
+    const std::size_t rounded = DeviceAllocator::round_size(std::max<std::size_t>(bytes, 1));
+    live_[id] = {p, rounded, category};
+    rounding_[category] += rounded - bytes;
+    std::size_t& cur = current_[category];
+    cur += rounded;
+    most_[category] = std::max(most_[category], cur);
     const MemoryStats st = alloc_.stats();
     if (st.reserved > peak_reserved_) {
       peak_reserved_ = st.reserved;
@@ -60,10 +65,13 @@ class Schedule {
     auto it = live_.find(id);
     if (it == live_.end()) return;
     alloc_.deallocate(it->second.p);
+    current_[it->second.category] -= it->second.bytes;
     live_.erase(it);
   }
   std::size_t peak_reserved() const { return peak_reserved_; }
   const std::map<std::string, std::size_t>& snapshot() const { return snapshot_; }
+  // Per category: the most bytes live at once during the schedule (what that part needs).
+  const std::map<std::string, std::size_t>& most() const { return most_; }
   std::size_t cached_at_peak() const { return cached_at_peak_; }
   std::size_t rounding_total() const {
     std::size_t r = 0;
@@ -79,7 +87,7 @@ class Schedule {
   };
   DeviceAllocator alloc_;
   std::map<int, Live> live_;
-  std::map<std::string, std::size_t> snapshot_, rounding_;
+  std::map<std::string, std::size_t> snapshot_, rounding_, current_, most_;
   std::size_t peak_reserved_ = 0, cached_at_peak_ = 0;
   int next_id_ = 0;
 };
@@ -94,13 +102,15 @@ struct LayerActs {
 };
 
 // The Llama engine's requests for one training step, in the order src/model/llama.cpp makes them
-// (including the kernels' transient workspaces).
+// (including the kernels' transient workspaces). Keep the two in step: tests compare the plan
+// with the allocator's measured peak.
 void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
   const DType A = in.precision.activation, W = in.precision.compute_weights, G = in.precision.grad;
   const std::size_t a = dtype_size(A), f = 4;
   const bool ckpt = in.options.activation_checkpointing;
+  const bool fused = in.options.fused_kernels;
   const auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
-  // Transient GEMM workspace of linear_forward / linear_backward (gemm_ex panels).
+  // Transient GEMM workspace of gemm_ex (its panels, freed in reverse order).
   auto gemm_ws = [&](std::size_t m, std::size_t n, std::size_t k, DType at, DType bt, DType ct) {
     std::vector<int> ids;
     for (std::size_t b : kernels::gemm_ex_workspace_blocks(i64(m), i64(n), i64(k), at, bt, ct))
@@ -124,6 +134,7 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
     la.y1 = s.alloc(cat, z.T * z.H * a);
     la.qkv = s.alloc(cat, z.T * z.ld * a);
     lin_fwd(z.H, z.ld);
+    if (fused) s.free(la.y1), la.y1 = -1;
     la.attn = s.alloc(cat, z.T * z.Q * a);
     if (flash) {
       la.probs = s.alloc(cat, z.B * z.NH * z.S * f);  // the saved log-sum-exp
@@ -137,8 +148,10 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
     la.y2 = s.alloc(cat, z.T * z.H * a);
     la.gu = s.alloc(cat, z.T * 2 * z.I * a);
     lin_fwd(z.H, 2 * z.I);
+    if (fused) s.free(la.y2), la.y2 = -1;
     la.act = s.alloc(cat, z.T * z.I * a);
     lin_fwd(z.I, z.H);  // into the layer output allocated by the caller
+    if (fused) s.free(la.act), la.act = -1;
   };
   auto drop_all_but_input = [&](LayerActs& la) {
     for (int id : {la.rstd1, la.y1, la.qkv, la.probs, la.attn, la.h, la.rstd2, la.y2, la.gu, la.act}) s.free(id);
@@ -156,12 +169,33 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
     x = out;
   }
   const int xf = s.alloc("head buffers", z.T * z.H * a), rstdf = s.alloc("head buffers", z.T * f);
-  const int logits = s.alloc("logits", z.T * z.V * a);
-  lin_fwd(z.H, z.V);
-  const int lse = s.alloc("head buffers", z.T * f);
-  const int dxf = s.alloc("head buffers", z.T * z.H * a);
-  lin_bwd(z.H, z.V);
-  s.free(logits);
+  int dxf;
+  if (fused) {
+    dxf = s.alloc("head buffers", z.T * z.H * a);
+    // Chunked linear + cross-entropy: its blocks, and per chunk the low-precision path's GEMMs.
+    const auto blocks = kernels::fused_linear_cross_entropy_workspace_blocks(i64(z.T), 0, i64(z.H), i64(z.V), A, W,
+                                                                             A, G, true);
+    std::vector<int> ids;
+    for (std::size_t b : blocks) ids.push_back(s.alloc("fused loss chunk", b));
+    if (blocks.size() > 1) {
+      const std::size_t c = static_cast<std::size_t>(kernels::fused_linear_cross_entropy_chunk(i64(z.T), 0, i64(z.V)));
+      for (std::size_t r0 = 0; r0 < z.T; r0 += c) {
+        const std::size_t cc = std::min(c, z.T - r0);
+        gemm_ws(cc, z.V, z.H, DType::kF32, W, DType::kF32);
+        gemm_ws(cc, z.H, z.V, DType::kF32, W, A);
+        gemm_ws(z.V, z.H, cc, DType::kF32, DType::kF32, G);
+      }
+    }
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) s.free(*it);
+  } else {
+    const int logits = s.alloc("logits", z.T * z.V * a);
+    lin_fwd(z.H, z.V);
+    const int lse = s.alloc("head buffers", z.T * f);
+    dxf = s.alloc("head buffers", z.T * z.H * a);
+    lin_bwd(z.H, z.V);
+    s.free(lse);
+    s.free(logits);
+  }
   const int dx = s.alloc("backward temporaries", z.T * z.H * a);
   s.free(dxf);
   s.free(xf);
@@ -172,27 +206,41 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
       layer_forward(la, "recomputed layer");
       s.free(out);
     }
-    const int dact = s.alloc("backward temporaries", z.T * z.I * a);
-    lin_bwd(z.I, z.H);
-    s.free(la.act);
-    const int dgu = s.alloc("backward temporaries", z.T * 2 * z.I * a);
-    s.free(dact);
+    int dgu, y2 = la.y2;
+    if (fused) {
+      const int scratch = s.alloc("backward temporaries", z.T * z.I * a);  // dact, then act
+      gemm_ws(z.T, z.I, z.H, A, W, A);
+      gemm_ws(z.H, z.I, z.T, A, A, G);
+      s.free(scratch);
+      dgu = -1;  // written over gu
+      y2 = s.alloc("backward temporaries", z.T * z.H * a);
+    } else {
+      const int dact = s.alloc("backward temporaries", z.T * z.I * a);
+      lin_bwd(z.I, z.H);
+      s.free(la.act);
+      dgu = s.alloc("backward temporaries", z.T * 2 * z.I * a);
+      s.free(dact);
+    }
     const int dy = s.alloc("backward temporaries", z.T * z.H * a);
     lin_bwd(z.H, 2 * z.I);
     s.free(dgu);
+    s.free(la.gu);
+    s.free(y2);
     const int dattn = s.alloc("backward temporaries", z.T * z.Q * a);
     lin_bwd(z.Q, z.H);
     const int dqkv = s.alloc("backward temporaries", z.T * z.ld * a);
     s.free(s.alloc("workspace", attn_bwd_ws));
     s.free(dattn);
     s.free(la.probs);
+    int y1 = la.y1;
+    if (fused) y1 = s.alloc("backward temporaries", z.T * z.H * a);
     lin_bwd(z.H, z.ld);
+    s.free(y1);
     s.free(dqkv);
     s.free(dy);
-    for (int id : {la.x, la.rstd1, la.y1, la.qkv, la.attn, la.h, la.rstd2, la.y2, la.gu}) s.free(id);
+    for (int id : {la.x, la.rstd1, la.qkv, la.attn, la.h, la.rstd2}) s.free(id);
   }
   s.free(x);
-  s.free(lse);
   s.free(rstdf);
   s.free(dx);
 }
@@ -260,6 +308,8 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
     if (cat == "attention scores")
       return format_bytes(DeviceAllocator::round_size(z.B * z.NH * z.S * z.S * a)) +
              " per layer: eager softmax(QK^T) [B, heads, S, S]";
+    if (cat == "fused loss chunk")
+      return "fused linear + cross-entropy: one chunk of logits at a time (the full logits never exist)";
     if (cat == "logits")
       return "[tokens, vocab] " + std::string(dtype_name(pr.activation)) + "; the loss gradient is written in place";
     if (cat == "head buffers") return "final residual norm output, its gradient, rstd, lse";
@@ -268,14 +318,16 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
     if (cat == "workspace") return "kernel scratch at the peak (attention blocks, GEMM conversion panels)";
     return "";
   };
+  const auto& most = s.most();
   for (const char* cat : kCategories) {
-    auto it = snap.find(cat);
-    if (it == snap.end() || it->second == 0) continue;
-    r.items.push_back({cat, it->second, detail(cat)});
+    auto it = most.find(cat);
+    if (it == most.end() || it->second == 0) continue;
+    auto at = snap.find(cat);
+    r.items.push_back({cat, it->second, at == snap.end() ? 0 : at->second, detail(cat)});
   }
-  r.items.push_back({"allocator cache", s.cached_at_peak(),
+  r.items.push_back({"allocator cache", s.cached_at_peak(), s.cached_at_peak(),
                      "freed blocks the caching allocator keeps reserved at the peak (reused next step)"});
-  r.items.push_back({"allocator rounding", s.rounding_total(),
+  r.items.push_back({"allocator rounding", s.rounding_total(), 0,
                      "requests rounded up to 512 bytes (already counted in the lines above)"});
   return r;
 }
@@ -334,7 +386,8 @@ nlohmann::json MemoryPlan::to_json() const {
   j["fits"] = fits;
   j["max_micro_batch_size"] = max_micro_batch;
   nlohmann::json items_j = nlohmann::json::array();
-  for (const auto& it : items) items_j.push_back({{"name", it.name}, {"bytes", it.bytes}, {"detail", it.detail}});
+  for (const auto& it : items)
+    items_j.push_back({{"name", it.name}, {"bytes", it.bytes}, {"at_peak_bytes", it.at_peak}, {"detail", it.detail}});
   j["items"] = items_j;
   return j;
 }
@@ -342,12 +395,14 @@ nlohmann::json MemoryPlan::to_json() const {
 std::string MemoryPlan::to_table() const {
   std::string out;
   char line[640];
+  std::snprintf(line, sizeof line, "  %-22s %12s %12s\n", "part", "needs", "at peak");
+  out += line;
   for (const auto& it : items) {
-    std::snprintf(line, sizeof line, "  %-22s %12s  %s\n", it.name.c_str(), format_bytes(it.bytes).c_str(),
-                  it.detail.c_str());
+    std::snprintf(line, sizeof line, "  %-22s %12s %12s  %s\n", it.name.c_str(), format_bytes(it.bytes).c_str(),
+                  it.name == "allocator rounding" ? "" : format_bytes(it.at_peak).c_str(), it.detail.c_str());
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-22s %12s  predicted peak reserved at micro-batch %lld\n", "total",
+  std::snprintf(line, sizeof line, "  %-22s %12s %12s  predicted peak reserved at micro-batch %lld\n", "total", "",
                 format_bytes(total).c_str(), static_cast<long long>(micro_batch));
   out += line;
   if (capacity > 0) {

@@ -30,7 +30,8 @@ struct PlanInput {
 
 struct PlanItem {
   std::string name;
-  std::size_t bytes = 0;
+  std::size_t bytes = 0;    // the most this part holds at once during a step (what it needs)
+  std::size_t at_peak = 0;  // what it holds at the moment of the peak (the items sum to total)
   std::string detail;
 };
 

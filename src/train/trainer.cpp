@@ -146,7 +146,6 @@ void validate_train_options(const TrainOptions& o) {
   if (o.device == "cuda") {
     throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
   }
-  if (o.fused_kernels) throw InvalidInput("[--fused-kernels] fused kernels are not available in this build");
 }
 
 namespace {

@@ -50,7 +50,10 @@ const std::vector<Switches>& llama_switches() {
       {"mixed fp16", "fp32", "fp16", "eager", false, false, 3e-3},
       {"bf16 weights", "bf16", "no", "eager", false, false, 1.5e-2},
       // The ladder's combinations.
+      {"fused kernels", "fp32", "no", "eager", true},
       {"bf16 + flash", "bf16", "no", "flash", false, false, 1.5e-2},
+      {"bf16 + flash + fused (the ladder's last rung)", "bf16", "no", "flash", true, false, 1.5e-2},
+      {"mixed fp16 + fused", "fp32", "fp16", "eager", true, false, 3e-3},
       {"mixed bf16 + flash + checkpointing", "fp32", "bf16", "flash", false, true, 1.5e-2},
   };
   return s;

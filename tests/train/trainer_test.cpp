@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -134,11 +135,17 @@ TEST(MemoryPlan, PredictsMeasuredPeakWithin10Percent) {
     std::int64_t mb, seq;
     bool ckpt;
     std::string model_precision = "fp32", mixed = "no", optim = "auto";
+    std::string attn = "eager";
+    bool fused = false;
   };
   for (const Case& c : {Case{"llama-tiny", 2, 64, false}, Case{"llama-tiny", 8, 128, false},
                         Case{"llama-tiny", 4, 128, true}, Case{"llama-tiny", 4, 96, false, "fp32", "bf16"},
                         Case{"llama-tiny", 4, 96, true, "fp32", "fp16"}, Case{"llama-tiny", 6, 64, false, "bf16"},
-                        Case{"llama-tiny", 6, 64, false, "bf16", "no", "fp32"}}) {
+                        Case{"llama-tiny", 6, 64, false, "bf16", "no", "fp32"},
+                        Case{"llama-tiny", 4, 128, false, "fp32", "no", "auto", "flash"},
+                        Case{"llama-tiny", 4, 128, false, "fp32", "no", "auto", "eager", true},
+                        Case{"llama-tiny", 8, 96, false, "bf16", "no", "auto", "flash", true},
+                        Case{"llama-tiny", 3, 200, true, "fp32", "fp16", "auto", "flash", true}}) {
     TrainOptions o = tiny();
     o.model = c.model;
     o.micro_batch_size = c.mb;
@@ -147,13 +154,16 @@ TEST(MemoryPlan, PredictsMeasuredPeakWithin10Percent) {
     o.model_precision = c.model_precision;
     o.mixed_precision = c.mixed;
     o.optim_state_dtype = c.optim;
+    o.attn = c.attn;
+    o.fused_kernels = c.fused;
     o.max_steps = 2;
     const TrainResult r = run_training(o);
     ASSERT_EQ(r.status, "ok");
     const double planned = r.plan["total_bytes"].get<double>();
     const double measured = static_cast<double>(r.max_reserved_bytes);
     EXPECT_NEAR(measured / planned, 1.0, 0.10) << c.model << " mb " << c.mb << " seq " << c.seq << " ckpt " << c.ckpt
-                                               << " " << c.model_precision << "/" << c.mixed
+                                               << " " << c.model_precision << "/" << c.mixed << " " << c.attn
+                                               << (c.fused ? " fused" : "")
                                                << ": planned " << planned << " measured " << measured;
   }
 }
@@ -191,6 +201,36 @@ TEST(Precision, RefusesCombinationsThatCannotWork) {
   o = tiny();
   o.optim_state_dtype = "fp8";
   EXPECT_THROW(run_training(o), InvalidInput);
+}
+
+}  // namespace
+}  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// The rungs' physics in the plan: flash removes the S×S scores, fused kernels remove the logits.
+TEST(MemoryPlan, FlashRemovesScoresAndFusedRemovesLogits) {
+  TrainOptions o = tiny();
+  o.max_steps = 1;
+  o.seq_len = 256;
+  auto plan_items = [](const TrainOptions& opt) {
+    std::map<std::string, double> m;
+    const nlohmann::json plan = plan_memory(make_plan_input(opt)).to_json();
+    for (const auto& it : plan["items"]) m[it["name"].get<std::string>()] = it["bytes"].get<double>();
+    return m;
+  };
+  const auto eager = plan_items(o);
+  EXPECT_GT(eager.at("attention scores"), 0);
+  EXPECT_GT(eager.at("logits"), 0);
+  o.attn = "flash";
+  const auto flash = plan_items(o);
+  EXPECT_EQ(flash.count("attention scores"), 0u);
+  o.fused_kernels = true;
+  const auto fused = plan_items(o);
+  EXPECT_EQ(fused.count("logits"), 0u);
+  EXPECT_GT(fused.at("fused loss chunk"), 0);
+  EXPECT_LT(fused.at("activations"), flash.at("activations"));  // norm outputs and MLP activation not kept
 }
 
 }  // namespace
