@@ -21,5 +21,6 @@ Subcommand add_sweep_command(CLI::App& root);
 Subcommand add_oom_search_command(CLI::App& root);
 Subcommand add_ladder_command(CLI::App& root);
 Subcommand add_results_command(CLI::App& root);
+Subcommand add_scale_command(CLI::App& root);
 
 }  // namespace scalelab::cli

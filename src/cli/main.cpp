@@ -6,6 +6,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "dist/communicator.h"
 
 int main(int argc, char** argv) {
   using namespace scalelab;
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
       cli::add_oom_search_command(app),
       cli::add_ladder_command(app),
       cli::add_results_command(app),
+      cli::add_scale_command(app),
   };
 
   try {
@@ -44,9 +46,13 @@ int main(int argc, char** argv) {
       return cmd.run();
     } catch (const Error& e) {
       std::fprintf(stderr, "scalelab %s: error: %s\n", cmd.app->get_name().c_str(), e.what());
+      std::fflush(stderr);
+      linger_after_failure();  // a data-parallel rank: the others learn which rank failed
       return exit_code(e.kind());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "scalelab %s: internal error: %s\n", cmd.app->get_name().c_str(), e.what());
+      std::fflush(stderr);
+      linger_after_failure();
       return 1;
     }
   }

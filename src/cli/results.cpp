@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
+#include "lab/scale.h"
 #include "lab/store.h"
 #include "lab/views.h"
 
@@ -24,9 +25,10 @@ Subcommand add_results_command(CLI::App& root) {
   app->add_option("--sweep", f->sweep, "The sweep (or oom-search / ladder) to show [default: list the sweeps]");
   app->add_option("--view", f->view,
                   "auto (the sweep's own table), sweeps, summary (one row per configuration, repeats as "
-                  "median/min/max), trials, oom, ladder, telemetry (samples, long format)")
+                  "median/min/max), trials, oom, ladder, scale (a scaling study's table and recommendations), "
+                  "telemetry (samples, long format)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "sweeps", "summary", "trials", "oom", "ladder", "telemetry"}));
+      ->check(CLI::IsMember({"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry"}));
   app->add_option("--format", f->format, "md, csv or json")->capture_default_str();
   app->add_option("--where", f->where,
                   "Keep rows where KEY OP VALUE (OP: = != < <= > >=), e.g. status=ok or micro_batch_size>=4; "
@@ -54,9 +56,10 @@ Subcommand add_results_command(CLI::App& root) {
               if (!sweep) view = filters.empty() ? "sweeps" : "trials";
               else if (sweep->kind == "ladder") view = "ladder";
               else if (sweep->kind == "oom-search") view = "oom";
+              else if (sweep->kind == lab::kScaleKind) view = "scale";
               else view = "summary";
             }
-            if ((view == "ladder" || view == "oom") && !sweep) {
+            if ((view == "ladder" || view == "oom" || view == "scale") && !sweep) {
               throw InvalidInput("[results] --view " + view + " needs --sweep NAME");
             }
             if (view == "ladder" && sweep->kind != "ladder") {
@@ -78,6 +81,10 @@ Subcommand add_results_command(CLI::App& root) {
             else if (view == "trials") table = lab::trials_table(store.trials(id, f->all), filters, order);
             else if (view == "oom") table = lab::oom_search_table(*sweep, store, filters);
             else if (view == "ladder") table = lab::ladder_sweep_table(*sweep, store, filters);
+            else if (view == "scale") {
+              table = lab::scale_sweep_table(*sweep, store);
+              table.rows = lab::apply_filters(table.rows, filters);
+            }
             else {
               auto samples = store.telemetry_samples(0, id);
               lab::Table t = lab::telemetry_table(samples);

@@ -6,6 +6,8 @@
 #include "cli/train_flags.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "dist/communicator.h"
+#include "dist/dist_context.h"
 #include "train/trainer.h"
 
 namespace scalelab::cli {
@@ -14,6 +16,13 @@ namespace {
 
 void print_summary(const TrainResult& r) {
   std::printf("Training throughput: %.2f tokens/s/device\n", r.tokens_per_s_per_device);
+  if (r.world_size > 1) {
+    const auto& d = r.data_parallel;
+    std::printf("Data parallel: %d ranks (%s, %s), %.2f tokens/s in total\n", r.world_size,
+                d.value("mode", std::string("?")).c_str(), r.launcher.c_str(), r.tokens_per_s);
+    std::printf("Communication per step: %.4f s, %.0f%% hidden behind backward\n", d.value("comm_time_s", 0.0),
+                100.0 * d.value("comm_hidden_fraction", 0.0));
+  }
   std::printf("Max reserved memory: %.2f GiB\n", static_cast<double>(r.max_reserved_bytes) / (1u << 30));
   std::printf("Max allocated memory: %.2f GiB\n", static_cast<double>(r.max_allocated_bytes) / (1u << 30));
   std::printf("Step time (median): %.3f s over %lld measured steps\n", r.step_time_s,
@@ -40,25 +49,36 @@ void print_summary(const TrainResult& r) {
 
 Subcommand add_train_command(CLI::App& root) {
   auto opts = std::make_shared<TrainOptions>();
-  auto* app = root.add_subcommand("train", "Train a model with the native engine");
+  auto* app = root.add_subcommand(
+      "train",
+      "Train a model with the native engine (under `mpirun -np N` or `srun --mpi=pmix`: data-parallel over N ranks)");
   add_train_flags(app, *opts);
   return {app, [opts] {
             const TrainOptions& o = *opts;
+            validate_train_options(o);
+            // One process: a single communicator; mpirun/srun: MPI, one rank per process.
+            DistContext dist = make_dist_context(o.dist.backend(), o.device == "cuda", o.dist.comm_options());
+            // Rank 0 writes the run record (with every rank's figures), prints and saves.
+            const bool leader = dist.rank() == 0;
             TrainResult r;
             try {
-              r = run_training(o);
+              r = with_failure_notice(dist.host(), [&] { return run_training(o, dist); });
             } catch (const Error& e) {
-              if (!o.json.empty()) {
+              if (leader && !o.json.empty()) {
                 r.status = "error";
                 r.error = e.what();
                 r.config = o.to_json();
+                r.world_size = dist.world_size();
+                r.launcher = launcher_name(dist.env().launcher);
                 write_json_file(o.json, r.to_json());
               }
               throw;
             }
-            if (!o.json.empty()) write_json_file(o.json, r.to_json());
+            if (leader && !o.json.empty()) write_json_file(o.json, r.to_json());
             if (r.status == "oom") {
-              std::fprintf(stderr, "scalelab train: out of device memory: %s\n", r.error.c_str());
+              std::fprintf(stderr, "scalelab train: out of device memory%s: %s\n",
+                           dist.world_size() > 1 ? (" on rank " + std::to_string(dist.rank())).c_str() : "",
+                           r.error.c_str());
               std::fprintf(stderr, "Memory plan for this configuration:\n");
               for (const auto& it : r.plan["items"]) {
                 std::fprintf(stderr, "  %-22s %12s  %s\n", it["name"].get<std::string>().c_str(),
@@ -69,8 +89,11 @@ Subcommand add_train_command(CLI::App& root) {
                            format_bytes(r.plan["total_bytes"].get<std::size_t>()).c_str(),
                            format_bytes(r.plan["capacity_bytes"].get<std::size_t>()).c_str(),
                            static_cast<long long>(r.plan["max_micro_batch_size"].get<std::int64_t>()));
+              std::fflush(stderr);
+              linger_after_failure();  // the other ranks were told; let them report it
               return 3;
             }
+            if (!leader) return 0;
             print_summary(r);
             if (!o.json.empty()) std::printf("Run record: %s\n", o.json.c_str());
             return 0;

@@ -1,5 +1,7 @@
 #include "cli/train_flags.h"
 
+#include "dist/dist_flags.h"
+
 namespace scalelab::cli {
 
 void add_train_flags(CLI::App* app, TrainOptions& o) {
@@ -54,6 +56,7 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--telemetry-interval", o.telemetry_interval_ms, "Telemetry sampling interval in ms")
       ->capture_default_str();
   app->add_option("--telemetry-csv", o.telemetry_csv, "Write the telemetry time series to this CSV (implies --telemetry)");
+  add_dist_flags(*app, o.dist);
 }
 
 }  // namespace scalelab::cli

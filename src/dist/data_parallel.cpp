@@ -7,14 +7,14 @@
 namespace scalelab {
 
 DataParallel::DataParallel(Communicator& comm, float* params, float* grads, std::int64_t numel,
-                           DataParallelOptions options, UpdateRange update)
+                           DataParallelOptions options, UpdateRange update, float* zero_recv)
     : comm_(comm), params_(params), grads_(grads), numel_(numel), options_(options), update_(std::move(update)) {
   SCALELAB_CHECK_INPUT(options.zero_stage == 0 || options.zero_stage == 1,
                        "[dist] --zero " + std::to_string(options.zero_stage) +
                            " is not supported — use 0 (DDP) or 1 (sharded optimizer states)");
   SCALELAB_CHECK(!comm.device_memory(), "[dist] DataParallel works on host memory; with NCCL use GradReducer");
   if (options.zero_stage == 1) {
-    zero_ = std::make_unique<ZeroOptimizer>(comm, params, grads, numel, update_);
+    zero_ = std::make_unique<ZeroOptimizer>(comm, params, grads, numel, update_, zero_recv);
   } else {
     reducer_ = std::make_unique<GradReducer>(comm, grads, numel, options.ddp);
   }

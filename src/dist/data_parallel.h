@@ -36,9 +36,10 @@ class DataParallel {
  public:
   using UpdateRange = ZeroOptimizer::UpdateRange;
 
-  // Throws InvalidInput for a zero stage other than 0 or 1.
+  // Throws InvalidInput for a zero stage other than 0 or 1. zero_recv: ZeRO-1's reduce-scatter
+  // output (ZeroOptimizer::shard_counts()[rank] floats), or null for a buffer of its own.
   DataParallel(Communicator& comm, float* params, float* grads, std::int64_t numel, DataParallelOptions options,
-               UpdateRange update);
+               UpdateRange update, float* zero_recv = nullptr);
 
   std::int64_t optimizer_begin() const;
   std::int64_t optimizer_end() const;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 
 namespace scalelab {

@@ -10,12 +10,15 @@
 //   config["ddp_bucket_mb"] = ...  (dist_flags.to_json() gives all four for the run record)
 #include <string>
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "dist/communicator.h"
 #include "dist/data_parallel.h"
 #include "dist/dist_context.h"
+
+namespace CLI {
+class App;  // CLI11; declared only, so that TrainOptions can hold DistFlags without it
+}
 
 namespace scalelab {
 

@@ -27,23 +27,35 @@ double sum_of_squares(const float* x, std::int64_t n) {
   return s;
 }
 
-ZeroOptimizer::ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update)
+std::vector<std::int64_t> ZeroOptimizer::shard_counts(std::int64_t numel, int world_size) {
+  return even_counts(numel, world_size, 16);
+}
+
+ZeroOptimizer::ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update,
+                             float* recv)
     : comm_(comm), params_(params), grads_(grads), numel_(numel), update_(std::move(update)) {
   SCALELAB_CHECK(numel >= 0 && (numel == 0 || (params && grads)), "[zero] ZeroOptimizer: no parameter/gradient buffer");
   SCALELAB_CHECK(static_cast<bool>(update_), "[zero] ZeroOptimizer: no update function");
   SCALELAB_CHECK(!comm.device_memory(),
                  "[zero] ZeRO-1 over device memory (NCCL) is not implemented yet — use --zero 0 with --device cuda");
-  counts_ = even_counts(numel, comm.world_size(), 16);
+  counts_ = shard_counts(numel, comm.world_size());
   shard_begin_ = segment_offset(counts_, comm.rank());
   shard_end_ = shard_begin_ + counts_[static_cast<std::size_t>(comm.rank())];
-  if (comm.world_size() > 1) recv_.resize(static_cast<std::size_t>(shard_numel()));
+  if (comm.world_size() > 1) {
+    if (recv == nullptr) {
+      own_recv_.resize(static_cast<std::size_t>(shard_numel()));
+      recv = own_recv_.data();
+    }
+    recv_ = recv;
+  }
 }
 
 double ZeroOptimizer::reduce_gradients() {
   const auto t0 = CommClock::now();
   if (comm_.world_size() > 1) {
-    comm_.reduce_scatter(grads_, recv_.data(), counts_, CommDType::kF32, ReduceOp::kAvg);
-    if (!recv_.empty()) std::memcpy(grads_ + shard_begin_, recv_.data(), recv_.size() * sizeof(float));
+    comm_.reduce_scatter(grads_, recv_, counts_, CommDType::kF32, ReduceOp::kAvg);
+    if (shard_numel() > 0)
+      std::memcpy(grads_ + shard_begin_, recv_, static_cast<std::size_t>(shard_numel()) * sizeof(float));
   }
   const double sq = comm_.all_reduce_value(sum_of_squares(grads_ + shard_begin_, shard_numel()), ReduceOp::kSum);
   reduced_ = true;

@@ -37,7 +37,15 @@ class ZeroOptimizer {
   // Applies the optimizer to elements [begin, end) of the flat parameter/gradient buffers.
   using UpdateRange = std::function<void(std::int64_t begin, std::int64_t end)>;
 
-  ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update);
+  // recv: where the reduce-scatter lands (shard_numel() floats, not overlapping grads), e.g. a
+  // buffer the trainer took from its device allocator so that the memory plan counts it; null:
+  // the optimizer keeps its own host vector.
+  ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update,
+                float* recv = nullptr);
+
+  // The shard sizes for numel elements over world_size ranks (what the constructor uses): the
+  // trainer sizes its optimizer states (and the memory plan) with them before building one.
+  static std::vector<std::int64_t> shard_counts(std::int64_t numel, int world_size);
 
   std::int64_t shard_begin() const { return shard_begin_; }
   std::int64_t shard_end() const { return shard_end_; }
@@ -65,7 +73,8 @@ class ZeroOptimizer {
   UpdateRange update_;
   std::vector<std::int64_t> counts_;
   std::int64_t shard_begin_ = 0, shard_end_ = 0;
-  std::vector<float> recv_;  // reduce-scatter output (host memory)
+  std::vector<float> own_recv_;  // reduce-scatter output when the caller gave no buffer
+  float* recv_ = nullptr;
   bool reduced_ = false;
   ZeroStats stats_;
 };

@@ -115,7 +115,8 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   ctx.log_path = (fs::path(dir_) / (ctx.key + ".log")).string();
   ctx.record_path = (fs::path(dir_) / (ctx.key + ".json")).string();
 
-  Launch launch = build_launch(workload_, options_.engine, params, ctx);
+  Launch launch = options_.launcher ? options_.launcher->launch(workload_, options_.engine, params, ctx)
+                                   : build_launch(workload_, options_.engine, params, ctx);
   rec.command = launch.display;
   rec.log_path = ctx.log_path;
   rec.host = host_name();
@@ -139,7 +140,9 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
 
   progress_.trial_started(label);
   rec.started_at = utc_now_iso();
-  ProcessResult proc = run_process(ps, options_.cancel, [this] { progress_.tick(); });
+  const std::function<void()> tick = [this] { progress_.tick(); };
+  ProcessResult proc = options_.launcher ? options_.launcher->run(ps, params, ctx, options_.cancel, tick)
+                                         : run_process(ps, options_.cancel, tick);
   std::vector<TelemetrySample> samples;
   if (monitor && proc.started) monitor->stop(samples, rec.telemetry_summary);
   rec.ended_at = utc_now_iso();

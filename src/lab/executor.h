@@ -15,6 +15,7 @@
 
 #include "lab/interrupted.h"
 #include "lab/params.h"
+#include "lab/process.h"
 #include "lab/progress.h"
 #include "lab/store.h"
 #include "lab/workload.h"
@@ -32,6 +33,21 @@ class TrialMonitor {
 };
 using TrialMonitorFactory = std::function<std::unique_ptr<TrialMonitor>()>;
 
+// How a trial's command starts and runs. Without one, the executor runs build_launch()'s command
+// as a child process (lab/process.h). The scaling study's launchers (lab/launchers.h) wrap the
+// native command in `mpirun -np N` or submit it to SLURM as a batch job.
+class TrialLauncher {
+ public:
+  virtual ~TrialLauncher() = default;
+  // The command of one trial (what the log and the database show).
+  virtual Launch launch(const Workload& workload, const std::string& engine, const ParamMap& params,
+                        const TrialContext& ctx) const = 0;
+  // Runs it to completion, as lab::run_process does (spec holds launch()'s command, the log,
+  // timeout and environment).
+  virtual ProcessResult run(const ProcessSpec& spec, const ParamMap& params, const TrialContext& ctx,
+                            const std::atomic<bool>* cancel, const std::function<void()>& tick) const = 0;
+};
+
 struct LabOptions {
   std::string db_path = "results/scalelab.db";
   std::string log_dir;        // "": <directory of the database>/logs
@@ -43,6 +59,7 @@ struct LabOptions {
   bool wait_for_lock = false; // queue behind another runner instead of refusing
   const std::atomic<bool>* cancel = nullptr;  // Ctrl-C: kill the running trial, throw Interrupted
   TrialMonitorFactory monitor;                // empty: no per-trial telemetry
+  std::shared_ptr<const TrialLauncher> launcher;  // null: a plain child process
 };
 
 // The config stored (and hashed) for a trial: {"params": {...}, "workload": identity}.

@@ -25,6 +25,8 @@ std::string format_cell(const Json& v, CellFormat f) {
     case CellFormat::kFixed2: std::snprintf(buf, sizeof buf, "%.2f", x); break;
     case CellFormat::kFixed3: std::snprintf(buf, sizeof buf, "%.3f", x); break;
     case CellFormat::kRatio: std::snprintf(buf, sizeof buf, "%.2fx", x); break;
+    case CellFormat::kFixed4: std::snprintf(buf, sizeof buf, "%.4f", x); break;
+    case CellFormat::kSig4: std::snprintf(buf, sizeof buf, "%.4g", x); break;
     case CellFormat::kText: return param_text(v);
   }
   return buf;

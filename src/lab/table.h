@@ -16,6 +16,8 @@ enum class CellFormat {
   kFixed2,  // 3.21
   kFixed3,  // 0.123
   kRatio,   // 2.31x
+  kFixed4,  // 0.0123
+  kSig4,    // 4 significant digits: 0.01234, 1.234e+05
 };
 
 struct Column {

@@ -6,6 +6,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "dist/zero.h"
 #include "kernels/attention.h"
 #include "kernels/fused.h"
 #include "kernels/matmul.h"
@@ -273,8 +274,11 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
   s.alloc("weights", z.P * dtype_size(pr.param));
   if (pr.weight_copy) s.alloc("weights", z.P * dtype_size(pr.compute_weights));
   s.alloc("gradients", z.P * dtype_size(pr.grad));
-  s.alloc("optimizer states", z.P * dtype_size(pr.optim_state));
-  s.alloc("optimizer states", z.P * dtype_size(pr.optim_state));
+  const std::size_t states = static_cast<std::size_t>(optimizer_state_numel(in, static_cast<std::int64_t>(z.P)));
+  s.alloc("optimizer states", states * dtype_size(pr.optim_state));
+  s.alloc("optimizer states", states * dtype_size(pr.optim_state));
+  const bool zero_shard = in.zero_stage == 1 && in.world_size > 1;
+  if (zero_shard && states > 0) s.alloc("gradients", states * 4);  // ZeRO-1: the shard's reduce-scatter output
   s.alloc("batch", z.T * 4);
   s.alloc("batch", z.T * 4);
   for (int step = 0; step < 2; ++step) llama_step(s, z, in);
@@ -287,8 +291,16 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
     const std::string pd(dtype_name(pr.param)), wd(dtype_name(pr.compute_weights));
     if (cat == "weights")
       return std::to_string(z.P) + " parameters, " + pd + (pr.weight_copy ? " master + " + wd + " compute copy" : "");
-    if (cat == "gradients") return std::string(dtype_name(pr.grad)) + ", same layout as the weights";
-    if (cat == "optimizer states") return "AdamW exp_avg and exp_avg_sq, " + std::string(dtype_name(pr.optim_state));
+    const std::int64_t shard = optimizer_state_numel(in, static_cast<std::int64_t>(z.P));
+    const std::string zero_note = in.zero_stage == 1 && in.world_size > 1
+                                      ? ", ZeRO-1 shard of rank " + std::to_string(in.rank) + ": " +
+                                            std::to_string(shard) + " of " + std::to_string(z.P) + " parameters"
+                                      : "";
+    if (cat == "gradients")
+      return std::string(dtype_name(pr.grad)) + ", same layout as the weights" +
+             (zero_note.empty() ? "" : " (+ the fp32 reduce-scatter output" + zero_note + ")");
+    if (cat == "optimizer states")
+      return "AdamW exp_avg and exp_avg_sq, " + std::string(dtype_name(pr.optim_state)) + zero_note;
     if (cat == "batch") return "input and target token ids";
     if (cat == "activations") {
       const std::size_t per_layer = DeviceAllocator::round_size(z.T * f) * 2 +
@@ -334,6 +346,12 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
 
 }  // namespace
 
+std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t total_params) {
+  if (in.zero_stage != 1 || in.world_size <= 1) return total_params;
+  SCALELAB_CHECK(in.rank >= 0 && in.rank < in.world_size, "[plan] rank outside the world");
+  return ZeroOptimizer::shard_counts(total_params, in.world_size)[static_cast<std::size_t>(in.rank)];
+}
+
 std::size_t plan_total_bytes(const PlanInput& in) { return simulate(in, false).total; }
 
 MemoryPlan plan_memory(const PlanInput& in) {
@@ -343,6 +361,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.total = r.total;
   p.capacity = in.capacity;
   p.micro_batch = in.micro_batch;
+  p.world_size = in.world_size;
+  p.rank = in.rank;
+  p.zero_stage = in.zero_stage;
   p.fits = in.capacity == 0 || p.total <= in.capacity;
   if (!p.fits) {
     try {
@@ -385,6 +406,11 @@ nlohmann::json MemoryPlan::to_json() const {
   j["capacity_bytes"] = capacity;
   j["fits"] = fits;
   j["max_micro_batch_size"] = max_micro_batch;
+  if (world_size > 1) {
+    j["world_size"] = world_size;
+    j["rank"] = rank;
+    j["zero_stage"] = zero_stage;
+  }
   nlohmann::json items_j = nlohmann::json::array();
   for (const auto& it : items)
     items_j.push_back({{"name", it.name}, {"bytes", it.bytes}, {"at_peak_bytes", it.at_peak}, {"detail", it.detail}});

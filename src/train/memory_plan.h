@@ -26,7 +26,16 @@ struct PlanInput {
   std::int64_t seq_len = 1;
   int threads = 1;
   std::size_t capacity = 0;
+  // Data parallelism (dist/data_parallel.h): the job's ranks and this rank. With zero_stage 1 and
+  // more than one rank, the optimizer states cover only this rank's shard of the parameters, and
+  // the shard's reduce-scatter output is one more buffer (ZeroOptimizer::shard_counts()).
+  int world_size = 1;
+  int rank = 0;
+  int zero_stage = 0;
 };
+
+// Parameters whose optimizer states this rank holds: all of them, or its ZeRO-1 shard.
+std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t total_params);
 
 struct PlanItem {
   std::string name;
@@ -42,6 +51,7 @@ struct MemoryPlan {
   bool fits = false;
   std::int64_t max_micro_batch = 0;  // largest that fits the capacity (0: none)
   std::int64_t micro_batch = 0;
+  int world_size = 1, rank = 0, zero_stage = 0;  // the plan is of this rank
   nlohmann::json to_json() const;
   std::string to_table() const;  // a human-readable breakdown
 };

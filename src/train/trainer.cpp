@@ -18,7 +18,9 @@
 #include "model/checkpoint.h"
 #include "model/init.h"
 #include "scalelab/version.h"
+#include "dist/config_check.h"
 #include "train/data.h"
+#include "train/data_parallel_run.h"
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
 #include "telemetry/session.h"
@@ -59,7 +61,11 @@ nlohmann::json TrainOptions::to_json() const {
           {"peak_tflops", peak_tflops},
           {"telemetry", telemetry || !telemetry_csv.empty()},
           {"telemetry_interval_ms", telemetry_interval_ms},
-          {"telemetry_csv", telemetry_csv}};
+          {"telemetry_csv", telemetry_csv},
+          {"ddp_bucket_mb", dist.ddp_bucket_mb},
+          {"zero", dist.zero},
+          {"comm_timeout", dist.comm_timeout_s},
+          {"comm_backend", dist.comm_backend}};
 }
 
 nlohmann::json TrainResult::to_json() const {
@@ -98,6 +104,15 @@ nlohmann::json TrainResult::to_json() const {
   if (!telemetry.is_null()) j["telemetry"] = telemetry;
   j["skipped_steps"] = skipped_steps;
   if (loss_scale > 0) j["loss_scale"] = loss_scale;
+  j["world_size"] = world_size;
+  j["launcher"] = launcher;
+  if (!data_parallel.is_null()) {
+    j["comm_time_s"] = data_parallel.value("comm_time_s", 0.0);
+    j["comm_hidden_s"] = data_parallel.value("comm_hidden_s", 0.0);
+    j["comm_hidden_fraction"] = data_parallel.value("comm_hidden_fraction", 0.0);
+    j["data_parallel"] = data_parallel;
+    j["ranks"] = ranks;
+  }
   return j;
 }
 
@@ -192,10 +207,26 @@ PlanInput make_plan_input(const TrainOptions& o) {
   return in;
 }
 
-TrainResult run_training(const TrainOptions& o) {
-  validate_train_options(o);
+namespace {
+
+// One rank's training; dist is null for a single process (the arithmetic is then exactly the
+// single-process trainer's) and otherwise has more than one rank.
+TrainResult train(const TrainOptions& requested, DistContext* dist) {
+  validate_train_options(requested);
+  TrainOptions o = requested;
+  if (dist) {
+    o.threads = threads_for_rank(requested.threads, dist->env());  // --threads 0: this rank's share
+    o.quiet = requested.quiet || dist->rank() != 0;                 // progress from rank 0 only
+  }
+  const int world = dist ? dist->world_size() : 1;
   TrainResult res;
-  const PlanInput pin = make_plan_input(o);
+  res.world_size = world;
+  PlanInput pin = make_plan_input(o);
+  if (dist) {
+    pin.world_size = world;
+    pin.rank = dist->rank();
+    pin.zero_stage = o.dist.zero;
+  }
   const ModelConfig& cfg = pin.config;
   const std::size_t capacity = pin.capacity;
   const LrSchedule schedule = parse_lr_schedule(o.lr_scheduler);
@@ -214,6 +245,16 @@ TrainResult run_training(const TrainOptions& o) {
   res.config["threads_resolved"] = num_threads();
   res.config["model_config"] = cfg.to_hf_json();
   res.config["model_family"] = family_name(cfg.family);
+  res.config["threads"] = requested.threads;
+  res.config["world_size"] = world;
+  std::unique_ptr<DataParallelRun> dp;
+  if (dist) {
+    // Every rank must run the same configuration; the paths only rank 0 writes and what differs
+    // legitimately between machines are left out.
+    check_same_config(dist->host(), res.config,
+                      {"json", "save", "telemetry_csv", "device_memory_bytes", "threads_resolved"});
+    dp = std::make_unique<DataParallelRun>(*dist, o.dist, prec, layout.total_numel());
+  }
 
   const MemoryPlan plan = plan_memory(pin);
   res.plan = plan.to_json();
@@ -225,7 +266,8 @@ TrainResult run_training(const TrainOptions& o) {
   // Telemetry samples from before the first step to after the last; a run that throws still
   // stops the sampler (the session's destructor).
   std::optional<TelemetrySession> tel;
-  if (o.telemetry || !o.telemetry_csv.empty()) {
+  // With several ranks, one per node samples (its node's devices; the energy is summed over nodes).
+  if ((o.telemetry || !o.telemetry_csv.empty()) && (!dist || dist->env().local_rank == 0)) {
     TelemetryOptions topt;
     topt.interval = std::chrono::milliseconds(o.telemetry_interval_ms);
     topt.engine = {{"cpu", [&alloc] { return alloc.stats(); }}};
@@ -239,14 +281,18 @@ TrainResult run_training(const TrainOptions& o) {
     if (!o.telemetry_csv.empty()) tel->write_csv(o.telemetry_csv);
   };
   const std::int64_t bench_warmup = std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - 1));
+  double measured_time = 0;
   try {
     const std::int64_t P = layout.total_numel();
     Tensor params = Tensor::empty({P}, prec.param, alloc, "weights");
     Tensor compute_weights = prec.weight_copy ? Tensor::empty({P}, prec.compute_weights, alloc, "weights (compute copy)")
                                               : params;
     Tensor grads = Tensor::zeros({P}, prec.grad, alloc, "gradients");
-    Tensor m = Tensor::zeros({P}, prec.optim_state, alloc, "optimizer exp_avg");
-    Tensor v = Tensor::zeros({P}, prec.optim_state, alloc, "optimizer exp_avg_sq");
+    const std::int64_t S = dp ? dp->state_numel() : P;  // ZeRO-1: this rank's shard
+    Tensor m = Tensor::zeros({S}, prec.optim_state, alloc, "optimizer exp_avg");
+    Tensor v = Tensor::zeros({S}, prec.optim_state, alloc, "optimizer exp_avg_sq");
+    Tensor zero_recv;
+    if (dp && dp->zero() && S > 0) zero_recv = Tensor::empty({S}, DType::kF32, alloc, "gradient shard (ZeRO-1)");
     if (!is_preset(o.model) && has_weights(o.model)) {
       const LoadSummary ls = load_weights(o.model, cfg, layout, params);
       if (!o.quiet) {
@@ -258,10 +304,11 @@ TrainResult run_training(const TrainOptions& o) {
     }
     if (prec.weight_copy) compute_weights.copy_from(params);
     std::unique_ptr<Model> model = make_model(cfg, layout, compute_weights, grads, mopt);
+    if (dp) dp->attach(params, grads, m, v, zero_recv.defined() ? &zero_recv : nullptr, *model);
     double loss_scale = prec.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
     std::int64_t good_steps = 0;
-    DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, 0, 1};
-    std::unique_ptr<DataSource> data = make_data_source(dopt);
+    DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp ? dp->rank() : 0, world};
+    std::unique_ptr<DataSource> data = with_injected_data_fault(make_data_source(dopt), dopt.rank);
     Batch batch = make_batch(o.micro_batch_size, o.seq_len, alloc);
 
     std::vector<kernels::ElementRange> ranges;
@@ -279,7 +326,6 @@ TrainResult run_training(const TrainOptions& o) {
                    data->describe().c_str(), static_cast<long long>(o.micro_batch_size),
                    static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum_steps), num_threads());
     }
-    double measured_time = 0;
     std::vector<double> measured;
     for (std::int64_t step = 0; step < o.max_steps; ++step) {
       if (step == bench_warmup) profiler.clear();
@@ -287,6 +333,7 @@ TrainResult run_training(const TrainOptions& o) {
       grads.zero_();
       double loss = 0;
       for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
+        if (dp) dp->begin_micro_step(micro == o.grad_accum_steps - 1);
         {
           ProfileScope p(ctx, "data", Phase::kData);
           data->next(batch);
@@ -299,7 +346,8 @@ TrainResult run_training(const TrainOptions& o) {
       const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
       // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
       // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
-      const double sum_sq = kernels::sum_of_squares(grads, ctx);
+      const double sum_sq = dp ? dp->sync_gradients() : kernels::sum_of_squares(grads, ctx);
+      if (dp) loss = dp->mean(loss);
       if (prec.loss_scaling && !std::isfinite(sum_sq)) {
         // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
         // double it after 2000 good steps.
@@ -308,6 +356,7 @@ TrainResult run_training(const TrainOptions& o) {
         ++res.skipped_steps;
         const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         res.steps.push_back({loss, lr, std::nan(""), dt});
+        if (dp) dp->end_step(false);
         if (!o.quiet) {
           std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
                        static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale);
@@ -325,7 +374,8 @@ TrainResult run_training(const TrainOptions& o) {
       hp.weight_decay = static_cast<float>(o.weight_decay);
       hp.step = step + 1;
       hp.grad_scale = static_cast<float>(coef / loss_scale);
-      kernels::adamw_update(params, m, v, grads, ranges, hp, ctx);
+      if (dp) dp->update(ranges, hp, ctx);
+      else kernels::adamw_update(params, m, v, grads, ranges, hp, ctx);
       if (prec.loss_scaling && ++good_steps % 2000 == 0) loss_scale *= 2.0;
       if (prec.weight_copy) {
         ProfileScope p(ctx, "adamw", Phase::kOptimizer);
@@ -337,11 +387,12 @@ TrainResult run_training(const TrainOptions& o) {
         measured_time += dt;
         measured.push_back(dt);
       }
+      if (dp) dp->end_step(step >= bench_warmup);
       if (!o.quiet) {
         const auto st = alloc.stats();
         std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f tokens/s | %.3f s | mem %s reserved\n",
                      static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss, lr, norm,
-                     static_cast<double>(tokens_per_step) / dt, dt, format_bytes(st.reserved).c_str());
+                     static_cast<double>(tokens_per_step * world) / dt, dt, format_bytes(st.reserved).c_str());
       }
       if (!std::isfinite(loss) && !prec.loss_scaling) {
         throw RuntimeError("[train] the loss became " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
@@ -354,7 +405,7 @@ TrainResult run_training(const TrainOptions& o) {
     res.step_time_s = median(measured);
     if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
     if (o.profile) res.profile = profile_json(profiler, measured_time);
-    if (!o.save.empty()) {
+    if (!o.save.empty() && (!dist || dist->rank() == 0)) {
       SaveOptions so;
       so.dtype = o.save_precision.empty() ? prec.param : parse_dtype(o.save_precision, "--save-precision");
       so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
@@ -364,6 +415,8 @@ TrainResult run_training(const TrainOptions& o) {
     res.loss_scale = prec.loss_scaling ? loss_scale : 0.0;
     res.status = "ok";
   } catch (const OutOfMemory& e) {
+    // The other ranks wait in a collective: tell them, so that they stop naming this rank.
+    if (dist) dist->host().notify_failure(std::string("out of device memory: ") + e.what());
     res.status = "oom";
     res.error = e.what();
     res.oom = {{"requested_bytes", e.requested()},
@@ -375,7 +428,21 @@ TrainResult run_training(const TrainOptions& o) {
   const MemoryStats st = alloc.stats();
   res.max_allocated_bytes = st.peak_allocated;
   res.max_reserved_bytes = st.peak_reserved;
+  if (dp && res.status == "ok") {
+    dp->finish(res, tokens_per_step, measured_time, res.step_time_s);
+    if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
+  }
   return res;
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainOptions& o) { return train(o, nullptr); }
+
+TrainResult run_training(const TrainOptions& o, DistContext& dist) {
+  TrainResult r = train(o, dist.world_size() > 1 ? &dist : nullptr);
+  r.launcher = launcher_name(dist.env().launcher);
+  return r;
 }
 
 }  // namespace scalelab

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/context.h"
+#include "dist/dist_flags.h"
 
 namespace scalelab {
 
@@ -50,6 +51,7 @@ struct TrainOptions {
   bool telemetry = false;             // sample devices and the process during the run
   int telemetry_interval_ms = 200;
   std::string telemetry_csv;          // time series file (implies telemetry)
+  DistFlags dist;                     // --ddp-bucket-mb, --zero, --comm-timeout, --comm-backend
 
   nlohmann::json to_json() const;
 };
@@ -78,6 +80,10 @@ struct TrainResult {
   nlohmann::json telemetry;  // summary per device and for the process, when sampled
   std::int64_t skipped_steps = 0;  // fp16 loss scaling: steps skipped for inf/NaN gradients
   double loss_scale = 0;           // final fp16 loss scale (0 when not scaling)
+  int world_size = 1;              // data-parallel ranks
+  std::string launcher = "none";   // "none", "openmpi", "slurm"
+  nlohmann::json data_parallel;    // world_size > 1: mode, buckets, communication per step
+  nlohmann::json ranks;            // world_size > 1: each rank's throughput, communication, memory
   nlohmann::json to_json() const;
 };
 
@@ -87,6 +93,11 @@ void validate_train_options(const TrainOptions& o);
 // Runs training. Invalid input throws InvalidInput; running out of device memory returns a result
 // with status "oom" (never throws OutOfMemory); progress goes to stderr unless quiet.
 TrainResult run_training(const TrainOptions& o);
+// The same as one rank of a data-parallel job (train/data_parallel_run.h) when dist has more than
+// one rank: the ranks check they run the same configuration, read disjoint samples, average their
+// gradients, and rank 0's result holds the job's figures (the others' hold their own); only rank 0
+// prints progress and saves (--save). With one rank it is run_training(o).
+TrainResult run_training(const TrainOptions& o, DistContext& dist);
 
 // The memory-plan input of a run (model resolved, capacity parsed, threads resolved).
 struct PlanInput;

@@ -1,0 +1,215 @@
+// `scalelab scale --ranks 1,2,4 [train flags]`: the scaling study. Runs the training
+// configuration at each rank count as lab trials (this machine: mpirun; a cluster: a SLURM batch
+// job per rank count), records them in the results database, and prints the reference practice's
+// table (per-device and total throughput, speedup, parallel efficiency, cost efficiency, cost per
+// 1M tokens, J/token, Karp–Flatt) and a recommendation per purpose for a token budget.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <thread>
+
+#include "cli/command.h"
+#include "cli/lab_common.h"
+#include "core/error.h"
+#include "lab/launchers.h"
+#include "lab/scale.h"
+#include "lab/slurm.h"
+#include "lab/views.h"
+
+namespace scalelab::cli {
+namespace {
+
+// "01:31:00" for a SLURM --time of at least `seconds` (whole minutes, one to spare).
+std::string slurm_time(double seconds) {
+  const long minutes = static_cast<long>(std::ceil(seconds / 60.0)) + 1;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02ld:%02ld:00", minutes / 60, minutes % 60);
+  return buf;
+}
+
+}  // namespace
+
+Subcommand add_scale_command(CLI::App& root) {
+  auto* app = root.add_subcommand(
+      "scale",
+      "Scaling study: run a train configuration at 1, 2, 4, ... data-parallel ranks (per-rank micro-batch fixed), "
+      "record the trials and print throughput, speedup, efficiency, cost, energy and a recommendation. Flags it "
+      "does not know are train flags");
+  app->allow_extras();
+  struct Flags {
+    LabFlags lab;
+    std::vector<int> ranks;
+    std::string launcher = "local";
+    int repeats = 1;
+    double price = 0;
+    double token_budget = 1e9;
+    bool dry_run = false;
+    std::string name, json, format = "md";
+    std::string mpirun = "mpirun";
+    std::vector<std::string> mpirun_args;
+    int tasks_per_node = 0, gpus_per_node = 0, cpus_per_task = 0;
+    std::string time, partition, account, srun_mpi = "pmix";
+    std::vector<std::string> sbatch_args;
+  };
+  auto f = std::make_shared<Flags>();
+  add_lab_flags(app, f->lab);
+  app->add_option("--ranks", f->ranks, "Rank (device) counts to run, e.g. 1,2,4,8")->required()->delimiter(',');
+  app->add_option("--launcher", f->launcher,
+                  "local: mpirun on this machine; slurm: an sbatch job per rank count (srun --mpi=pmix)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"local", "slurm"}));
+  app->add_option("--repeats", f->repeats, "Trials per rank count (averaged)")->capture_default_str()->check(CLI::PositiveNumber);
+  auto* price = app->add_option("--price-per-device-hour", f->price,
+                                "Price of one device for one hour (any currency): adds cost per 1M tokens")
+                    ->check(CLI::NonNegativeNumber);
+  app->add_option("--token-budget", f->token_budget, "Tokens to train, for the recommendations")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_flag("--dry-run", f->dry_run, "Print the commands (local) or batch scripts (slurm) without running them");
+  app->add_option("--name", f->name, "Record under this name [default: scale-<model>-<hash of the config>]");
+  app->add_option("--json", f->json, "Also write the table (rows and notes) to this file");
+  app->add_option("--format", f->format, "Table format: md, csv or json")->capture_default_str();
+  app->add_option("--mpirun", f->mpirun, "local: the mpirun to use")->capture_default_str();
+  app->add_option("--mpirun-arg", f->mpirun_args, "local: an extra mpirun argument (repeat for more)")
+      ->allow_extra_args(false);
+  app->add_option("--tasks-per-node", f->tasks_per_node,
+                  "slurm: ranks per node [default: --gpus-per-node, else all ranks on one node]");
+  app->add_option("--gpus-per-node", f->gpus_per_node, "slurm: GPUs to request per node (one per rank)");
+  app->add_option("--cpus-per-task", f->cpus_per_task, "slurm: CPUs per rank [default: the cluster's]");
+  app->add_option("--time", f->time, "slurm: the job's time limit [default: --timeout, rounded up]");
+  app->add_option("--partition", f->partition, "slurm: partition");
+  app->add_option("--account", f->account, "slurm: account");
+  app->add_option("--sbatch-arg", f->sbatch_args, "slurm: an extra #SBATCH option, e.g. --exclusive (repeat for more)")
+      ->allow_extra_args(false);
+  app->add_option("--srun-mpi", f->srun_mpi, "slurm: srun --mpi plugin")->capture_default_str();
+
+  return {app, [f, app, price] {
+            const lab::TableFormat format = lab::parse_table_format(f->format);
+            lab::ScaleSpec spec;
+            spec.ranks = lab::parse_rank_list(f->ranks);
+            spec.repeats = f->repeats;
+            spec.launcher = f->launcher == "slurm" ? "slurm" : "mpirun";
+            if (price->count()) spec.price_per_device_hour = f->price;
+            spec.token_budget = f->token_budget;
+            ResolvedWorkload w = resolve_workload(WorkloadFlags{}, app->remaining(), {});
+            for (const char* own : {lab::kRanksParam, lab::kLauncherParam}) {
+              if (w.params.count(own))
+                throw InvalidInput(std::string("[scale] '") + own + "' is the study's own parameter — use --ranks / --launcher");
+            }
+            spec.params = w.params;
+
+            const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+            const int max_ranks = *std::max_element(spec.ranks.begin(), spec.ranks.end());
+            if (auto it = spec.params.find("threads"); it != spec.params.end()) {
+              spec.threads_per_rank = it->second.is_number_integer() ? it->second.get<int>() : 0;
+            } else if (spec.launcher == "mpirun") {
+              // A device is a fixed share of this machine: the largest rank count fills its cores,
+              // and every rank count gives each rank the same threads (weak scaling).
+              spec.threads_per_rank = std::max(1, cores / max_ranks);
+            }
+
+            InterruptFlag interrupt;
+            lab::LabOptions options = lab_options(f->lab, interrupt.get());
+            if (spec.launcher == "mpirun") {
+              lab::MpirunOptions mo;
+              mo.mpirun = f->mpirun;
+              mo.extra_args = f->mpirun_args;
+              mo.cores = cores;
+              mo.threads_per_rank = std::max(1, spec.threads_per_rank);
+              mo.as_root = ::geteuid() == 0;
+              options.launcher = std::make_shared<lab::MpirunLauncher>(mo);
+            } else {
+              lab::SlurmOptions so;
+              so.tasks_per_node = f->tasks_per_node;
+              so.gpus_per_node = f->gpus_per_node;
+              so.cpus_per_task = f->cpus_per_task;
+              so.time = f->time.empty() ? slurm_time(options.timeout_s) : f->time;
+              so.partition = f->partition;
+              so.account = f->account;
+              so.mpi = f->srun_mpi;
+              so.extra_sbatch = f->sbatch_args;
+              options.launcher = std::make_shared<lab::SlurmLauncher>(so);
+            }
+            const std::string name =
+                f->name.empty() ? default_sweep_name("scale", w, {{"launcher", spec.launcher}}) : f->name;
+
+            if (f->dry_run) {
+              const std::string base = options.log_dir.empty() ? lab::default_log_dir_for(options.db_path) : options.log_dir;
+              lab::TrialContext ctx;
+              ctx.sweep = name;
+              ctx.dir = (std::filesystem::path(base) / lab::safe_file_name(name)).string();
+              std::printf("# scalelab scale --dry-run: %s, %zu rank count(s); nothing is run or recorded\n",
+                          name.c_str(), spec.ranks.size());
+              for (int n : spec.ranks) {
+                ctx.key = "dry-run-" + std::to_string(n);
+                ctx.log_path = ctx.dir + "/" + ctx.key + ".log";
+                ctx.record_path = ctx.dir + "/" + ctx.key + ".json";
+                const lab::ParamMap params = lab::scale_trial_params(spec, n);
+                std::printf("\n# %d %s\n", n, n == 1 ? "rank" : "ranks");
+                if (spec.launcher == "mpirun") {
+                  std::printf("%s\n", options.launcher->launch(w.workload, options.engine, params, ctx).display.c_str());
+                } else {
+                  const auto& sl = static_cast<const lab::SlurmLauncher&>(*options.launcher);
+                  const lab::SlurmJob job = sl.job(w.workload, options.engine, params, ctx);
+                  std::printf("# %s\n%s", job.script_path().c_str(), lab::render_sbatch_script(job).c_str());
+                }
+              }
+              return 0;
+            }
+
+            lab::Progress progress(stderr, lab::Progress::is_terminal(stderr));
+            lab::RunnerLock lock(options.db_path, "scale " + name, options.wait_for_lock, options.cancel,
+                                 [&](const std::string& m) { progress.note(m); });
+            lab::ResultsStore store(options.db_path, lab::ResultsStore::Mode::kReadWrite);
+            lab::Json stored = spec.to_json();
+            stored["workload"] = w.workload.describe();
+            const std::int64_t sweep_id = store.ensure_sweep(name, lab::kScaleKind, stored);
+            lab::TrialExecutor exec(store, sweep_id, name, w.workload, options, progress);
+            std::vector<lab::TrialRow> rows;
+            try {
+              rows = lab::run_scale(exec, spec);
+            } catch (const lab::Interrupted& e) {
+              return report_interrupted(e, options.db_path,
+                                        "run the same command again to resume (recorded trials are reused).");
+            }
+            progress.finish();
+
+            // The table comes from the database, as `scalelab results --sweep NAME` prints it.
+            const std::optional<lab::SweepRow> sweep = store.find_sweep(name);
+            SCALELAB_CHECK(sweep.has_value(), "[scale] the sweep '" + name + "' vanished from " + store.path());
+            const lab::Table table = lab::scale_sweep_table(*sweep, store);
+            std::fputs(lab::render(table, format).c_str(), stdout);
+            if (format != lab::TableFormat::kMarkdown)
+              for (const auto& n : table.notes) std::fprintf(stderr, "%s\n", n.c_str());
+            if (!f->json.empty()) {
+              const lab::Json out{{"sweep", name}, {"db", store.path()}, {"rows", table.rows}, {"notes", table.notes}};
+              write_text_file(f->json, out.dump(2) + "\n", "--json");
+            }
+            std::fprintf(stderr, "\nResults: %s (scalelab results --db %s --sweep %s); logs in %s\n",
+                         store.path().c_str(), store.path().c_str(), name.c_str(), exec.log_dir().c_str());
+
+            bool refused = false;
+            std::set<int> ok;
+            for (const auto& r : rows) {
+              if (r.status == "ok") ok.insert(lab::trial_ranks(r.params()));
+              if (r.status == "error" && r.exit_code && *r.exit_code == 2) refused = true;
+            }
+            if (refused) {
+              std::fprintf(stderr, "scalelab scale: the engine refused the configuration (exit code 2); see the reason above\n");
+              return 2;
+            }
+            for (int n : spec.ranks) {
+              if (!ok.count(n)) {
+                std::fprintf(stderr, "scalelab scale: no successful trial at %d ranks; see the reason in the table\n", n);
+                return 1;
+              }
+            }
+            return 0;
+          }};
+}
+
+}  // namespace scalelab::cli

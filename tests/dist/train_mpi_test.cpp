@@ -1,0 +1,286 @@
+// `scalelab train` and `scalelab scale` over MPI, end to end: the scalelab binary under
+// `mpirun -np 2` (as root in CI: --allow-run-as-root --oversubscribe), one thread per rank.
+//   - 2 ranks x micro-batch b train like 1 rank x micro-batch 2b (losses and saved weights, within
+//     fp32 reduction-order tolerance), with and without gradient accumulation; ZeRO-1 like DDP;
+//   - a rank that fails (unreadable data on rank 1 only) ends the job, naming it, within a bound;
+//   - ranks launched with different flags refuse to run, naming the key;
+//   - `scalelab scale --ranks 1,2` records both trials and `results` reproduces its table.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "dist/process.h"
+#include "model/safetensors.h"
+
+namespace scalelab {
+namespace {
+
+#ifdef SCALELAB_MPIRUN
+
+namespace fs = std::filesystem;
+
+// The bound a job must end within (a deadline of the child, not a timing assertion).
+constexpr double kJobBound = 60;
+
+std::vector<std::string> split_words(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string w; in >> w;) out.push_back(w);
+  return out;
+}
+
+std::vector<std::string> mpirun_argv() {
+  std::vector<std::string> argv;
+  std::stringstream ss(SCALELAB_MPIRUN);
+  for (std::string tok; std::getline(ss, tok, '|');) argv.push_back(tok);
+  return argv;
+}
+
+// `scalelab <args>` on np ranks (np 0: directly, without mpirun).
+ProcessResult scalelab(int np, const std::string& args, std::vector<std::pair<std::string, std::string>> env = {}) {
+  std::vector<std::string> argv;
+  if (np > 0) {
+    argv = mpirun_argv();
+    for (const auto& [k, v] : env) {
+      argv.push_back("-x");
+      argv.push_back(k);
+    }
+    argv.push_back("-np");
+    argv.push_back(std::to_string(np));
+  }
+  argv.push_back(SCALELAB_EXE);
+  for (auto& w : split_words(args)) argv.push_back(w);
+  ProcessOptions o;
+  o.timeout_s = kJobBound;
+  o.env = env;
+  o.env.emplace_back("OMP_NUM_THREADS", "1");
+  return run_process(argv, o);
+}
+
+class TrainMpi : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("scalelab_train_mpi_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  // Trains and returns the run record; the model is saved into <name>/.
+  nlohmann::json train(int np, const std::string& name, const std::string& flags) {
+    const ProcessResult r = scalelab(np, "train " + kCommon + flags + " --json " + path(name + ".json") + " --save " +
+                                             path(name));
+    EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+    std::ifstream in(path(name + ".json"));
+    if (!in) {
+      ADD_FAILURE() << "no run record " << name;
+      return {};
+    }
+    return nlohmann::json::parse(in);
+  }
+
+  // Largest absolute difference between the weights saved in two directories.
+  double max_weight_diff(const std::string& a, const std::string& b) {
+    const SafetensorsFile fa = SafetensorsFile::open(path(a) + "/model.safetensors");
+    const SafetensorsFile fb = SafetensorsFile::open(path(b) + "/model.safetensors");
+    EXPECT_EQ(fa.tensors().size(), fb.tensors().size());
+    double worst = 0;
+    for (const SafetensorsTensor& ta : fa.tensors()) {
+      const SafetensorsTensor* tb = fb.find(ta.name);
+      if (tb == nullptr || tb->numel() != ta.numel()) {
+        ADD_FAILURE() << "tensor " << ta.name << " differs in presence or size";
+        continue;
+      }
+      std::vector<float> x(static_cast<std::size_t>(ta.numel())), y(x.size());
+      fa.read(ta, x.data(), DType::kF32);
+      fb.read(*tb, y.data(), DType::kF32);
+      for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(x[i] - y[i])));
+    }
+    return worst;
+  }
+
+  static void expect_same_losses(const nlohmann::json& a, const nlohmann::json& b) {
+    ASSERT_EQ(a["losses"].size(), b["losses"].size());
+    for (std::size_t i = 0; i < a["losses"].size(); ++i) {
+      const double x = a["losses"][i].get<double>(), y = b["losses"][i].get<double>();
+      EXPECT_NEAR(x, y, 1e-5 * std::fabs(x)) << "step " << i + 1;
+    }
+  }
+
+  // Small, multi-bucket (0.02 MiB buckets over 90k parameters), lr large enough that the weights
+  // move well beyond the tolerance in 4 steps.
+  const std::string kCommon =
+      "--model llama-tiny --seq-len 16 --max-steps 4 --threads 1 --lr 1e-3 --bench-warmup-steps 1 --quiet "
+      "--ddp-bucket-mb 0.02 ";
+  fs::path dir_;
+};
+
+TEST_F(TrainMpi, TwoRanksTrainLikeOneRankWithTheDoubleBatch) {
+  const nlohmann::json one = train(0, "one", "--micro-batch-size 4");
+  const nlohmann::json two = train(2, "two", "--micro-batch-size 2");
+  const nlohmann::json zero = train(2, "zero", "--micro-batch-size 2 --zero 1");
+  ASSERT_FALSE(one.is_null() || two.is_null() || zero.is_null());
+  expect_same_losses(one, two);
+  expect_same_losses(two, zero);
+  EXPECT_LT(max_weight_diff("one", "two"), 1e-5);
+  EXPECT_LT(max_weight_diff("two", "zero"), 1e-5);
+  EXPECT_GT(max_weight_diff("one", "zero"), 0.0);  // the comparison sees the weights at all
+  // The weights moved from their initialization far more than the tolerance.
+  const nlohmann::json init = train(0, "init", "--micro-batch-size 4 --lr 0");
+  EXPECT_GT(max_weight_diff("init", "two"), 1e-4);
+
+  // The record: world, launcher, the job's throughput and every rank's figures.
+  EXPECT_EQ(one["world_size"], 1);
+  EXPECT_EQ(one["launcher"], "none");
+  EXPECT_FALSE(one.contains("data_parallel"));
+  EXPECT_EQ(two["world_size"], 2);
+  EXPECT_EQ(two["launcher"], "openmpi");
+  EXPECT_EQ(two["config"]["world_size"], 2);
+  EXPECT_NEAR(two["tokens_per_s"].get<double>(), 2 * two["tokens_per_s_per_device"].get<double>(),
+              1e-9 * two["tokens_per_s"].get<double>());
+  ASSERT_EQ(two["ranks"].size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(two["ranks"][r]["rank"], r);
+    EXPECT_GT(two["ranks"][r]["tokens_per_s"].get<double>(), 0);
+    EXPECT_GE(two["ranks"][r]["comm_time_s"].get<double>(), two["ranks"][r]["comm_hidden_s"].get<double>());
+  }
+  const nlohmann::json& d = two["data_parallel"];
+  EXPECT_EQ(d["mode"], "ddp");
+  EXPECT_GT(d["buckets_per_step"].get<int>(), 2);
+  // Every bucket went out from the model's grad-ready hook during backward, none from the end.
+  EXPECT_EQ(d["buckets_launched_early"], d["buckets"]);
+  EXPECT_EQ(d["synced_steps"], 4);
+  EXPECT_GE(two["comm_hidden_fraction"].get<double>(), 0.0);
+  EXPECT_LE(two["comm_hidden_fraction"].get<double>(), 1.0);
+
+  // ZeRO-1: optimizer states for half the parameters (plus the shard's reduce-scatter output),
+  // and the plan, which says so, is what the allocator measured on rank 0.
+  EXPECT_EQ(zero["data_parallel"]["mode"], "zero1");
+  const std::int64_t params = zero["params"].get<std::int64_t>();
+  EXPECT_LE(zero["ranks"][0]["optimizer_state_elements"].get<std::int64_t>(), params / 2 + 16);
+  std::size_t states = 0;
+  for (const auto& it : zero["memory_plan"]["items"])
+    if (it["name"] == "optimizer states") states = it["bytes"].get<std::size_t>();
+  EXPECT_LE(states, (params / 2 + 16) * 2 * 4 + 1024);
+  EXPECT_EQ(zero["ranks"][0]["max_reserved_bytes"], zero["memory_plan"]["total_bytes"]);
+  EXPECT_EQ(two["ranks"][0]["max_reserved_bytes"], two["memory_plan"]["total_bytes"]);
+  EXPECT_LT(zero["ranks"][0]["max_reserved_bytes"].get<double>(), two["ranks"][0]["max_reserved_bytes"].get<double>());
+}
+
+TEST_F(TrainMpi, GradientAccumulationCommunicatesOnceAndMatches) {
+  const nlohmann::json one = train(0, "one", "--micro-batch-size 4 --grad-accum-steps 2");
+  const nlohmann::json two = train(2, "two", "--micro-batch-size 2 --grad-accum-steps 2");
+  ASSERT_FALSE(one.is_null() || two.is_null());
+  expect_same_losses(one, two);
+  EXPECT_LT(max_weight_diff("one", "two"), 1e-5);
+  // One synchronized reduction per optimizer step, not per micro-step.
+  const nlohmann::json& d = two["data_parallel"];
+  EXPECT_EQ(d["synced_steps"], 4);
+  EXPECT_EQ(d["buckets"].get<int>(), 4 * d["buckets_per_step"].get<int>());
+}
+
+TEST_F(TrainMpi, OneRankUnderMpirunIsTheSingleProcessRun) {
+  const nlohmann::json direct = train(0, "direct", "--micro-batch-size 2");
+  const nlohmann::json launched = train(1, "launched", "--micro-batch-size 2");
+  ASSERT_FALSE(direct.is_null() || launched.is_null());
+  EXPECT_EQ(direct["losses"], launched["losses"]);
+  EXPECT_EQ(max_weight_diff("direct", "launched"), 0.0);
+  EXPECT_EQ(launched["launcher"], "openmpi");
+  EXPECT_EQ(launched["world_size"], 1);
+}
+
+TEST_F(TrainMpi, AFailingRankEndsTheJobNamingIt) {
+  // Rank 1 cannot read its third micro-batch; the collective timeout (300 s) is far beyond the
+  // bound, so only the failure notice can end the job in time.
+  const ProcessResult r =
+      scalelab(2, "train " + kCommon + "--micro-batch-size 2 --comm-timeout 300 --json " + path("f.json"),
+               {{"SCALELAB_INJECT_DATA_FAULT", "1:2"}});
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_FALSE(r.ok()) << r.output;
+  EXPECT_NE(r.output.find("cannot read micro-batch 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("on rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[dist] rank 1 failed"), std::string::npos) << r.output;
+  std::ifstream in(path("f.json"));
+  ASSERT_TRUE(in) << "rank 0 wrote no record";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["status"], "error");
+  EXPECT_NE(j["error"].get<std::string>().find("rank 1 failed"), std::string::npos) << j["error"];
+}
+
+TEST_F(TrainMpi, RanksWithDifferentFlagsRefuseNamingTheKey) {
+  std::vector<std::string> argv = mpirun_argv();
+  for (const char* seq : {"16", "32"}) {
+    if (std::string(seq) == "32") argv.push_back(":");
+    argv.insert(argv.end(), {"-np", "1", SCALELAB_EXE, "train", "--model", "llama-tiny", "--max-steps", "1",
+                             "--threads", "1", "--seq-len", seq});
+  }
+  ProcessOptions o;
+  o.timeout_s = kJobBound;
+  o.env = {{"OMP_NUM_THREADS", "1"}};
+  const ProcessResult r = run_process(argv, o);
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_FALSE(r.ok()) << r.output;
+  EXPECT_NE(r.output.find("rank 1 differs from rank 0 in seq_len (rank 1: 32, rank 0: 16)"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(TrainMpi, ScaleRecordsEachRankCountAndResultsReproducesTheTable) {
+  const std::vector<std::string> m = mpirun_argv();
+  const std::string db = path("s.db");
+  const std::string flags = "--ranks 1,2 --db " + db + " --name study --mpirun " + m.front() +
+                            " --mpirun-arg=--oversubscribe --price-per-device-hour 2 --token-budget 1e6 "
+                            "--model llama-tiny --seq-len 16 --max-steps 3 --micro-batch-size 2";
+  const ProcessResult r = scalelab(0, "scale " + flags);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  for (const char* s : {"tokens/s per device", "efficiency %", "Karp–Flatt", "cost per 1M tokens",
+                        "shortest time:", "lowest cost:", "lowest energy:"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+
+  const ProcessResult again = scalelab(0, "results --db " + db + " --sweep study --format json");
+  ASSERT_TRUE(again.ok()) << again.output;
+  const std::string text = again.output.substr(again.output.find('['));
+  const nlohmann::json rows = nlohmann::json::parse(text.substr(0, text.rfind(']') + 1));
+  ASSERT_EQ(rows.size(), 2u) << again.output;
+  EXPECT_EQ(rows[0]["ranks"], 1);
+  EXPECT_EQ(rows[1]["ranks"], 2);
+  EXPECT_EQ(rows[0]["status"], "ok");
+  EXPECT_EQ(rows[1]["status"], "ok");
+  EXPECT_DOUBLE_EQ(rows[0]["speedup"].get<double>(), 1.0);
+  EXPECT_NEAR(rows[1]["efficiency_pct"].get<double>(), 100.0 * rows[1]["speedup"].get<double>() / 2, 1e-9);
+  EXPECT_TRUE(rows[1]["karp_flatt"].is_number());
+  EXPECT_TRUE(rows[1]["comm_time_s"].is_number());
+
+  // Run again: both trials are found in the database, not run again.
+  const ProcessResult resumed = scalelab(0, "scale " + flags);
+  ASSERT_TRUE(resumed.ok()) << resumed.output;
+  EXPECT_EQ(resumed.output.find("running"), std::string::npos) << resumed.output;
+}
+
+TEST_F(TrainMpi, ScaleDryRunPrintsTheLaunchesWithoutRunning) {
+  const std::string db = path("dry.db");
+  const ProcessResult local =
+      scalelab(0, "scale --dry-run --ranks 1,4 --db " + db + " --model llama-tiny --seq-len 16");
+  ASSERT_TRUE(local.ok()) << local.output;
+  EXPECT_NE(local.output.find("-np 4"), std::string::npos) << local.output;
+  EXPECT_NE(local.output.find("train --model llama-tiny --seq-len 16"), std::string::npos) << local.output;
+  const ProcessResult slurm = scalelab(0, "scale --dry-run --launcher slurm --ranks 8 --gpus-per-node 4 --db " + db +
+                                              " --model llama-tiny --seq-len 16");
+  ASSERT_TRUE(slurm.ok()) << slurm.output;
+  for (const char* s : {"#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --gpus-per-node=4",
+                        "srun --mpi=pmix", "'train' '--model' 'llama-tiny'"})
+    EXPECT_NE(slurm.output.find(s), std::string::npos) << s << "\n" << slurm.output;
+  EXPECT_FALSE(fs::exists(db)) << "a dry run must not create the database";
+}
+
+#endif  // SCALELAB_MPIRUN
+
+}  // namespace
+}  // namespace scalelab
