@@ -74,8 +74,10 @@ ParamMap scale_trial_params(const ScaleSpec& spec, int ranks) {
 
 std::vector<TrialRow> run_scale(TrialExecutor& exec, const ScaleSpec& spec) {
   std::vector<TrialRow> rows;
-  for (int n : spec.ranks) {
-    for (int rep = 0; rep < spec.repeats; ++rep) {
+  // Repeats outside, rank counts inside: a drift of the machine's load spreads over every count
+  // instead of biasing the ones measured last.
+  for (int rep = 0; rep < spec.repeats; ++rep) {
+    for (int n : spec.ranks) {
       const ParamMap params = scale_trial_params(spec, n);
       const std::string label = std::to_string(n) + (n == 1 ? " rank" : " ranks") +
                                 (spec.repeats > 1 ? " (repeat " + std::to_string(rep) + ")" : "");

@@ -37,8 +37,8 @@ std::vector<int> parse_rank_list(const std::vector<int>& ranks);
 // The trial parameters for one rank count.
 ParamMap scale_trial_params(const ScaleSpec& spec, int ranks);
 
-// Runs the trials (rank counts in order, repeats inside), resuming recorded ones. Returns the
-// trials' rows in order.
+// Runs the trials (each repeat over the rank counts in order), resuming recorded ones; stops at a
+// trial the engine refused (exit code 2). Returns the trials' rows in order.
 std::vector<TrialRow> run_scale(TrialExecutor& exec, const ScaleSpec& spec);
 
 // The study's table from trial rows: one row per rank count (repeats averaged) with per-device
