@@ -16,6 +16,7 @@
 #include "cli/lab_common.h"
 #include "core/error.h"
 #include "lab/launchers.h"
+#include "lab/process.h"
 #include "lab/scale.h"
 #include "lab/slurm.h"
 #include "lab/views.h"
@@ -161,6 +162,13 @@ Subcommand add_scale_command(CLI::App& root) {
               return 0;
             }
 
+            const std::string tool = spec.launcher == "mpirun" ? f->mpirun : std::string("sbatch");
+            if (lab::find_executable(tool).empty()) {
+              throw InvalidInput("[scale] '" + tool + "' not found" +
+                                 (spec.launcher == "mpirun"
+                                      ? " — install OpenMPI (scripts/deps.sh) or pass --mpirun PATH"
+                                      : " on PATH — run on a SLURM submit host, or use --launcher local"));
+            }
             lab::Progress progress(stderr, lab::Progress::is_terminal(stderr));
             lab::RunnerLock lock(options.db_path, "scale " + name, options.wait_for_lock, options.cancel,
                                  [&](const std::string& m) { progress.note(m); });

@@ -151,11 +151,11 @@ ProcessResult SlurmLauncher::run(const ProcessSpec& spec, const ParamMap&, const
     const scalelab::ProcessResult c = scalelab::run_process({options_.scancel, job_id}, co);
     log << "# scancel " << job_id << ": " << c.describe() << (c.output.empty() ? "" : "\n" + c.output) << "\n";
   }
+  // Without a job id sbatch refused the job: its own message stays the log's last line (the
+  // trial's reason).
   if (!job_id.empty()) {
     const std::string job_out = (fs::path(job_dir(ctx)) / ("slurm-" + job_id + ".out")).string();
     log << "# --- output of SLURM job " << job_id << " (" << job_out << ")\n" << read_file_tail(job_out, 4u << 20);
-  } else if (r.started) {
-    log << "# sbatch did not print a job id: the job was not submitted\n";
   }
   return r;
 }
