@@ -1,0 +1,284 @@
+// Linear + cross-entropy over chunks of tokens (fused.h): the [tokens, vocab] logits never exist;
+// one [chunk, vocab] buffer holds a chunk's logits, then in place their gradient.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/parallel.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/fused.h"
+#include "kernels/kernel_common.h"
+#include "kernels/matmul.h"
+
+namespace scalelab::kernels {
+
+namespace {
+
+constexpr std::int64_t kMaxChunkBytes = std::int64_t{128} << 20;
+constexpr std::int64_t kMinChunk = 128, kDefaultChunk = 512;
+
+struct Dims {
+  std::int64_t T, H, V, chunk;
+};
+
+Dims check(const Tensor& x, const Tensor& w, const Tensor& targets, std::int64_t chunk_tokens, const char* op) {
+  require_cpu(x, op);
+  require_cpu(w, op);
+  require_dtype(x, DType::kF32, op, "input");
+  require_dtype(w, DType::kF32, op, "weight");
+  require_dtype(targets, DType::kI32, op, "targets");
+  SCALELAB_CHECK(w.rank() == 2, std::string("[") + op + "] weight must be 2-D [vocab, hidden], got " + w.shape().str());
+  const std::int64_t V = w.dim(0), H = w.dim(1);
+  SCALELAB_CHECK(x.rank() >= 1 && x.dim(-1) == H,
+                 std::string("[") + op + "] input " + x.shape().str() + " does not end in the hidden size " +
+                     std::to_string(H));
+  const std::int64_t T = x.numel() / H;
+  require_numel(targets, T, op, "targets");
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  for (std::int64_t r = 0; r < T; ++r) {
+    if (tg[r] != kIgnoreIndex && (tg[r] < 0 || tg[r] >= V)) {
+      throw InvalidInput(std::string("[") + op + "] target " + std::to_string(tg[r]) + " at row " + std::to_string(r) +
+                         " is outside the vocabulary of " + std::to_string(V) +
+                         " — the data does not match the model's vocab_size");
+    }
+  }
+  return {T, H, V, fused_linear_cross_entropy_chunk(T, chunk_tokens, V)};
+}
+
+}  // namespace
+
+std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab) {
+  std::int64_t c = kDefaultChunk;
+  while (c > kMinChunk && c * std::max<std::int64_t>(vocab, 1) * 4 > kMaxChunkBytes) c /= 2;
+  return c;
+}
+
+std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab) {
+  const std::int64_t c = chunk_tokens > 0 ? chunk_tokens : fused_linear_cross_entropy_default_chunk(vocab);
+  return std::max<std::int64_t>(1, std::min(c, tokens));
+}
+
+std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t chunk_tokens, std::int64_t vocab) {
+  return DeviceAllocator::round_size(static_cast<std::size_t>(chunk_tokens) * static_cast<std::size_t>(vocab) *
+                                     sizeof(float));
+}
+
+std::int64_t count_target_tokens(const Tensor& targets) {
+  require_dtype(targets, DType::kI32, "count_target_tokens", "targets");
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < targets.numel(); ++r) n += tg[r] != kIgnoreIndex;
+  return n;
+}
+
+namespace {
+
+// The work of one call, split over threads by vocabulary: thread t owns rows [v0_t, v1_t) of w and
+// dw and the same columns of the chunk's logits. BLAS runs single-threaded inside the parallel
+// region (the OpenMP OpenBLAS does so by itself), so the only synchronization is two or three
+// barriers per chunk instead of BLAS's internal ones in three multi-threaded GEMMs per chunk,
+// which on a busy machine cost more than the GEMMs lose by being split. Per chunk of c rows:
+//   1. each thread: L[:, own] = x_c · w_ownᵀ; per row the max m_t and Σ exp(L − m_t) of its
+//      columns, storing exp(L − m_t) in place; the target logit if the target is its own.
+//   -- barrier --
+//   2. each thread: per row M = max_t m_t, S = Σ_t s_t·exp(m_t − M) (all threads combine in the
+//      same order, so they agree bit for bit); L[:, own] *= scale·exp(m_t − M)/S, minus scale at
+//      the target: (softmax − onehot)·scale. dw_own += L[:, own]ᵀ · x_c (disjoint rows of dw);
+//      its share of dx, P_t = L[:, own] · w_own, into a per-thread [c, H] partial.
+//      Thread 0 records each row's loss lse − target logit (lse = M + log S).
+//   -- barrier --
+//   3. rows split over threads: dx_c = Σ_t P_t in thread order (deterministic).
+// The forward-only variant runs step 1, a barrier, the losses, and a barrier.
+class VocabSplit {
+ public:
+  VocabSplit(const Dims& d, int threads) : d_(d), nt_(threads) {
+    const std::size_t nc = static_cast<std::size_t>(d.chunk) * static_cast<std::size_t>(nt_);
+    m_.resize(nc);
+    s_.resize(nc);
+    target_logit_.resize(static_cast<std::size_t>(d.chunk));
+  }
+  std::int64_t v0(int t) const { return d_.V * t / nt_; }
+  std::int64_t v1(int t) const { return d_.V * (t + 1) / nt_; }
+
+  // Step 1 for thread t over rows [0, c) of the chunk starting at row r0.
+  void logits_and_partials(int t, float* L, const float* x, const float* w, const std::int32_t* tc, std::int64_t c) {
+    const std::int64_t a = v0(t), b = v1(t), V = d_.V, H = d_.H;
+    gemm(false, true, c, b - a, H, 1.0f, x, H, w + a * H, H, 0.0f, L + a, V);
+    for (std::int64_t i = 0; i < c; ++i) {
+      float* row = L + i * V + a;
+      const std::size_t k = idx(t, i);
+      if (tc[i] == kIgnoreIndex || b == a) {
+        m_[k] = -INFINITY;
+        s_[k] = 0.0f;
+        continue;
+      }
+      if (tc[i] >= a && tc[i] < b) target_logit_[static_cast<std::size_t>(i)] = row[tc[i] - a];
+      const float m = vec::max_of(row, b - a);
+      m_[k] = m;
+      s_[k] = vec::exp_shift_sum(row, row, b - a, m);
+    }
+  }
+
+  // lse of row i from the threads' partials (the same order in every thread).
+  float lse(std::int64_t i, float* big_m, float* big_s) const {
+    float M = -INFINITY;
+    for (int u = 0; u < nt_; ++u) M = std::max(M, m_[idx(u, i)]);
+    float S = 0.0f;
+    for (int u = 0; u < nt_; ++u) {
+      const float mu = m_[idx(u, i)];
+      if (mu != -INFINITY) S += s_[idx(u, i)] * vec::exp1(mu - M);
+    }
+    *big_m = M;
+    *big_s = S;
+    return M + std::log(S);
+  }
+
+  // Thread 0 after step 1: the losses of the chunk's rows into row_loss[0, c).
+  void losses(const std::int32_t* tc, std::int64_t c, double* row_loss) const {
+    for (std::int64_t i = 0; i < c; ++i) {
+      if (tc[i] == kIgnoreIndex) continue;
+      float M, S;
+      row_loss[i] = static_cast<double>(lse(i, &M, &S)) - target_logit_[static_cast<std::size_t>(i)];
+    }
+  }
+
+  // Step 2 for thread t: gradient of its columns in place, its dw rows, its dx partial P (c × H).
+  void gradients(int t, float* L, const float* x, const float* w, float* dw, const std::int32_t* tc, std::int64_t c,
+                 float scale, float* P) const {
+    const std::int64_t a = v0(t), b = v1(t), V = d_.V, H = d_.H;
+    for (std::int64_t i = 0; i < c; ++i) {
+      float* row = L + i * V + a;
+      if (tc[i] == kIgnoreIndex) {
+        std::fill(row, row + (b - a), 0.0f);
+        continue;
+      }
+      float M, S;
+      lse(i, &M, &S);
+      const float mt = m_[idx(t, i)];
+      const float k = mt == -INFINITY ? 0.0f : scale * vec::exp1(mt - M) / S;
+      for (std::int64_t j = 0; j < b - a; ++j) row[j] *= k;
+      if (tc[i] >= a && tc[i] < b) row[tc[i] - a] -= scale;
+    }
+    if (b == a) {
+      std::fill(P, P + c * H, 0.0f);
+      return;
+    }
+    gemm(true, false, b - a, H, c, 1.0f, L + a, V, x, H, 1.0f, dw + a * H, H);
+    gemm(false, false, c, H, b - a, 1.0f, L + a, V, w + a * H, H, 0.0f, P, H);
+  }
+
+ private:
+  std::size_t idx(int t, std::int64_t i) const {
+    return static_cast<std::size_t>(t) * static_cast<std::size_t>(d_.chunk) + static_cast<std::size_t>(i);
+  }
+  Dims d_;
+  int nt_;
+  std::vector<float> m_, s_, target_logit_;
+};
+
+}  // namespace
+
+LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets,
+                                   float grad_scale_per_token, std::int64_t chunk_tokens, ExecContext& ctx) {
+  const char* op = "fused_linear_cross_entropy";
+  const Dims d = check(x, w, targets, chunk_tokens, op);
+  const std::int64_t T = d.T, H = d.H, V = d.V;
+  require_numel(dx, T * H, op, "input gradient");
+  require_numel(dw, V * H, op, "weight gradient");
+  LossSum out;
+  if (T == 0) return out;
+  ProfileScope prof(ctx, "loss", Phase::kBackward);
+  Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
+  float* L = scratch.f32();
+  const float* xp = x.f32();
+  const float* wp = w.f32();
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  float* dxp = dx.f32();
+  float* dwp = dw.f32();
+  const int nt = std::max(1, num_threads());
+  VocabSplit split(d, nt);
+  // Per-thread dx partials: host scratch like the other kernels' per-thread reductions (a
+  // [chunk, H] block per thread, small next to the chunk's logits).
+  std::vector<float> partial(static_cast<std::size_t>(nt) * static_cast<std::size_t>(d.chunk * H));
+  std::vector<double> row_loss(static_cast<std::size_t>(T), 0.0);
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int k = omp_get_num_threads();  // may be fewer than asked; then the team does it all
+    for (std::int64_t r0 = 0; r0 < T; r0 += d.chunk) {
+      const std::int64_t c = std::min(d.chunk, T - r0);
+      const std::int32_t* tc = tg + r0;
+      bool any = false;
+      for (std::int64_t i = 0; i < c && !any; ++i) any = tc[i] != kIgnoreIndex;
+      if (!any) {  // every row ignored: zero input gradient, nothing for dw (same decision in every thread)
+        std::fill(dxp + (r0 + c * t / k) * H, dxp + (r0 + c * (t + 1) / k) * H, 0.0f);
+        continue;
+      }
+      for (int u = t; u < nt; u += k) split.logits_and_partials(u, L, xp + r0 * H, wp, tc, c);
+#pragma omp barrier
+      if (t == 0) split.losses(tc, c, row_loss.data() + r0);
+      for (int u = t; u < nt; u += k)
+        split.gradients(u, L, xp + r0 * H, wp, dwp, tc, c, grad_scale_per_token,
+                        partial.data() + static_cast<std::size_t>(u) * static_cast<std::size_t>(d.chunk * H));
+#pragma omp barrier
+      const std::int64_t i0 = c * t / k, i1 = c * (t + 1) / k;
+      for (std::int64_t i = i0; i < i1; ++i) {
+        float* dr = dxp + (r0 + i) * H;
+        const float* p0 = partial.data() + static_cast<std::size_t>(i * H);
+        std::copy(p0, p0 + H, dr);
+        for (int u = 1; u < nt; ++u) {
+          const float* pu = partial.data() + static_cast<std::size_t>(u) * static_cast<std::size_t>(d.chunk * H) +
+                            static_cast<std::size_t>(i * H);
+          for (std::int64_t j = 0; j < H; ++j) dr[j] += pu[j];
+        }
+      }
+      // The next chunk's step 1 rewrites L and the partials' inputs only; P is rewritten in its
+      // step 2, after the next barrier, when every thread is done reading it here.
+    }
+  }
+  for (std::int64_t r = 0; r < T; ++r) {
+    if (tg[r] == kIgnoreIndex) continue;
+    out.sum += row_loss[static_cast<std::size_t>(r)];
+    ++out.count;
+  }
+  return out;
+}
+
+LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                           std::int64_t chunk_tokens, ExecContext& ctx) {
+  ProfileScope prof(ctx, "loss", Phase::kForward);
+  const Dims d = check(x, w, targets, chunk_tokens, "fused_linear_cross_entropy_forward");
+  const std::int64_t T = d.T, H = d.H;
+  LossSum out;
+  if (T == 0) return out;
+  Tensor scratch = Tensor::empty({d.chunk, d.V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
+  float* L = scratch.f32();
+  const float* xp = x.f32();
+  const float* wp = w.f32();
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  const int nt = std::max(1, num_threads());
+  VocabSplit split(d, nt);
+  std::vector<double> row_loss(static_cast<std::size_t>(T), 0.0);
+#pragma omp parallel num_threads(nt)
+  {
+    const int t = omp_get_thread_num();
+    const int k = omp_get_num_threads();
+    for (std::int64_t r0 = 0; r0 < T; r0 += d.chunk) {
+      const std::int64_t c = std::min(d.chunk, T - r0);
+      const std::int32_t* tc = tg + r0;
+      for (int u = t; u < nt; u += k) split.logits_and_partials(u, L, xp + r0 * H, wp, tc, c);
+#pragma omp barrier
+      if (t == 0) split.losses(tc, c, row_loss.data() + r0);
+#pragma omp barrier
+    }
+  }
+  for (std::int64_t r = 0; r < T; ++r) {
+    if (tg[r] == kIgnoreIndex) continue;
+    out.sum += row_loss[static_cast<std::size_t>(r)];
+    ++out.count;
+  }
+  return out;
+}
+
+}  // namespace scalelab::kernels
