@@ -13,13 +13,16 @@
 //
 // Conventions as everywhere in kernels/: arguments are outputs, saved-for-backward, inputs,
 // parameters, sizes, then the context. Parameter gradients accumulate (+=), activation gradients
-// are assigned (=) unless a function says otherwise. Tensors are fp32 on the CPU. Rows are the
+// are assigned (=) unless a function says otherwise. Tensors are fp32 on the CPU, except that the
+// LayerNorm and bias+ReLU kernels also read and write bf16/fp16 (rows staged in fp32, statistics
+// fp32) and the fused loss stages low-precision operands (see below). Rows are the
 // leading dimensions flattened; the last dimension is the feature dimension.
 //
 // RoPE needs no fused form here: rope_forward/rope_backward (rope.h) already rotate in place.
 // The plain LayerNorm that OPT's baseline uses is in layernorm.h.
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/context.h"
 #include "core/tensor.h"
@@ -125,6 +128,18 @@ std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t 
 // scratch as the other CPU kernels do for per-thread reductions, outside the device allocator:
 // threads × chunk × H floats of input-gradient partials and a few floats per token.
 std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t chunk_tokens, std::int64_t vocab);
+
+// Low-precision operands (bf16/fp16 x, w, dx or dw, as mixed precision and bf16 weights give) are
+// staged in fp32 around the fp32 algorithm: before it, through ctx.alloc and in this order, an
+// fp32 copy of w [V, H] ("fused loss weight (fp32)"), of x [T, H], a zeroed fp32 dw [V, H] and an
+// fp32 dx [T, H], each only for an operand that is not fp32 (the forward-only variant stages w
+// and x only); after it dx is converted and dw added once (one rounding), and they are freed in
+// reverse order. These are the blocks, in allocation order (bytes before the allocator's
+// rounding), for the memory plan. Still far below the [T, V] logits they replace; a native
+// low-precision kernel would convert w slice by slice instead.
+std::vector<std::size_t> fused_linear_cross_entropy_staging_blocks(std::int64_t tokens, std::int64_t hidden,
+                                                                   std::int64_t vocab, DType x, DType w, DType dx,
+                                                                   DType dw, bool with_gradients);
 
 // Number of targets that count toward the loss (not kIgnoreIndex).
 std::int64_t count_target_tokens(const Tensor& targets);

@@ -360,8 +360,13 @@ void opt_step(Schedule& s, const Sizes& z, const PlanInput& in) {
   }
   int dxp = s.alloc("head buffers", z.T * z.E * a);
   if (fused) {
+    std::vector<int> staged;
+    for (std::size_t b :
+         kernels::fused_linear_cross_entropy_staging_blocks(i64(z.T), i64(z.E), i64(z.V), A, W, A, G, true))
+      staged.push_back(s.alloc("head buffers", b));
     const std::int64_t chunk = kernels::fused_linear_cross_entropy_chunk(i64(z.T), 0, i64(z.V));
     s.free(s.alloc("logits", kernels::fused_linear_cross_entropy_workspace_bytes(chunk, i64(z.V))));
+    for (auto it = staged.rbegin(); it != staged.rend(); ++it) s.free(*it);
   } else {
     const int logits = s.alloc("logits", z.T * z.V * a);
     lin_fwd(z.E, z.V);
@@ -462,7 +467,11 @@ std::string opt_detail(const std::string& cat, const Sizes& z, const PlanInput& 
   }
   if (cat == "head buffers")
     return std::string(c.has_final_layer_norm() ? "final LayerNorm output and statistics, " : "") +
-           (z.E != z.H ? "project_out output, " : "") + "LM head input gradient, lse";
+           (z.E != z.H ? "project_out output, " : "") + "LM head input gradient, " +
+           (fused ? (a == 4 && in.precision.compute_weights == DType::kF32
+                         ? std::string("no lse")
+                         : std::string("fp32 staging of the fused loss's low-precision operands"))
+                  : std::string("lse"));
   if (cat == "backward temporaries")
     return std::string("residual gradient and one layer's activation gradients") +
            (in.options.dropout > 0 ? ", a dropout-masked gradient [T, H]" : "") +

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
@@ -92,17 +93,24 @@ void bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& b, ExecContext&
   ProfileScope prof(ctx, "activation", Phase::kForward);
   const char* op = "bias_relu_forward";
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
   const std::int64_t F = x.dim(-1), rows = x.numel() / F;
   require_numel(y, rows * F, op, "output");
   if (b.defined()) require_numel(b, F, op, "bias");
-  const float* xp = x.f32();
-  const float* bp = b.defined() ? b.f32() : nullptr;
-  float* yp = y.f32();
+  // Low-precision rows (bf16/fp16 storage) are staged through fp32 row buffers (stage.h).
+  std::vector<float> bbuf;
+  const float* bp = nullptr;
+  if (b.defined() && b.dtype() == DType::kF32) {
+    bp = b.f32();
+  } else if (b.defined()) {
+    bbuf.resize(static_cast<std::size_t>(F));
+    convert(b.raw(), b.dtype(), bbuf.data(), DType::kF32, static_cast<std::size_t>(F));
+    bp = bbuf.data();
+  }
   parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * F;
-      float* yr = yp + r * F;
+      const float* xr = load_row(elem(x.raw(), x.dtype(), r * F), x.dtype(), F, 0);
+      void* ydst = elem(y.raw(), y.dtype(), r * F);
+      float* yr = out_row(ydst, y.dtype(), F, 1);
       // `v < 0 ? 0 : v` keeps a NaN as NaN, like torch.relu.
       if (bp) {
         for (std::int64_t j = 0; j < F; ++j) {
@@ -115,6 +123,7 @@ void bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& b, ExecContext&
           yr[j] = v < 0.0f ? 0.0f : v;
         }
       }
+      store_row(yr, ydst, y.dtype(), F);
     }
   });
 }
@@ -123,27 +132,24 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
   ProfileScope prof(ctx, "activation", Phase::kBackward);
   const char* op = "bias_relu_backward";
   require_cpu(y, op);
-  require_dtype(y, DType::kF32, op, "output");
   const std::int64_t F = y.dim(-1), rows = y.numel() / F;
   require_numel(dy, rows * F, op, "output gradient");
   require_numel(dx, rows * F, op, "input gradient");
-  float* dbo = nullptr;
+  Tensor* dbo = nullptr;
   if (db != nullptr && db->defined()) {
     require_numel(*db, F, op, "bias gradient");
-    dbo = db->f32();
+    dbo = db;
   }
-  const float* yp = y.f32();
-  const float* gp = dy.f32();
-  float* dxp = dx.f32();
   // Bias gradient: one partial row per thread, summed in thread order (deterministic).
   const int nt = dbo ? num_threads() : 0;
   std::vector<float> partial(static_cast<std::size_t>(nt) * F, 0.0f);
   parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
     float* pb = dbo ? partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * F : nullptr;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* yr = yp + r * F;
-      const float* gr = gp + r * F;
-      float* dr = dxp + r * F;
+      const float* yr = load_row(elem(y.raw(), y.dtype(), r * F), y.dtype(), F, 0);
+      const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * F), dy.dtype(), F, 1);
+      void* ddst = elem(dx.raw(), dx.dtype(), r * F);
+      float* dr = out_row(ddst, dx.dtype(), F, 2);
       if (pb) {
         for (std::int64_t j = 0; j < F; ++j) {
           const float v = yr[j] > 0.0f ? gr[j] : 0.0f;
@@ -153,10 +159,14 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
       } else {
         for (std::int64_t j = 0; j < F; ++j) dr[j] = yr[j] > 0.0f ? gr[j] : 0.0f;
       }
+      store_row(dr, ddst, dx.dtype(), F);
     }
   });
+  if (dbo == nullptr) return;
+  float* dbr = inout_row(dbo->raw(), dbo->dtype(), F, 3);
   for (int t = 0; t < nt; ++t)
-    for (std::int64_t j = 0; j < F; ++j) dbo[j] += partial[static_cast<std::size_t>(t) * F + j];
+    for (std::int64_t j = 0; j < F; ++j) dbr[j] += partial[static_cast<std::size_t>(t) * F + j];
+  store_row(dbr, dbo->raw(), dbo->dtype(), F);
 }
 
 }  // namespace scalelab::kernels

@@ -9,6 +9,7 @@
 #include "kernels/cpu/vec_math.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 
 namespace scalelab::kernels {
@@ -63,6 +64,32 @@ std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t chunk_tokens
   return DeviceAllocator::round_size(static_cast<std::size_t>(chunk_tokens) * static_cast<std::size_t>(vocab) *
                                      sizeof(float));
 }
+
+std::vector<std::size_t> fused_linear_cross_entropy_staging_blocks(std::int64_t tokens, std::int64_t hidden,
+                                                                   std::int64_t vocab, DType x, DType w, DType dx,
+                                                                   DType dw, bool with_gradients) {
+  const auto n = [](std::int64_t a, std::int64_t b) { return static_cast<std::size_t>(a * b) * sizeof(float); };
+  std::vector<std::size_t> blocks;
+  if (w != DType::kF32) blocks.push_back(n(vocab, hidden));
+  if (x != DType::kF32) blocks.push_back(n(tokens, hidden));
+  if (with_gradients && dw != DType::kF32) blocks.push_back(n(vocab, hidden));
+  if (with_gradients && dx != DType::kF32) blocks.push_back(n(tokens, hidden));
+  return blocks;
+}
+
+namespace {
+
+// An fp32 tensor holding t's values (t itself when already fp32).
+Tensor fp32_copy(const Tensor& t, ExecContext& ctx, const char* what) {
+  if (t.dtype() == DType::kF32) return t;
+  Tensor c = Tensor::empty(t.shape(), DType::kF32, *ctx.alloc, what);
+  c.copy_from(t);
+  return c;
+}
+
+bool low_precision(const Tensor& t) { return t.dtype() != DType::kF32; }
+
+}  // namespace
 
 std::int64_t count_target_tokens(const Tensor& targets) {
   require_dtype(targets, DType::kI32, "count_target_tokens", "targets");
@@ -182,6 +209,25 @@ class VocabSplit {
 LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets,
                                    float grad_scale_per_token, std::int64_t chunk_tokens, ExecContext& ctx) {
   const char* op = "fused_linear_cross_entropy";
+  if (low_precision(x) || low_precision(w) || low_precision(dx) || low_precision(dw)) {
+    // Stage in fp32 around the fp32 algorithm (fused.h: fused_linear_cross_entropy_staging_blocks).
+    require_cpu(x, op);
+    SCALELAB_CHECK(is_float_type(x.dtype()) && is_float_type(w.dtype()) && is_float_type(dx.dtype()) &&
+                       is_float_type(dw.dtype()),
+                   std::string("[") + op + "] tensors must be fp32, bf16 or fp16");
+    require_numel(dx, x.numel(), op, "input gradient");
+    require_numel(dw, w.numel(), op, "weight gradient");
+    Tensor w32 = fp32_copy(w, ctx, "fused loss weight (fp32)");
+    Tensor x32 = fp32_copy(x, ctx, "fused loss input (fp32)");
+    Tensor dw32 = low_precision(dw) ? Tensor::zeros(dw.shape(), DType::kF32, *ctx.alloc, "fused loss weight gradient (fp32)")
+                                    : dw;
+    Tensor dx32 = low_precision(dx) ? Tensor::empty(dx.shape(), DType::kF32, *ctx.alloc, "fused loss input gradient (fp32)")
+                                    : dx;
+    const LossSum r = fused_linear_cross_entropy(dx32, dw32, x32, w32, targets, grad_scale_per_token, chunk_tokens, ctx);
+    if (low_precision(dx)) dx.copy_from(dx32);
+    if (low_precision(dw)) add_(dw, dw32, ctx, Phase::kBackward);
+    return r;
+  }
   const Dims d = check(x, w, targets, chunk_tokens, op);
   const std::int64_t T = d.T, H = d.H, V = d.V;
   require_numel(dx, T * H, op, "input gradient");
@@ -248,6 +294,11 @@ LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, cons
 LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                            std::int64_t chunk_tokens, ExecContext& ctx) {
   ProfileScope prof(ctx, "loss", Phase::kForward);
+  if (low_precision(x) || low_precision(w)) {
+    Tensor w32 = fp32_copy(w, ctx, "fused loss weight (fp32)");
+    Tensor x32 = fp32_copy(x, ctx, "fused loss input (fp32)");
+    return fused_linear_cross_entropy_forward(x32, w32, targets, chunk_tokens, ctx);
+  }
   const Dims d = check(x, w, targets, chunk_tokens, "fused_linear_cross_entropy_forward");
   const std::int64_t T = d.T, H = d.H;
   LossSum out;

@@ -1,5 +1,9 @@
 // LayerNorm, plain (layernorm.h) and fused with the residual add (fused.h): one row loop serves
 // both, the fused form only adds delta while it sums the row.
+// Tensors may be fp32, bf16 or fp16 (statistics fp32): rows are staged through per-thread fp32
+// buffers (stage.h), which for fp32 are the tensors themselves. A low-precision residual h is
+// rounded to its storage dtype before it is normalized, so the fused form computes exactly what
+// add_ followed by layernorm_forward does.
 #include "kernels/layernorm.h"
 
 #include <cmath>
@@ -7,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/fused_vec.h"
+#include "kernels/cpu/stage.h"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
 
@@ -14,16 +19,28 @@ namespace scalelab::kernels {
 
 namespace {
 
-const float* optional_f32(const Tensor& t, std::int64_t n, const char* op, const char* name) {
+// An optional parameter row (w or b) as fp32: the tensor itself, or converted into `buf`.
+const float* optional_f32(const Tensor& t, std::int64_t n, const char* op, const char* name,
+                          std::vector<float>& buf) {
   if (!t.defined()) return nullptr;
   require_numel(t, n, op, name);
-  return t.f32();
+  if (t.dtype() == DType::kF32) return t.f32();
+  buf.resize(static_cast<std::size_t>(n));
+  convert(t.raw(), t.dtype(), buf.data(), DType::kF32, static_cast<std::size_t>(n));
+  return buf.data();
 }
 
-float* optional_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
+Tensor* optional_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
   if (t == nullptr || !t->defined()) return nullptr;
   require_numel(*t, n, op, name);
-  return t->f32();
+  return t;
+}
+
+// g += partial (n floats), g of any float dtype.
+void accumulate_into(Tensor& g, const float* partial, std::int64_t n) {
+  float* row = inout_row(g.raw(), g.dtype(), n, 0);
+  for (std::int64_t i = 0; i < n; ++i) row[i] += partial[i];
+  store_row(row, g.raw(), g.dtype(), n);
 }
 
 // y = (src − m) · inv [· w] [+ b]; the one expression forward and recompute share (bit-identical).
@@ -45,33 +62,37 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
                   const Tensor& w, const Tensor& b, float eps, ExecContext& ctx, const char* op) {
   ProfileScope prof(ctx, "norm", Phase::kForward);
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
+  require_dtype(mean, DType::kF32, op, "mean");
+  require_dtype(rstd, DType::kF32, op, "rstd");
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
   require_numel(y, rows * H, op, "output");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const float* wp = optional_f32(w, H, op, "weight");
-  const float* bp = optional_f32(b, H, op, "bias");
-  const float* xp = x.f32();
-  const float* dp = nullptr;
-  float* hp = nullptr;
+  std::vector<float> wbuf, bbuf;
+  const float* wp = optional_f32(w, H, op, "weight", wbuf);
+  const float* bp = optional_f32(b, H, op, "bias", bbuf);
   if (delta != nullptr) {
     require_numel(*delta, rows * H, op, "residual delta");
     require_numel(*h, rows * H, op, "residual output");
-    dp = delta->f32();
-    hp = h->f32();
   }
-  float* yp = y.f32();
   float* mp = mean.f32();
   float* rp = rstd.f32();
   const float inv_h = 1.0f / static_cast<float>(H);
   parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* src = xp + r * H;
+      const float* src = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
       float s;
-      if (dp != nullptr) {
-        float* hr = hp + r * H;
-        s = vec::add_sum(hr, src, dp + r * H, H);
+      if (delta != nullptr) {
+        const float* dr = load_row(elem(delta->raw(), delta->dtype(), r * H), delta->dtype(), H, 1);
+        void* hdst = elem(h->raw(), h->dtype(), r * H);
+        float* hr = out_row(hdst, h->dtype(), H, 2);
+        s = vec::add_sum(hr, src, dr, H);
+        if (h->dtype() != DType::kF32) {
+          // Normalize the stored (rounded) residual, as add_ + layernorm_forward would.
+          store_row(hr, hdst, h->dtype(), H);
+          convert(hdst, h->dtype(), hr, DType::kF32, static_cast<std::size_t>(H));
+          s = vec::sum(hr, H);
+        }
         src = hr;
       } else {
         s = vec::sum(src, H);
@@ -80,7 +101,10 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
       const float inv = 1.0f / std::sqrt(vec::sumsq_centered(src, m, H) * inv_h + eps);
       mp[r] = m;
       rp[r] = inv;
-      write_row(yp + r * H, src, m, inv, wp, bp, H);
+      void* ydst = elem(y.raw(), y.dtype(), r * H);
+      float* yr = out_row(ydst, y.dtype(), H, 3);
+      write_row(yr, src, m, inv, wp, bp, H);
+      store_row(yr, ydst, y.dtype(), H);
     }
   });
 }
@@ -91,20 +115,17 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
                    const Tensor& rstd, const Tensor& w, ExecContext& ctx, bool accumulate_dx, const char* op) {
   ProfileScope prof(ctx, "norm", Phase::kBackward);
   require_cpu(x, op);
-  require_dtype(x, DType::kF32, op, "input");
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
   require_numel(dx, rows * H, op, "input gradient");
   require_numel(dy, rows * H, op, "output gradient");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const float* wp = optional_f32(w, H, op, "weight");
-  float* dwo = optional_grad(dw, H, op, "weight gradient");
-  float* dbo = optional_grad(db, H, op, "bias gradient");
-  const float* xp = x.f32();
-  const float* gp = dy.f32();
+  std::vector<float> wbuf;
+  const float* wp = optional_f32(w, H, op, "weight", wbuf);
+  Tensor* dwo = optional_grad(dw, H, op, "weight gradient");
+  Tensor* dbo = optional_grad(db, H, op, "bias gradient");
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
-  float* dxp = dx.f32();
   const int nt = num_threads();
   // Partial rows: [thread][dw | db].
   std::vector<float> partial(static_cast<std::size_t>(nt) * 2 * H, 0.0f);
@@ -113,8 +134,8 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
     float* pw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * H;
     float* pb = pw + H;
     for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = xp + r * H;
-      const float* gr = gp + r * H;
+      const float* xr = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
+      const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * H), dy.dtype(), H, 1);
       const float m = mp[r], inv = rp[r];
       float sum_g = 0.0f, sum_gx = 0.0f;  // Σ g, Σ g·xhat
       std::int64_t i = 0;
@@ -144,22 +165,24 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
         pb[i] += gr[i];
       }
       const float a = sum_g * inv_h, c = sum_gx * inv_h;
-      float* dxr = dxp + r * H;
+      void* ddst = elem(dx.raw(), dx.dtype(), r * H);
+      float* dxr = accumulate_dx ? inout_row(ddst, dx.dtype(), H, 2) : out_row(ddst, dx.dtype(), H, 2);
       for (std::int64_t j = 0; j < H; ++j) {
         const float xh = (xr[j] - m) * inv;
         const float g = wp ? gr[j] * wp[j] : gr[j];
         const float v = inv * (g - a - xh * c);
         dxr[j] = accumulate_dx ? dxr[j] + v : v;
       }
+      store_row(dxr, ddst, dx.dtype(), H);
     }
   });
-  for (int t = 0; t < nt; ++t) {
+  // Thread partials summed in thread order, then added to the gradients once.
+  for (int t = 1; t < nt; ++t) {
     const float* pw = partial.data() + static_cast<std::size_t>(t) * 2 * H;
-    if (dwo)
-      for (std::int64_t i = 0; i < H; ++i) dwo[i] += pw[i];
-    if (dbo)
-      for (std::int64_t i = 0; i < H; ++i) dbo[i] += pw[H + i];
+    for (std::int64_t i = 0; i < 2 * H; ++i) partial[static_cast<std::size_t>(i)] += pw[i];
   }
+  if (dwo) accumulate_into(*dwo, partial.data(), H);
+  if (dbo) accumulate_into(*dbo, partial.data() + H, H);
 }
 
 }  // namespace
@@ -193,14 +216,19 @@ void layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const T
   require_numel(y, rows * H, op, "output");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const float* wp = optional_f32(w, H, op, "weight");
-  const float* bp = optional_f32(b, H, op, "bias");
-  const float* hp = h.f32();
+  std::vector<float> wbuf, bbuf;
+  const float* wp = optional_f32(w, H, op, "weight", wbuf);
+  const float* bp = optional_f32(b, H, op, "bias", bbuf);
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
-  float* yp = y.f32();
   parallel_for(rows, 16, [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) write_row(yp + r * H, hp + r * H, mp[r], rp[r], wp, bp, H);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const float* hr = load_row(elem(h.raw(), h.dtype(), r * H), h.dtype(), H, 0);
+      void* ydst = elem(y.raw(), y.dtype(), r * H);
+      float* yr = out_row(ydst, y.dtype(), H, 1);
+      write_row(yr, hr, mp[r], rp[r], wp, bp, H);
+      store_row(yr, ydst, y.dtype(), H);
+    }
   });
 }
 
