@@ -324,6 +324,26 @@ TEST(FusedLinearCrossEntropy, EqualsUnfusedOnOddShapes) {
   EXPECT_NEAR(fwd.sum, ref.loss.sum, 1e-5 * std::fabs(ref.loss.sum));
 }
 
+TEST(FusedLinearCrossEntropy, ForwardOnlyOverVocabularyTilesEqualsUnfused) {
+  // V large enough against the scratch that the forward-only kernel cuts the vocabulary into
+  // several tiles and the tokens into several blocks (online log-sum-exp across tiles).
+  Cpu c;
+  const std::int64_t T = 37, H = 19, V = 600;
+  Tensor x = c.randn({T, H}, 1, 1), w = c.randn({V, H}, 0.5, 2);
+  std::vector<std::int32_t> tv = make_targets(T, V, 4);
+  tv[0] = 0;
+  tv[1] = static_cast<std::int32_t>(V - 1);  // targets in the first and the last tile
+  Tensor targets = c.ids(tv);
+  Tensor logits = c.zeros({T, V}), lse = c.zeros({T});
+  kernels::linear_forward(logits, x, w, nullptr, c.ctx);
+  const auto want = kernels::cross_entropy_forward(lse, logits, targets, c.ctx);
+  for (std::int64_t chunk : {1, 8, 37}) {
+    const auto got = kernels::fused_linear_cross_entropy_forward(x, w, targets, chunk, c.ctx);
+    EXPECT_EQ(got.count, want.count) << chunk;
+    EXPECT_NEAR(got.sum, want.sum, 1e-5 * std::fabs(want.sum)) << chunk;
+  }
+}
+
 TEST(FusedLinearCrossEntropy, GradientsMatchFiniteDifferences) {
   Cpu c;
   const std::int64_t T = 9, H = 7, V = 11;

@@ -291,6 +291,11 @@ LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, cons
   return out;
 }
 
+// Forward only needs no gradient, so it can loop the other way round: the vocabulary outside, a
+// block of many tokens inside, with an online log-sum-exp per token (running max m and Σ exp(z − m)
+// rescaled when the max grows). Each slice of w is then packed for BLAS once per token block instead
+// of once per chunk. The scratch is the same chunk × V floats as the training kernel's, cut into
+// one [tokens, vocab tile] block per thread; threads own vocabulary ranges as above.
 LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
                                            std::int64_t chunk_tokens, ExecContext& ctx) {
   ProfileScope prof(ctx, "loss", Phase::kForward);
@@ -300,27 +305,68 @@ LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, con
     return fused_linear_cross_entropy_forward(x32, w32, targets, chunk_tokens, ctx);
   }
   const Dims d = check(x, w, targets, chunk_tokens, "fused_linear_cross_entropy_forward");
-  const std::int64_t T = d.T, H = d.H;
+  const std::int64_t T = d.T, H = d.H, V = d.V;
   LossSum out;
   if (T == 0) return out;
-  Tensor scratch = Tensor::empty({d.chunk, d.V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
-  float* L = scratch.f32();
+  Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
+  const int nt = static_cast<int>(std::clamp<std::int64_t>(num_threads(), 1, V));  // each owns >= 1 column
+  // Token block and vocabulary tile: the block as large as the scratch allows with tiles of at
+  // least kMinTile columns per thread (narrower tiles make poor GEMMs), at most all tokens.
+  constexpr std::int64_t kMinTile = 256;
+  const std::int64_t floats = d.chunk * V, per_thread_v = (V + nt - 1) / nt;
+  const std::int64_t tb = std::max<std::int64_t>(
+      1, std::min(T, floats / (static_cast<std::int64_t>(nt) * std::min(kMinTile, per_thread_v))));
+  const std::int64_t vt = std::max<std::int64_t>(1, std::min(per_thread_v, floats / (nt * tb)));
+  float* buf = scratch.f32();
   const float* xp = x.f32();
   const float* wp = w.f32();
   const std::int32_t* tg = targets.data<std::int32_t>();
-  const int nt = std::max(1, num_threads());
-  VocabSplit split(d, nt);
+  std::vector<float> m(static_cast<std::size_t>(nt * tb)), s(static_cast<std::size_t>(nt * tb));
+  std::vector<float> target_logit(static_cast<std::size_t>(tb));
   std::vector<double> row_loss(static_cast<std::size_t>(T), 0.0);
 #pragma omp parallel num_threads(nt)
   {
     const int t = omp_get_thread_num();
     const int k = omp_get_num_threads();
-    for (std::int64_t r0 = 0; r0 < T; r0 += d.chunk) {
-      const std::int64_t c = std::min(d.chunk, T - r0);
+    for (std::int64_t r0 = 0; r0 < T; r0 += tb) {
+      const std::int64_t c = std::min(tb, T - r0);
       const std::int32_t* tc = tg + r0;
-      for (int u = t; u < nt; u += k) split.logits_and_partials(u, L, xp + r0 * H, wp, tc, c);
+      for (int u = t; u < nt; u += k) {
+        float* mu = m.data() + static_cast<std::size_t>(u) * tb;
+        float* su = s.data() + static_cast<std::size_t>(u) * tb;
+        std::fill(mu, mu + c, -INFINITY);
+        std::fill(su, su + c, 0.0f);
+        float* tile = buf + static_cast<std::int64_t>(u) * tb * vt;
+        for (std::int64_t a = V * u / nt, b = V * (u + 1) / nt; a < b; a += vt) {
+          const std::int64_t n = std::min(vt, b - a);
+          gemm(false, true, c, n, H, 1.0f, xp + r0 * H, H, wp + a * H, H, 0.0f, tile, n);
+          for (std::int64_t i = 0; i < c; ++i) {
+            if (tc[i] == kIgnoreIndex) continue;
+            const float* row = tile + i * n;
+            if (tc[i] >= a && tc[i] < a + n) target_logit[static_cast<std::size_t>(i)] = row[tc[i] - a];
+            const float mt = vec::max_of(row, n);
+            if (mt > mu[i]) {
+              su[i] *= vec::exp1(mu[i] - mt);
+              mu[i] = mt;
+            }
+            su[i] += vec::exp_shift_sum(row, n, mu[i]);
+          }
+        }
+      }
 #pragma omp barrier
-      if (t == 0) split.losses(tc, c, row_loss.data() + r0);
+      if (t == 0) {
+        for (std::int64_t i = 0; i < c; ++i) {
+          if (tc[i] == kIgnoreIndex) continue;
+          float M = -INFINITY, S = 0.0f;
+          for (int u = 0; u < nt; ++u) M = std::max(M, m[static_cast<std::size_t>(u * tb + i)]);
+          for (int u = 0; u < nt; ++u) {
+            const float mu = m[static_cast<std::size_t>(u * tb + i)];
+            if (mu != -INFINITY) S += s[static_cast<std::size_t>(u * tb + i)] * vec::exp1(mu - M);
+          }
+          row_loss[static_cast<std::size_t>(r0 + i)] =
+              static_cast<double>(M + std::log(S)) - target_logit[static_cast<std::size_t>(i)];
+        }
+      }
 #pragma omp barrier
     }
   }
