@@ -41,7 +41,19 @@ TEST(OptMemoryPlan, PredictsMeasuredPeakExactly) {
     c.dropout = 0.1;
     std::ofstream(postln + "/config.json") << c.to_hf_json().dump(2);
   }
+  // Post-LN without projections, biases or LayerNorm affine (the head reads the last layer's output).
+  const std::string bare = testing::TempDir() + "opt_plan_postln_bare";
+  std::filesystem::create_directories(bare);
+  {
+    ModelConfig c = preset_config("opt-tiny");
+    c.do_layer_norm_before = false;
+    c.enable_bias = false;
+    c.layer_norm_elementwise_affine = false;
+    std::ofstream(bare + "/config.json") << c.to_hf_json().dump(2);
+  }
   const std::vector<Case> cases = {
+      {bare, 4, 64, "eager", true, false, 0.1},
+      {bare, 4, 64, "flash", false, true, -1, "fp32", "bf16"},
       {"opt-tiny", 4, 128},
       {"opt-tiny", 4, 128, "flash"},
       {"opt-tiny", 4, 128, "eager", true},
