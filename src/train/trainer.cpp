@@ -46,6 +46,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"attn", attn},
           {"fused_kernels", fused_kernels},
           {"activation_checkpointing", activation_checkpointing},
+          {"dropout", dropout >= 0 ? nlohmann::json(dropout) : nlohmann::json(nullptr)},
           {"device", device},
           {"device_memory", device_memory},
           {"threads", threads},
@@ -146,6 +147,10 @@ void validate_train_options(const TrainOptions& o) {
   if (o.device == "cuda") {
     throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
   }
+  if (!(o.dropout < 1.0) || std::isnan(o.dropout)) {
+    throw InvalidInput("[--dropout] must be in [0, 1) (or omitted for the model config's), got " +
+                       std::to_string(o.dropout));
+  }
 }
 
 namespace {
@@ -184,6 +189,17 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.options.fused_kernels = o.fused_kernels;
   in.options.activation_checkpointing = o.activation_checkpointing;
   in.options.seed = o.seed;
+  if (in.config.family == ModelFamily::kOPT) {
+    in.options.dropout = o.dropout >= 0 ? o.dropout : in.config.dropout;
+    if (o.fused_kernels && in.config.activation_function != "relu") {
+      throw InvalidInput("[--fused-kernels] the fused OPT MLP is bias+ReLU; this model's activation_function is '" +
+                         in.config.activation_function + "' — run without --fused-kernels");
+    }
+  } else {
+    if (o.dropout > 0) {
+      throw InvalidInput("[--dropout] the Llama family has no dropout — omit --dropout (or give 0)");
+    }
+  }
   in.micro_batch = o.micro_batch_size;
   in.seq_len = o.seq_len;
   set_num_threads(o.threads);
@@ -214,6 +230,7 @@ TrainResult run_training(const TrainOptions& o) {
   res.config["threads_resolved"] = num_threads();
   res.config["model_config"] = cfg.to_hf_json();
   res.config["model_family"] = family_name(cfg.family);
+  res.config["dropout_resolved"] = mopt.dropout;
 
   const MemoryPlan plan = plan_memory(pin);
   res.plan = plan.to_json();

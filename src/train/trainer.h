@@ -34,6 +34,7 @@ struct TrainOptions {
   std::string attn = "eager";
   bool fused_kernels = false;
   bool activation_checkpointing = false;
+  double dropout = -1.0;  // OPT residual dropout; < 0: the model config's
   std::string device = "cpu";
   std::string device_memory;  // empty: the device's physical memory
   int threads = 0;            // 0: all cores

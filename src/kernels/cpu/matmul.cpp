@@ -252,11 +252,9 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
           const float* row = dy.f32() + t * d.out;
           for (std::int64_t j = j0; j < j1; ++j) acc[j] += row[j];
         } else {
-          for (std::int64_t j = j0; j < j1; ++j) {
-            float v;
-            convert(elem(dy.raw(), gt, t * d.out + j), gt, &v, DType::kF32, 1);
-            acc[j] += v;
-          }
+          // One conversion per row segment (not per element): biases make this hot for OPT.
+          const float* row = load_row(elem(dy.raw(), gt, t * d.out + j0), gt, j1 - j0, 0);
+          for (std::int64_t j = j0; j < j1; ++j) acc[j] += row[j - j0];
         }
       }
     });
