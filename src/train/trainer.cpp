@@ -69,6 +69,7 @@ nlohmann::json TrainResult::to_json() const {
   j["config"] = config;
   j["params"] = params;
   j["flops_per_token"] = flops_per_token;
+  j["flops_per_token_non_embedding"] = flops_per_token_non_embedding;
   j["tokens_per_s"] = tokens_per_s;
   j["tokens_per_s_per_device"] = tokens_per_s_per_device;
   j["step_time_s"] = step_time_s;
@@ -224,7 +225,10 @@ TrainResult run_training(const TrainOptions& o) {
   res.params = layout.total_numel();
   const double attn_flops = 12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim) *
                             static_cast<double>(o.seq_len);
+  // N counts every weight that takes part in a matmul, the LM head included whether tied or not:
+  // that GEMM is real work (a third of llama-small's). Kaplan's non-embedding N is recorded too.
   res.flops_per_token = 6.0 * static_cast<double>(layout.matmul_numel()) + attn_flops;
+  res.flops_per_token_non_embedding = 6.0 * static_cast<double>(layout.non_embedding_numel()) + attn_flops;
   res.config = o.to_json();
   res.config["device_memory_bytes"] = capacity;
   res.config["threads_resolved"] = num_threads();
