@@ -7,7 +7,7 @@ OUT=${DEMO_DIR:-runs/demo}
 mkdir -p "$OUT"
 DB="$OUT/scalelab.db"
 "$BUILD_DIR/scalelab" ladder --model llama-small --seq-len 256 --device-memory 1GiB \
-  --max-steps 3 --bench-warmup-steps 1 --db "$DB"
+  --max-steps 2 --bench-warmup-steps 1 --db "$DB"
 echo
 echo "Results: $DB (every trial, its config, metrics and log path)"
 echo "  ./$BUILD_DIR/scalelab results --db $DB               # the tables again, from the database"

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "lab/spec.h"
+#include "lab/trial_telemetry.h"
 
 namespace scalelab::cli {
 namespace {
@@ -40,6 +41,12 @@ void add_lab_flags(CLI::App* app, LabFlags& f) {
   app->add_flag("--wait", f.wait, "If another runner uses the database, wait for it instead of refusing");
   app->add_flag("--retry-failed", f.retry_failed, "Run again trials recorded as error or timeout");
   app->add_flag("--rerun", f.rerun, "Run every trial again, even those already recorded");
+  app->add_flag("--no-telemetry", f.no_telemetry,
+                "Do not sample the trials (by default each trial's process tree and every visible GPU are sampled "
+                "and stored with it)");
+  app->add_option("--telemetry-interval", f.telemetry_interval_ms, "Telemetry sampling interval of trials, in ms")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
 }
 
 std::string resolve_engine(const std::string& flag) {
@@ -65,6 +72,7 @@ lab::LabOptions lab_options(const LabFlags& f, const std::atomic<bool>* cancel) 
   o.rerun = f.rerun;
   o.wait_for_lock = f.wait;
   o.cancel = cancel;
+  if (!f.no_telemetry) o.monitor = lab::telemetry_monitor_factory(std::chrono::milliseconds(f.telemetry_interval_ms));
   return o;
 }
 

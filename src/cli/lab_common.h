@@ -25,6 +25,8 @@ struct LabFlags {
   bool wait = false;
   bool retry_failed = false;
   bool rerun = false;
+  bool no_telemetry = false;       // every trial is sampled unless --no-telemetry
+  int telemetry_interval_ms = 200;
 };
 void add_lab_flags(CLI::App* app, LabFlags& flags);
 

@@ -14,6 +14,40 @@ namespace scalelab::cli {
 
 namespace {
 
+// The telemetry summary in a few lines: per device the averages that matter, energy, and how far
+// the sources agree (Pearson r and mean difference of each compared quantity).
+void print_telemetry(const nlohmann::json& t) {
+  std::printf("Telemetry: %lld readings over %.1f s\n", static_cast<long long>(t.value("readings", 0)),
+              t.value("duration_s", 0.0));
+  if (t.contains("devices")) {
+    for (const auto& [dev, d] : t["devices"].items()) {
+      std::string line;
+      for (const auto& [src, metrics] : d["metrics"].items()) {
+        for (const char* m : {"gpu_util_pct", "power_w", "mem_used_bytes", "temperature_c", "reserved_bytes"}) {
+          if (!metrics.contains(m) || !metrics[m].contains("avg") || metrics[m]["avg"].is_null()) continue;
+          char buf[128];
+          std::snprintf(buf, sizeof buf, " %s.%s avg %.4g", src.c_str(), m, metrics[m]["avg"].get<double>());
+          line += buf;
+        }
+      }
+      std::printf("  %s:%s\n", dev.c_str(), line.c_str());
+    }
+  }
+  if (!t.value("energy_j", nlohmann::json()).is_null()) {
+    std::printf("  energy %.1f J, %.4g J/token, average power %.1f W\n", t["energy_j"].get<double>(),
+                t.value("j_per_token", nlohmann::json(0.0)).is_null() ? 0.0 : t["j_per_token"].get<double>(),
+                t.value("avg_power_w", nlohmann::json(0.0)).is_null() ? 0.0 : t["avg_power_w"].get<double>());
+  }
+  for (const auto& a : t.value("agreement", nlohmann::json::array())) {
+    std::printf("  agreement %s %s: %s vs %s, r = %s, mean difference %.4g (%zu pairs)\n",
+                a["device"].get<std::string>().c_str(), a["quantity"].get<std::string>().c_str(),
+                a["a"]["source"].get<std::string>().c_str(), a["b"]["source"].get<std::string>().c_str(),
+                a["pearson_r"].is_null() ? "n/a" : std::to_string(a["pearson_r"].get<double>()).c_str(),
+                a["mean_diff"].get<double>(), a["n"].get<std::size_t>());
+  }
+  for (const auto& n : t.value("notes", nlohmann::json::array())) std::printf("  note: %s\n", n.get<std::string>().c_str());
+}
+
 void print_summary(const TrainResult& r) {
   std::printf("Training throughput: %.2f tokens/s/device\n", r.tokens_per_s_per_device);
   if (r.world_size > 1) {
@@ -34,6 +68,7 @@ void print_summary(const TrainResult& r) {
   } else {
     std::printf("MFU: unknown (no peak for this device; pass --peak-tflops)\n");
   }
+  if (!r.telemetry.is_null()) print_telemetry(r.telemetry);
   if (!r.profile.is_null()) {
     std::printf("\nProfile (measured steps, %.3f s in all):\n", r.profile["total_step_seconds"].get<double>());
     std::printf("  %-14s %-10s %10s %7s %8s\n", "op family", "phase", "seconds", "%", "calls");

@@ -33,6 +33,9 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
       ->capture_default_str();
   app->add_option("--attn", o.attn, "Attention implementation: eager | flash")->capture_default_str();
   app->add_flag("--fused-kernels", o.fused_kernels, "Fused norm+residual, RoPE, MLP activation, linear+cross-entropy");
+  app->add_option("--dropout", o.dropout,
+                  "OPT residual dropout probability in [0, 1) (default: the model config's \"dropout\")")
+      ->check(CLI::Range(0.0, 1.0));
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
   app->add_option("--device", o.device, "cpu | cuda")->capture_default_str();
   app->add_option("--device-memory", o.device_memory,

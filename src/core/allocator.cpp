@@ -58,10 +58,18 @@ DeviceAllocator::DeviceAllocator(std::unique_ptr<MemoryBackend> backend, std::si
 
 DeviceAllocator::~DeviceAllocator() {
   std::lock_guard<std::mutex> lock(mu_);
-  release_cached_locked();
-  // Live blocks at destruction are a leak of the caller's; free them so the process stays clean.
-  for (auto& [p, live] : live_) backend_->raw_free(p, live.block_bytes);
+  // Every segment goes back, live blocks included (a leak of the caller's; the process stays
+  // clean). Every block is either live or free.
+  std::set<Block*> all;
+  for (auto& [p, b] : live_) all.insert(b);
+  for (auto& [size, b] : free_small_) all.insert(b);
+  for (auto& [size, b] : free_large_) all.insert(b);
+  for (Block* b : all) delete b;
   live_.clear();
+  free_small_.clear();
+  free_large_.clear();
+  for (auto& seg : segments_) backend_->raw_free(seg->base, seg->size);
+  segments_.clear();
 }
 
 void DeviceAllocator::set_capacity(std::size_t bytes) {
@@ -77,47 +85,64 @@ void DeviceAllocator::set_trace(std::vector<AllocEvent>* sink) {
 
 void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
   const std::size_t req = round_size(std::max<std::size_t>(bytes, 1));
+  const bool small = req <= kSmallRequest;
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocations;
   if (trace_) trace_->push_back({true, req, what ? what : ""});
 
-  // Best fit among cached blocks, accepted if it wastes at most a quarter of the block.
-  auto it = cached_.lower_bound(req);
-  if (it != cached_.end() && it->first - req <= it->first / 4) {
-    void* p = it->second;
-    const std::size_t block = it->first;
-    cached_.erase(it);
-    live_[p] = Live{block, req};
-    stats_.allocated += req;
-    stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-    return p;
+  // Best fit among the free blocks of the pool.
+  Block* b = nullptr;
+  FreeSet& free_set = pool(small);
+  auto it = free_set.lower_bound({req, nullptr});
+  if (it != free_set.end()) {
+    b = it->second;
+    free_set.erase(it);
+  } else {
+    // A new segment: 2 MiB for the small pool, the request rounded up to 2 MiB for the large one;
+    // under a capacity too tight for that (an emulated small device), just the request.
+    std::size_t seg_bytes = small ? kSegmentBytes : (req + kSegmentBytes - 1) / kSegmentBytes * kSegmentBytes;
+    if (stats_.reserved + seg_bytes > capacity_) {
+      if (release_cached_locked()) ++stats_.num_cache_flushes;
+      if (stats_.reserved + seg_bytes > capacity_) seg_bytes = req;
+    }
+    void* p = nullptr;
+    if (stats_.reserved + seg_bytes <= capacity_) p = backend_->raw_alloc(seg_bytes);
+    if (p == nullptr) {
+      char buf[512];
+      std::snprintf(buf, sizeof buf,
+                    "[allocator] out of %s memory%s%s: tried to allocate %s with %s allocated and %s "
+                    "reserved of a %s capacity — lower --micro-batch-size or --seq-len, enable memory "
+                    "savers (--attn flash, --fused-kernels, --activation-checkpointing), or raise "
+                    "--device-memory",
+                    device_type_name(backend_->device()).c_str(), what ? " for " : "", what ? what : "",
+                    format_bytes(req).c_str(), format_bytes(stats_.allocated).c_str(),
+                    format_bytes(stats_.reserved).c_str(), format_bytes(capacity_).c_str());
+      throw OutOfMemory(buf, req, stats_.allocated, stats_.reserved, capacity_);
+    }
+    ++stats_.num_backend_allocations;
+    auto seg = std::make_unique<Segment>();
+    seg->base = static_cast<char*>(p);
+    seg->size = seg_bytes;
+    seg->small = small;
+    b = new Block{seg->base, seg_bytes, true, nullptr, nullptr, seg.get()};
+    segments_.push_back(std::move(seg));
+    stats_.reserved += seg_bytes;
+    stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
   }
-
-  if (stats_.reserved + req > capacity_ && !cached_.empty()) {
-    release_cached_locked();
-    ++stats_.num_cache_flushes;
+  // Split off the rest when it can serve another request of this pool.
+  const std::size_t rest = b->size - req;
+  if (rest >= (small ? kRoundBytes : kSmallRequest)) {
+    Block* r = new Block{b->ptr + req, rest, true, b, b->next, b->segment};
+    if (b->next) b->next->prev = r;
+    b->next = r;
+    b->size = req;
+    insert_free(r);
   }
-  void* p = nullptr;
-  if (stats_.reserved + req <= capacity_) p = backend_->raw_alloc(req);
-  if (p == nullptr) {
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "[allocator] out of %s memory%s%s: tried to allocate %s with %s allocated and %s "
-                  "reserved of a %s capacity — lower --micro-batch-size or --seq-len, enable memory "
-                  "savers (--attn flash, --fused-kernels, --activation-checkpointing), or raise "
-                  "--device-memory",
-                  device_type_name(backend_->device()).c_str(), what ? " for " : "", what ? what : "",
-                  format_bytes(req).c_str(), format_bytes(stats_.allocated).c_str(),
-                  format_bytes(stats_.reserved).c_str(), format_bytes(capacity_).c_str());
-    throw OutOfMemory(buf, req, stats_.allocated, stats_.reserved, capacity_);
-  }
-  ++stats_.num_backend_allocations;
-  live_[p] = Live{req, req};
-  stats_.reserved += req;
-  stats_.allocated += req;
-  stats_.peak_reserved = std::max(stats_.peak_reserved, stats_.reserved);
+  b->free = false;
+  live_[b->ptr] = b;
+  stats_.allocated += b->size;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
-  return p;
+  return b->ptr;
 }
 
 void DeviceAllocator::deallocate(void* p) {
@@ -125,18 +150,54 @@ void DeviceAllocator::deallocate(void* p) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(p);
   if (it == live_.end()) return;  // not ours (or double free): ignore rather than corrupt stats
-  if (trace_) trace_->push_back({false, it->second.request_bytes, ""});
-  stats_.allocated -= it->second.request_bytes;
-  cached_.emplace(it->second.block_bytes, p);
+  Block* b = it->second;
   live_.erase(it);
+  if (trace_) trace_->push_back({false, b->size, ""});
+  stats_.allocated -= b->size;
+  b->free = true;
+  // Merge with free neighbours of the same segment.
+  if (b->prev && b->prev->free) {
+    Block* prev = b->prev;
+    erase_free(prev);
+    prev->size += b->size;
+    prev->next = b->next;
+    if (b->next) b->next->prev = prev;
+    delete b;
+    b = prev;
+  }
+  if (b->next && b->next->free) {
+    Block* next = b->next;
+    erase_free(next);
+    b->size += next->size;
+    b->next = next->next;
+    if (next->next) next->next->prev = b;
+    delete next;
+  }
+  insert_free(b);
 }
 
-void DeviceAllocator::release_cached_locked() {
-  for (auto& [size, p] : cached_) {
-    backend_->raw_free(p, size);
-    stats_.reserved -= size;
+bool DeviceAllocator::release_cached_locked() {
+  // A segment is entirely free when its one block spans it.
+  bool released = false;
+  for (auto seg = segments_.begin(); seg != segments_.end();) {
+    Segment* s = seg->get();
+    FreeSet& free_set = pool(s->small);
+    auto it = std::find_if(free_set.begin(), free_set.end(), [s](const std::pair<std::size_t, Block*>& e) {
+      return e.second->segment == s && e.second->size == s->size;
+    });
+    if (it == free_set.end()) {
+      ++seg;
+      continue;
+    }
+    Block* b = it->second;
+    free_set.erase(it);
+    delete b;
+    backend_->raw_free(s->base, s->size);
+    stats_.reserved -= s->size;
+    seg = segments_.erase(seg);
+    released = true;
   }
-  cached_.clear();
+  return released;
 }
 
 void DeviceAllocator::empty_cache() {

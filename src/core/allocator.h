@@ -6,13 +6,18 @@
 // allocated / reserved / peak statistics (the analogues of torch.cuda.max_memory_allocated and
 // max_memory_reserved). A request that does not fit throws OutOfMemory, never crashes.
 //
-// Sizes are rounded up to kRoundBytes. "allocated" counts rounded live requests; "reserved" counts
-// blocks obtained from the backend (live or cached). A cached block is reused for a request of at
-// most its size if it wastes no more than a quarter of it; otherwise a new block is reserved.
-// When reserving would exceed the capacity, all cached blocks are released first and it retries.
+// The caching works as PyTorch's CUDA caching allocator does: memory comes from the backend in
+// segments; a segment is cut into blocks; a request takes the best-fitting free block (rounded to
+// kRoundBytes) and splits off the rest when it is large enough to serve another request; a freed
+// block merges with free neighbours of its segment. Requests up to kSmallRequest come from 2 MiB
+// segments of their own pool, larger ones from segments of their size rounded up to 2 MiB, so
+// small tensors never pin a large segment. "allocated" counts the bytes of live blocks;
+// "reserved" counts segments. When a new segment would exceed the capacity, every segment that is
+// entirely free is released first and it retries; only then does it fail.
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,6 +65,8 @@ struct AllocEvent {
 class DeviceAllocator {
  public:
   static constexpr std::size_t kRoundBytes = 512;
+  static constexpr std::size_t kSmallRequest = std::size_t{1} << 20;  // up to 1 MiB: the small pool
+  static constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;  // 2 MiB segments / rounding
 
   DeviceAllocator(std::unique_ptr<MemoryBackend> backend, std::size_t capacity);
   ~DeviceAllocator();
@@ -85,17 +92,36 @@ class DeviceAllocator {
   }
 
  private:
-  void release_cached_locked();
+  bool release_cached_locked();  // true when a segment was released
 
   std::unique_ptr<MemoryBackend> backend_;
   std::size_t capacity_;
   mutable std::mutex mu_;
-  struct Live {
-    std::size_t block_bytes;    // size of the backend block
-    std::size_t request_bytes;  // rounded request counted in `allocated`
+  struct Segment;
+  struct Block {
+    char* ptr = nullptr;
+    std::size_t size = 0;
+    bool free = true;
+    Block* prev = nullptr;  // neighbours within the segment, by address
+    Block* next = nullptr;
+    Segment* segment = nullptr;
   };
-  std::unordered_map<void*, Live> live_;
-  std::multimap<std::size_t, void*> cached_;  // block size -> block
+  struct Segment {
+    char* base = nullptr;
+    std::size_t size = 0;
+    bool small = false;
+  };
+  // Free blocks by (size, address): the best fit is the first not smaller than a request. Blocks
+  // are heap nodes owned by the allocator: created when a segment is reserved or a block split,
+  // deleted when merged into a neighbour or when their segment is released.
+  using FreeSet = std::set<std::pair<std::size_t, Block*>>;
+  FreeSet& pool(bool small) { return small ? free_small_ : free_large_; }
+  void insert_free(Block* b) { pool(b->segment->small).insert({b->size, b}); }
+  void erase_free(Block* b) { pool(b->segment->small).erase({b->size, b}); }
+
+  std::unordered_map<void*, Block*> live_;
+  std::vector<std::unique_ptr<Segment>> segments_;
+  FreeSet free_small_, free_large_;
   MemoryStats stats_;
   std::vector<AllocEvent>* trace_ = nullptr;
 };

@@ -74,6 +74,7 @@ ModelConfig opt(std::string name, std::int64_t hidden, std::int64_t ffn, std::in
   c.do_layer_norm_before = ln_before;
   c.dropout = dropout;
   c.tie_word_embeddings = true;
+  c.pad_token_id = 1;
   return c;
 }
 
@@ -144,6 +145,10 @@ void ModelConfig::validate(const std::string& source) const {
       fail("activation_function '" + activation_function + "' is not supported — use relu or gelu");
     }
     if (dropout < 0 || dropout >= 1) fail("dropout must be in [0, 1)");
+    if (pad_token_id && (*pad_token_id < 0 || *pad_token_id >= vocab_size)) {
+      fail("pad_token_id " + std::to_string(*pad_token_id) + " is outside the vocabulary of " +
+           std::to_string(vocab_size));
+    }
   }
 }
 
@@ -192,7 +197,8 @@ nlohmann::json ModelConfig::to_hf_json() const {
     j["dropout"] = dropout;
     j["attention_dropout"] = 0.0;
     j["init_std"] = initializer_range;
-    j["pad_token_id"] = 1;
+    if (pad_token_id) j["pad_token_id"] = *pad_token_id;
+    if (remove_final_layer_norm) j["_remove_final_layer_norm"] = true;
     j["bos_token_id"] = 2;
     j["eos_token_id"] = 2;
   }
@@ -262,6 +268,25 @@ ModelConfig config_from_hf_json(const nlohmann::json& j, const std::string& sour
     c.dropout = get_or<double>(j, "dropout", 0.1, source);
     c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", true, source);
     c.initializer_range = get_or<double>(j, "init_std", 0.02, source);
+    c.remove_final_layer_norm = get_or<bool>(j, "_remove_final_layer_norm", false, source);
+    // OPTConfig's default pad_token_id is 1; an explicit null means no padding row.
+    if (!j.contains("pad_token_id")) {
+      c.pad_token_id = 1;
+    } else if (!j.at("pad_token_id").is_null()) {
+      c.pad_token_id = get_or<std::int64_t>(j, "pad_token_id", 1, source);
+    }
+    // Training-time features scalelab does not implement are refused rather than ignored.
+    const double layerdrop = get_or<double>(j, "layerdrop", 0.0, source);
+    if (layerdrop != 0.0) {
+      throw InvalidInput("[config] " + source + ": layerdrop " + std::to_string(layerdrop) +
+                         " is not supported — set \"layerdrop\": 0.0");
+    }
+    const double attn_dropout = get_or<double>(j, "attention_dropout", 0.0, source);
+    if (attn_dropout != 0.0) {
+      throw InvalidInput("[config] " + source + ": attention_dropout " + std::to_string(attn_dropout) +
+                         " is not supported (flash attention never holds the probabilities to drop) — set "
+                         "\"attention_dropout\": 0.0; \"dropout\" (residual dropout) is supported");
+    }
   } else {
     throw InvalidInput("[config] " + source + ": model_type '" + type +
                        "' is not supported — scalelab trains \"llama\" and \"opt\" models");

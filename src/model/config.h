@@ -52,6 +52,16 @@ struct ModelConfig {
   bool layer_norm_elementwise_affine = true;
   double dropout = 0.0;
   double layer_norm_eps = 1e-5;
+  // config.json "_remove_final_layer_norm" (checkpoints fine-tuned before transformers 4.20.1):
+  // no final decoder LayerNorm even when do_layer_norm_before.
+  bool remove_final_layer_norm = false;
+  // The token embedding's padding_idx (config.json "pad_token_id"; OPT: 1): that row of the
+  // embedding table gets no gradient from the lookup, as torch.nn.Embedding(padding_idx) does.
+  // Read for OPT only (the Llama model does not use it).
+  std::optional<std::int64_t> pad_token_id;
+
+  // OPT has a final decoder LayerNorm (transformers' OPTDecoder.final_layer_norm).
+  bool has_final_layer_norm() const { return do_layer_norm_before && !remove_final_layer_norm; }
 
   // Checks the shapes are consistent; throws InvalidInput naming the field and `source`.
   void validate(const std::string& source) const;

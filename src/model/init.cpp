@@ -102,9 +102,11 @@ void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfi
         convert(buf.data(), DType::kF32, dst + static_cast<std::size_t>(b) * es, dt, static_cast<std::size_t>(n));
       }
     });
-    if (config.family == ModelFamily::kOPT && p.name == "model.decoder.embed_tokens.weight" && p.shape[0] > 1) {
-      const std::int64_t row = p.shape[1];
-      std::memset(dst + static_cast<std::size_t>(row) * es, 0, static_cast<std::size_t>(row) * es);  // row 1
+    if (config.family == ModelFamily::kOPT && p.name == "model.decoder.embed_tokens.weight" && config.pad_token_id &&
+        *config.pad_token_id < p.shape[0]) {
+      const std::int64_t width = p.shape[1];
+      std::memset(dst + static_cast<std::size_t>(*config.pad_token_id * width) * es, 0,
+                  static_cast<std::size_t>(width) * es);  // the padding row
     }
   }
 }

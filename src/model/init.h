@@ -11,7 +11,7 @@ namespace scalelab {
 
 // Initializes `flat` (CPU, fp32 / bf16 / fp16, layout.total_numel() elements): linear weights and
 // embeddings (token, and OPT's positions) ~ normal(0, config.initializer_range), norm weights 1,
-// biases (norm biases included) 0, and for OPT the padding row of embed_tokens 0 (pad_token_id 1,
+// biases (norm biases included) 0, and for OPT the padding row of embed_tokens 0 (pad_token_id,
 // the value to_hf_json writes; transformers zeroes it too). Each value depends only on (seed,
 // parameter name, element index) through a counter-based generator (Philox4x32-10 with
 // Box-Muller), so the result is bit-identical for any thread count and any layout order (a tied

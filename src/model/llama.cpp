@@ -325,10 +325,4 @@ std::unique_ptr<Model> make_llama_model(const ModelConfig& c, const ParamLayout&
   return std::make_unique<LlamaModel>(c, layout, params, grads, o);
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& c, const ParamLayout& layout, Tensor& params, Tensor& grads,
-                                  const ModelOptions& o) {
-  if (c.family == ModelFamily::kLlama) return make_llama_model(c, layout, params, grads, o);
-  throw InvalidInput("[model] the " + std::string(family_name(c.family)) + " family is not available in this build");
-}
-
 }  // namespace scalelab

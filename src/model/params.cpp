@@ -80,7 +80,7 @@ ParamLayout ParamLayout::build(const ModelConfig& c) {
       if (bias) L.add(p + "fc2.bias", {H}, false, false, true);
       L.matmul_numel_ += 4 * H * H + 2 * H * I;
     }
-    if (c.do_layer_norm_before && affine) {
+    if (c.has_final_layer_norm() && affine) {
       L.add("model.decoder.final_layer_norm.weight", {H}, false, true);
       L.add("model.decoder.final_layer_norm.bias", {H}, false, true, true);
     }

@@ -95,12 +95,41 @@ class Schedule {
 
 struct Sizes {
   std::size_t T, B, S, H, I, Q, KV, V, NH, L, P, ld;
+  std::size_t E;  // OPT: word_embed_proj_dim (the token embedding and LM head width)
 };
 
 struct LayerActs {
   int rstd1 = -1, y1 = -1, qkv = -1, attn = -1, probs = -1, h = -1, rstd2 = -1, y2 = -1, gu = -1, act = -1;
   int x = -1;
 };
+
+// The transient GEMM panels gemm_ex takes (and frees in reverse order) for one product.
+void gemm_schedule(Schedule& s, std::size_t m, std::size_t n, std::size_t k, DType at, DType bt, DType ct) {
+  std::vector<int> ids;
+  for (std::size_t b : kernels::gemm_ex_workspace_blocks(static_cast<std::int64_t>(m), static_cast<std::int64_t>(n),
+                                                        static_cast<std::int64_t>(k), at, bt, ct))
+    ids.push_back(s.alloc("workspace", b));
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) s.free(*it);
+}
+
+// The chunked linear + cross-entropy of fused kernels (both families): its blocks, and per chunk
+// the low-precision path's three GEMMs (input A, weight W, gradients G dtypes).
+void fused_loss_schedule(Schedule& s, std::size_t T, std::size_t H, std::size_t V, DType A, DType W, DType G) {
+  const auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  const auto blocks = kernels::fused_linear_cross_entropy_workspace_blocks(i64(T), 0, i64(H), i64(V), A, W, A, G, true);
+  std::vector<int> ids;
+  for (std::size_t b : blocks) ids.push_back(s.alloc("fused loss chunk", b));
+  if (blocks.size() > 1) {
+    const std::size_t c = static_cast<std::size_t>(kernels::fused_linear_cross_entropy_chunk(i64(T), 0, i64(V)));
+    for (std::size_t r0 = 0; r0 < T; r0 += c) {
+      const std::size_t cc = std::min(c, T - r0);
+      gemm_schedule(s, cc, V, H, DType::kF32, W, DType::kF32);
+      gemm_schedule(s, cc, H, V, DType::kF32, W, A);
+      gemm_schedule(s, V, H, cc, DType::kF32, DType::kF32, G);
+    }
+  }
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) s.free(*it);
+}
 
 // The Llama engine's requests for one training step, in the order src/model/llama.cpp makes them
 // (including the kernels' transient workspaces). Keep the two in step: tests compare the plan
@@ -111,12 +140,8 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
   const bool ckpt = in.options.activation_checkpointing;
   const bool fused = in.options.fused_kernels;
   const auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
-  // Transient GEMM workspace of gemm_ex (its panels, freed in reverse order).
   auto gemm_ws = [&](std::size_t m, std::size_t n, std::size_t k, DType at, DType bt, DType ct) {
-    std::vector<int> ids;
-    for (std::size_t b : kernels::gemm_ex_workspace_blocks(i64(m), i64(n), i64(k), at, bt, ct))
-      ids.push_back(s.alloc("workspace", b));
-    for (auto it = ids.rbegin(); it != ids.rend(); ++it) s.free(*it);
+    gemm_schedule(s, m, n, k, at, bt, ct);
   };
   auto lin_fwd = [&](std::size_t in_f, std::size_t out_f) { gemm_ws(z.T, out_f, in_f, A, W, A); };
   auto lin_bwd = [&](std::size_t in_f, std::size_t out_f) {
@@ -173,21 +198,7 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
   int dxf;
   if (fused) {
     dxf = s.alloc("head buffers", z.T * z.H * a);
-    // Chunked linear + cross-entropy: its blocks, and per chunk the low-precision path's GEMMs.
-    const auto blocks = kernels::fused_linear_cross_entropy_workspace_blocks(i64(z.T), 0, i64(z.H), i64(z.V), A, W,
-                                                                             A, G, true);
-    std::vector<int> ids;
-    for (std::size_t b : blocks) ids.push_back(s.alloc("fused loss chunk", b));
-    if (blocks.size() > 1) {
-      const std::size_t c = static_cast<std::size_t>(kernels::fused_linear_cross_entropy_chunk(i64(z.T), 0, i64(z.V)));
-      for (std::size_t r0 = 0; r0 < z.T; r0 += c) {
-        const std::size_t cc = std::min(c, z.T - r0);
-        gemm_ws(cc, z.V, z.H, DType::kF32, W, DType::kF32);
-        gemm_ws(cc, z.H, z.V, DType::kF32, W, A);
-        gemm_ws(z.V, z.H, cc, DType::kF32, DType::kF32, G);
-      }
-    }
-    for (auto it = ids.rbegin(); it != ids.rend(); ++it) s.free(*it);
+    fused_loss_schedule(s, z.T, z.H, z.V, A, W, G);
   } else {
     const int logits = s.alloc("logits", z.T * z.V * a);
     lin_fwd(z.H, z.V);
@@ -246,6 +257,269 @@ void llama_step(Schedule& s, const Sizes& z, const PlanInput& in) {
   s.free(dx);
 }
 
+// The OPT engine's requests for one training step, in the order src/model/opt.cpp makes them
+// (pre-LN or post-LN layers, project_in/out, fused or unfused, dropout gradient buffers, eager or
+// flash, checkpointing; kernels' transient workspaces included).
+void opt_step(Schedule& s, const Sizes& z, const PlanInput& in) {
+  const ModelConfig& c = in.config;
+  const DType A = in.precision.activation, W = in.precision.compute_weights, G = in.precision.grad;
+  const std::size_t a = dtype_size(A), f = 4;
+  const bool ckpt = in.options.activation_checkpointing, fused = in.options.fused_kernels;
+  const bool drop = in.options.dropout > 0, pre_ln = c.do_layer_norm_before, final_ln = c.has_final_layer_norm();
+  const bool proj = z.E != z.H;
+  const auto i64 = [](std::size_t v) { return static_cast<std::int64_t>(v); };
+  auto gemm_ws = [&](std::size_t m, std::size_t n, std::size_t k, DType at, DType bt, DType ct) {
+    gemm_schedule(s, m, n, k, at, bt, ct);
+  };
+  auto lin_fwd = [&](std::size_t in_f, std::size_t out_f) { gemm_ws(z.T, out_f, in_f, A, W, A); };
+  auto lin_bwd = [&](std::size_t in_f, std::size_t out_f) {
+    gemm_ws(z.T, in_f, out_f, A, W, A);
+    gemm_ws(out_f, in_f, z.T, A, A, G);
+  };
+  kernels::AttentionShape as{i64(z.B), i64(z.S), i64(z.NH), i64(z.NH), i64(z.H / z.NH)};
+  const bool flash = in.options.attention == AttentionImpl::kFlash;
+  const int nt = std::max(1, in.threads);
+  const std::size_t attn_fwd_ws = flash ? kernels::attention_flash_workspace_bytes(as, nt, Phase::kForward, A)
+                                        : kernels::attention_eager_forward_workspace_bytes(as, nt, A);
+  const std::size_t attn_bwd_ws = flash ? kernels::attention_flash_workspace_bytes(as, nt, Phase::kBackward, A)
+                                        : kernels::attention_eager_backward_workspace_bytes(as, nt, A);
+  const std::size_t TH = z.T * z.H * a, TI = z.T * z.I * a;
+  struct Acts {
+    int x = -1, mean1 = -1, rstd1 = -1, a_in = -1, qkv = -1, probs = -1, attn = -1, h = -1, mean2 = -1, rstd2 = -1,
+        m_in = -1, pre = -1, act = -1, h2 = -1;
+    void free_all(Schedule& sc, bool keep_input) {
+      for (int id : {mean1, rstd1, a_in, qkv, probs, attn, h, mean2, rstd2, m_in, pre, act, h2}) sc.free(id);
+      if (!keep_input) sc.free(x);
+      const int in = x;
+      *this = Acts();
+      if (keep_input) x = in;
+    }
+  };
+  auto attention_forward = [&](Acts& la, const char* cat) {
+    la.qkv = s.alloc(cat, z.T * 3 * z.H * a);
+    lin_fwd(z.H, 3 * z.H);
+    la.attn = s.alloc(cat, TH);
+    if (flash) {
+      la.probs = s.alloc(cat, z.B * z.NH * z.S * f);  // the saved log-sum-exp
+    } else {
+      la.probs = s.alloc(ckpt && cat[0] == 'r' ? cat : "attention scores", z.B * z.NH * z.S * z.S * a);
+    }
+    if (attn_fwd_ws > 0) s.free(s.alloc("workspace", attn_fwd_ws));
+    la.h = s.alloc(cat, TH);
+    lin_fwd(z.H, z.H);
+  };
+  auto mlp_up = [&](Acts& la, const char* cat) {
+    if (fused) {
+      la.act = s.alloc(cat, TI);
+      lin_fwd(z.H, z.I);
+    } else {
+      la.pre = s.alloc(cat, TI);
+      lin_fwd(z.H, z.I);
+      la.act = s.alloc(cat, TI);
+    }
+  };
+  auto layer_forward = [&](Acts& la, const char* cat) {
+    if (pre_ln) {
+      la.mean1 = s.alloc(cat, z.T * f);
+      la.rstd1 = s.alloc(cat, z.T * f);
+      la.a_in = s.alloc(cat, TH);
+      attention_forward(la, cat);
+      if (fused) {
+        s.free(la.a_in);
+        la.a_in = -1;
+      }
+      la.mean2 = s.alloc(cat, z.T * f);
+      la.rstd2 = s.alloc(cat, z.T * f);
+      la.m_in = s.alloc(cat, TH);
+      mlp_up(la, cat);
+      if (fused) {
+        s.free(la.m_in);
+        la.m_in = -1;
+      }
+      lin_fwd(z.I, z.H);  // into the layer output allocated by the caller
+    } else {
+      attention_forward(la, cat);
+      la.mean1 = s.alloc(cat, z.T * f);
+      la.rstd1 = s.alloc(cat, z.T * f);
+      la.m_in = s.alloc(cat, TH);
+      mlp_up(la, cat);
+      la.h2 = s.alloc(cat, TH);
+      lin_fwd(z.I, z.H);
+      la.mean2 = s.alloc(cat, z.T * f);
+      la.rstd2 = s.alloc(cat, z.T * f);
+      if (fused) {
+        s.free(la.m_in);
+        la.m_in = -1;
+      }
+    }
+  };
+  // MLP backward from the output gradient: dropout buffer, dact, the recomputed norm output.
+  auto mlp_backward = [&](Acts& la) {
+    const int dd = drop ? s.alloc("backward temporaries", TH) : -1;
+    const int dact = s.alloc("backward temporaries", TI);
+    lin_bwd(z.I, z.H);
+    s.free(dd);
+    if (fused) {
+      s.free(la.act);
+      const int m = s.alloc("backward temporaries", TH);
+      lin_bwd(z.H, z.I);
+      s.free(m);
+    } else {
+      s.free(la.act);
+      s.free(la.pre);
+      lin_bwd(z.H, z.I);
+    }
+    la.act = la.pre = -1;
+    s.free(dact);
+  };
+  auto attention_backward = [&](Acts& la) {
+    const int dd = drop ? s.alloc("backward temporaries", TH) : -1;
+    const int dattn = s.alloc("backward temporaries", TH);
+    lin_bwd(z.H, z.H);
+    s.free(dd);
+    const int dqkv = s.alloc("backward temporaries", z.T * 3 * z.H * a);
+    s.free(s.alloc("workspace", attn_bwd_ws));
+    s.free(dattn);
+    s.free(la.probs);
+    la.probs = -1;
+    return dqkv;
+  };
+
+  // Embeddings.
+  std::vector<Acts> acts(z.L);
+  int emb_in = -1, x;
+  if (proj) {
+    emb_in = s.alloc("activations", z.T * z.E * a);
+    x = s.alloc("activations", TH);
+    lin_fwd(z.E, z.H);
+  } else {
+    x = s.alloc("activations", TH);
+  }
+  for (std::size_t l = 0; l < z.L; ++l) {
+    const int out = s.alloc("activations", TH);
+    acts[l].x = x;
+    layer_forward(acts[l], "activations");
+    if (ckpt) acts[l].free_all(s, true);
+    x = out;
+  }
+  // Head: final norm, project_out, LM head + loss, and their backward.
+  int meanf = -1, rstdf = -1, xf = -1, xp = -1;
+  if (final_ln) {
+    meanf = s.alloc("head buffers", z.T * f);
+    rstdf = s.alloc("head buffers", z.T * f);
+    xf = s.alloc("head buffers", TH);
+  }
+  if (proj) {
+    xp = s.alloc("head buffers", z.T * z.E * a);
+    lin_fwd(z.H, z.E);
+  }
+  int dxp = s.alloc("head buffers", z.T * z.E * a);
+  if (fused) {
+    fused_loss_schedule(s, z.T, z.E, z.V, A, W, G);
+  } else {
+    const int logits = s.alloc("logits", z.T * z.V * a);
+    lin_fwd(z.E, z.V);
+    const int lse = s.alloc("head buffers", z.T * f);
+    lin_bwd(z.E, z.V);
+    s.free(lse);
+    s.free(logits);
+  }
+  int dx = dxp;  // the head's gradient flowing into the last layer
+  int dxf = -1;
+  if (proj) {
+    dxf = s.alloc("backward temporaries", TH);
+    lin_bwd(z.H, z.E);
+    s.free(dxp);
+    s.free(xp);
+    dxp = -1;
+    dx = dxf;
+  }
+  if (final_ln) {
+    dx = s.alloc("backward temporaries", TH);
+    s.free(dxf);
+    s.free(dxp);
+    s.free(meanf);
+    s.free(rstdf);
+    s.free(xf);
+  }
+  s.free(x);
+  for (std::size_t li = z.L; li-- > 0;) {
+    Acts& la = acts[li];
+    if (ckpt) {
+      const int out = s.alloc("recomputed layer", TH);
+      layer_forward(la, "recomputed layer");
+      s.free(out);
+    }
+    if (pre_ln) {
+      const int dy = s.alloc("backward temporaries", TH);
+      mlp_backward(la);
+      const int dqkv = attention_backward(la);
+      if (fused) {
+        const int m = s.alloc("backward temporaries", TH);
+        lin_bwd(z.H, 3 * z.H);
+        s.free(m);
+      } else {
+        lin_bwd(z.H, 3 * z.H);
+      }
+      s.free(dqkv);
+      s.free(dy);
+    } else {
+      const int dh2 = s.alloc("backward temporaries", TH);
+      s.free(dx);
+      dx = dh2;
+      mlp_backward(la);
+      const int dh = s.alloc("backward temporaries", TH);
+      s.free(dx);
+      dx = dh;
+      const int dqkv = attention_backward(la);
+      lin_bwd(z.H, 3 * z.H);
+      s.free(dqkv);
+    }
+    la.free_all(s, false);
+  }
+  // Embedding backward: through project_in when there is one.
+  if (proj) {
+    const int de = s.alloc("backward temporaries", z.T * z.E * a);
+    lin_bwd(z.E, z.H);
+    s.free(dx);
+    s.free(emb_in);
+    s.free(de);
+  } else {
+    s.free(dx);
+  }
+}
+
+// What the OPT categories hold (where they differ from Llama's wording).
+std::string opt_detail(const std::string& cat, const Sizes& z, const PlanInput& in) {
+  const ModelConfig& c = in.config;
+  const std::size_t a = dtype_size(in.precision.activation);
+  const bool fused = in.options.fused_kernels, pre_ln = c.do_layer_norm_before;
+  const auto rs = [](std::size_t b) { return DeviceAllocator::round_size(b); };
+  if (cat == "activations") {
+    if (in.options.activation_checkpointing)
+      return "checkpointing keeps each layer's input only: " + format_bytes(rs(z.T * z.H * a)) + " per layer";
+    // Kept per layer: input, qkv, attention output, residual h, MLP activation (+ fc1 output
+    // unfused), the LayerNorm outputs (unfused; pre-LN: two, post-LN: one) and the post-LN second
+    // residual, four fp32 statistics rows.
+    std::size_t th = 3 + (pre_ln ? 0 : 1) + (fused ? 0 : (pre_ln ? 2 : 1));
+    const std::size_t per_layer = rs(z.T * 4) * 4 + rs(z.T * z.H * a) * th + rs(z.T * 3 * z.H * a) +
+                                  rs(z.T * z.I * a) * (fused ? 1 : 2);
+    return format_bytes(per_layer) + " per layer kept for backward (input, qkv, attention output, residuals, " +
+           (fused ? std::string("bias+ReLU output; LayerNorm outputs rebuilt in backward") :
+                    std::string("LayerNorm outputs, fc1 output and activation")) +
+           "; dropout masks are regenerated, never stored)";
+  }
+  if (cat == "head buffers")
+    return std::string(c.has_final_layer_norm() ? "final LayerNorm output and statistics, " : "") +
+           (z.E != z.H ? "project_out output, " : "") + "LM head input gradient, " +
+           (fused ? std::string("no lse") : std::string("lse"));
+  if (cat == "backward temporaries")
+    return std::string("residual gradient and one layer's activation gradients") +
+           (in.options.dropout > 0 ? ", a dropout-masked gradient [T, H]" : "") +
+           (fused ? ", a recomputed LayerNorm output [T, H]" : "");
+  return "";
+}
+
 struct Result {
   std::size_t total = 0;
   std::vector<PlanItem> items;
@@ -267,6 +541,7 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
   z.L = static_cast<std::size_t>(c.num_hidden_layers);
   z.P = static_cast<std::size_t>(layout.total_numel());
   z.ld = z.Q + 2 * z.KV;
+  z.E = c.family == ModelFamily::kOPT ? static_cast<std::size_t>(c.word_embed_proj_dim) : z.H;
   const PrecisionPlan& pr = in.precision;
   const std::size_t a = dtype_size(pr.activation), f = 4;
 
@@ -281,7 +556,13 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
   if (zero_shard && states > 0) s.alloc("gradients", states * 4);  // ZeRO-1: the shard's reduce-scatter output
   s.alloc("batch", z.T * 4);
   s.alloc("batch", z.T * 4);
-  for (int step = 0; step < 2; ++step) llama_step(s, z, in);
+  for (int step = 0; step < 2; ++step) {
+    if (c.family == ModelFamily::kOPT) {
+      opt_step(s, z, in);
+    } else {
+      llama_step(s, z, in);
+    }
+  }
 
   Result r;
   r.total = s.peak_reserved();
@@ -289,6 +570,10 @@ Result simulate(const PlanInput& in, bool with_items, std::size_t capacity = 0) 
   const auto& snap = s.snapshot();
   auto detail = [&](const std::string& cat) -> std::string {
     const std::string pd(dtype_name(pr.param)), wd(dtype_name(pr.compute_weights));
+    if (c.family == ModelFamily::kOPT) {
+      const std::string d = opt_detail(cat, z, in);
+      if (!d.empty()) return d;
+    }
     if (cat == "weights")
       return std::to_string(z.P) + " parameters, " + pd + (pr.weight_copy ? " master + " + wd + " compute copy" : "");
     const std::int64_t shard = optimizer_state_numel(in, static_cast<std::int64_t>(z.P));

@@ -48,6 +48,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"attn", attn},
           {"fused_kernels", fused_kernels},
           {"activation_checkpointing", activation_checkpointing},
+          {"dropout", dropout >= 0 ? nlohmann::json(dropout) : nlohmann::json(nullptr)},
           {"device", device},
           {"device_memory", device_memory},
           {"threads", threads},
@@ -74,6 +75,7 @@ nlohmann::json TrainResult::to_json() const {
   j["config"] = config;
   j["params"] = params;
   j["flops_per_token"] = flops_per_token;
+  j["flops_per_token_non_embedding"] = flops_per_token_non_embedding;
   j["tokens_per_s"] = tokens_per_s;
   j["tokens_per_s_per_device"] = tokens_per_s_per_device;
   j["step_time_s"] = step_time_s;
@@ -161,6 +163,10 @@ void validate_train_options(const TrainOptions& o) {
   if (o.device == "cuda") {
     throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
   }
+  if (!(o.dropout < 1.0) || std::isnan(o.dropout)) {
+    throw InvalidInput("[--dropout] must be in [0, 1) (or omitted for the model config's), got " +
+                       std::to_string(o.dropout));
+  }
 }
 
 namespace {
@@ -199,6 +205,17 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.options.fused_kernels = o.fused_kernels;
   in.options.activation_checkpointing = o.activation_checkpointing;
   in.options.seed = o.seed;
+  if (in.config.family == ModelFamily::kOPT) {
+    in.options.dropout = o.dropout >= 0 ? o.dropout : in.config.dropout;
+    if (o.fused_kernels && in.config.activation_function != "relu") {
+      throw InvalidInput("[--fused-kernels] the fused OPT MLP is bias+ReLU; this model's activation_function is '" +
+                         in.config.activation_function + "' — run without --fused-kernels");
+    }
+  } else {
+    if (o.dropout > 0) {
+      throw InvalidInput("[--dropout] the Llama family has no dropout — omit --dropout (or give 0)");
+    }
+  }
   in.micro_batch = o.micro_batch_size;
   in.seq_len = o.seq_len;
   set_num_threads(o.threads);
@@ -239,12 +256,16 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   res.params = layout.total_numel();
   const double attn_flops = 12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim) *
                             static_cast<double>(o.seq_len);
+  // N counts every weight that takes part in a matmul, the LM head included whether tied or not:
+  // that GEMM is real work (a third of llama-small's). Kaplan's non-embedding N is recorded too.
   res.flops_per_token = 6.0 * static_cast<double>(layout.matmul_numel()) + attn_flops;
+  res.flops_per_token_non_embedding = 6.0 * static_cast<double>(layout.non_embedding_numel()) + attn_flops;
   res.config = o.to_json();
   res.config["device_memory_bytes"] = capacity;
   res.config["threads_resolved"] = num_threads();
   res.config["model_config"] = cfg.to_hf_json();
   res.config["model_family"] = family_name(cfg.family);
+  res.config["dropout_resolved"] = mopt.dropout;
   res.config["threads"] = requested.threads;
   res.config["world_size"] = world;
   std::unique_ptr<DataParallelRun> dp;

@@ -35,6 +35,7 @@ struct TrainOptions {
   std::string attn = "eager";
   bool fused_kernels = false;
   bool activation_checkpointing = false;
+  double dropout = -1.0;  // OPT residual dropout; < 0: the model config's
   std::string device = "cpu";
   std::string device_memory;  // empty: the device's physical memory
   int threads = 0;            // 0: all cores
@@ -65,7 +66,8 @@ struct TrainResult {
   std::string error;
   nlohmann::json config;        // resolved options and model config
   std::int64_t params = 0;
-  double flops_per_token = 0;
+  double flops_per_token = 0;  // 6·N + 12·L·H·Q·T with N = parameters in matmuls (LM head included)
+  double flops_per_token_non_embedding = 0;  // the same with Kaplan's non-embedding N (for comparison)
   double tokens_per_s = 0;             // all devices
   double tokens_per_s_per_device = 0;
   double step_time_s = 0;              // median over measured steps

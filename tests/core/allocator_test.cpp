@@ -26,19 +26,45 @@ TEST(Allocator, CachesAndCountsPeaks) {
   EXPECT_EQ(a.stats().peak_allocated, 1024u);
 }
 
-TEST(Allocator, DoesNotReuseMuchLargerBlocks) {
-  DeviceAllocator a(make_host_backend(), 1 << 24);
-  void* big = a.allocate(1 << 20);
+TEST(Allocator, SplitsBlocksAndMergesThemBack) {
+  DeviceAllocator a(make_host_backend(), 1 << 30);
+  // Small requests share one 2 MiB segment.
+  void* s1 = a.allocate(4096);
+  void* s2 = a.allocate(4096);
+  EXPECT_EQ(static_cast<char*>(s2) - static_cast<char*>(s1), 4096);
+  EXPECT_EQ(a.stats().reserved, DeviceAllocator::kSegmentBytes);
+  EXPECT_EQ(a.stats().allocated, 8192u);
+  a.deallocate(s1);
+  a.deallocate(s2);  // merges with s1 and the rest: one free block spans the segment again
+  void* s3 = a.allocate(DeviceAllocator::kSmallRequest);
+  EXPECT_EQ(s3, s1);
+  EXPECT_EQ(a.stats().reserved, DeviceAllocator::kSegmentBytes);
+  a.deallocate(s3);
+  // A large block serves smaller large requests by splitting; the pieces merge when freed.
+  void* big = a.allocate(10 << 20);
+  EXPECT_EQ(a.stats().reserved, DeviceAllocator::kSegmentBytes + (10u << 20));
   a.deallocate(big);
-  void* small = a.allocate(4096);
-  EXPECT_NE(small, big);
-  EXPECT_EQ(a.stats().reserved, (1u << 20) + 4096u);
-  a.deallocate(small);
+  void* p3 = a.allocate(3 << 20);
+  void* p7 = a.allocate(7 << 20);
+  EXPECT_EQ(p3, big);
+  EXPECT_EQ(static_cast<char*>(p7) - static_cast<char*>(p3), 3 << 20);
+  EXPECT_EQ(a.stats().num_backend_allocations, 2u);
+  a.deallocate(p3);
+  a.deallocate(p7);
+  void* again = a.allocate(10 << 20);
+  EXPECT_EQ(again, big);
+  a.deallocate(again);
+  // Small requests never pin a large segment: they come from their own pool.
+  void* tiny = a.allocate(512);
+  EXPECT_NE(tiny, big);
+  a.deallocate(tiny);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved, 0u);
 }
 
 TEST(Allocator, OutOfMemoryIsTypedAndCarriesUsage) {
   DeviceAllocator a(make_host_backend(), 1 << 20);
-  void* p = a.allocate(600 * 1024);
+  void* p = a.allocate(600 * 1024);  // a tight capacity gets request-sized segments
   try {
     a.allocate(600 * 1024, "logits");
     FAIL() << "expected OutOfMemory";
@@ -55,11 +81,10 @@ TEST(Allocator, OutOfMemoryIsTypedAndCarriesUsage) {
 TEST(Allocator, FlushesCacheBeforeGivingUp) {
   DeviceAllocator a(make_host_backend(), 1 << 20);
   void* p = a.allocate(700 * 1024);
-  a.deallocate(p);                   // cached, still reserved
-  void* q = a.allocate(200 * 1024);  // too small to reuse the big block, and fits beside it
-  void* r = a.allocate(800 * 1024);  // needs the cache flushed
+  a.deallocate(p);                   // cached: its segment stays reserved
+  void* r = a.allocate(800 * 1024);  // does not fit beside it: the free segment is released first
   EXPECT_EQ(a.stats().num_cache_flushes, 1u);
-  a.deallocate(q);
+  EXPECT_EQ(a.stats().reserved, 800u * 1024);
   a.deallocate(r);
 }
 

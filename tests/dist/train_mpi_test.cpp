@@ -172,7 +172,9 @@ TEST_F(TrainMpi, TwoRanksTrainLikeOneRankWithTheDoubleBatch) {
   EXPECT_LE(states, (params / 2 + 16) * 2 * 4 + 1024);
   EXPECT_EQ(zero["ranks"][0]["max_reserved_bytes"], zero["memory_plan"]["total_bytes"]);
   EXPECT_EQ(two["ranks"][0]["max_reserved_bytes"], two["memory_plan"]["total_bytes"]);
-  EXPECT_LT(zero["ranks"][0]["max_reserved_bytes"].get<double>(), two["ranks"][0]["max_reserved_bytes"].get<double>());
+  // Reserved bytes come in 2 MiB segments, which a tiny model fits either way; the bytes handed
+  // out at the peak show the saving.
+  EXPECT_LT(zero["ranks"][0]["max_allocated_bytes"].get<double>(), two["ranks"][0]["max_allocated_bytes"].get<double>());
 }
 
 TEST_F(TrainMpi, GradientAccumulationCommunicatesOnceAndMatches) {

@@ -529,3 +529,46 @@ TEST(CliResults, TelemetrySamplesExportInLongFormat) {
 
 }  // namespace
 }  // namespace scalelab::lab
+
+namespace scalelab::lab {
+namespace {
+
+// Every trial is sampled by default: its process tree's samples and the summary are stored with
+// it and export from the database; --no-telemetry stores none.
+TEST(CliSweep, TrialsAreSampledAndTheSamplesStored) {
+  Lab lab;
+  const std::string spec = lab.spec("tel.toml", R"(
+name = "tel"
+[parameters]
+model = "llama-small"
+seq_len = 256
+device_memory = "2GiB"
+micro_batch_size = [1, 2]
+)");
+  CliResult r = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine, "--telemetry-interval", "20"},
+                        {"FAKE_ENGINE_SLEEP=0.3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  CliResult samples = lab.run({"results", "--db", lab.db, "--sweep", "tel", "--view", "telemetry", "--format", "csv",
+                               "--where", "source=process"});
+  ASSERT_EQ(samples.code, 0) << samples.err;
+  EXPECT_THAT(samples.out, HasSubstr("rss_bytes"));
+  EXPECT_GT(std::count(samples.out.begin(), samples.out.end(), '\n'), 4);
+  {
+    ResultsStore s(lab.db, ResultsStore::Mode::kReadOnly);
+    const auto rows = s.trials(s.find_sweep("tel").value().sweep_id);
+    ASSERT_EQ(rows.size(), 2u);
+    for (const auto& row : rows) EXPECT_TRUE(row.telemetry_summary.contains("process")) << row.telemetry_summary.dump();
+  }
+  const std::string spec2 = lab.spec("tel2.toml", R"(
+name = "tel2"
+[parameters]
+model = "llama-small"
+micro_batch_size = [1]
+)");
+  ASSERT_EQ(lab.run({"sweep", spec2, "--db", lab.db, "--engine", lab.engine, "--no-telemetry"}).code, 0);
+  CliResult none = lab.run({"results", "--db", lab.db, "--sweep", "tel2", "--view", "telemetry", "--format", "csv"});
+  EXPECT_EQ(std::count(none.out.begin(), none.out.end(), '\n'), 1) << none.out;  // the header only
+}
+
+}  // namespace
+}  // namespace scalelab::lab

@@ -98,6 +98,10 @@ TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Llama, Golden, ::testing::Values("llama_gqa_tied_rope3", "llama_untied_accum2"));
+// OPT: opt-125m-like (pre-LN, no projections) and opt-350m-like (project_in/out, post-LN, no final
+// LayerNorm) with gradient accumulation; embed_tokens' padding row (pad_token_id 1) gets no
+// gradient from the lookup, as transformers' nn.Embedding(padding_idx=1).
+INSTANTIATE_TEST_SUITE_P(OPT, Golden, ::testing::Values("opt_tiny", "opt_proj_postln_accum2"));
 
 }  // namespace
 }  // namespace scalelab

@@ -66,3 +66,34 @@ TEST(Switches, LlamaEverySwitchMatchesTheFp32Baseline) {
 
 }  // namespace
 }  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// OPT: every switch, alone and in the ladder's combinations, including --fused-kernels (LayerNorm
+// fused with the residual add and recomputed, bias+ReLU in place, chunked linear+cross-entropy),
+// on the pre-LN golden model and on the post-LN one with project_in/out.
+const std::vector<Switches>& opt_switches() {
+  static const std::vector<Switches> s = {
+      {"flash", "fp32", "no", "flash"},
+      {"activation checkpointing", "fp32", "no", "eager", false, true},
+      {"fused kernels", "fp32", "no", "eager", true},
+      {"mixed bf16", "fp32", "bf16", "eager", false, false, 1.5e-2},
+      {"mixed fp16", "fp32", "fp16", "eager", false, false, 3e-3},
+      {"bf16 weights", "bf16", "no", "eager", false, false, 1.5e-2},
+      // The ladder's combinations.
+      {"bf16 + flash", "bf16", "no", "flash", false, false, 1.5e-2},
+      {"bf16 + flash + fused", "bf16", "no", "flash", true, false, 1.5e-2},
+      {"mixed bf16 + flash + fused + checkpointing", "fp32", "bf16", "flash", true, true, 1.5e-2},
+      {"flash + fused + checkpointing", "fp32", "no", "flash", true, true},
+  };
+  return s;
+}
+
+TEST(Switches, OptEverySwitchMatchesTheFp32Baseline) {
+  for (const auto& golden : {"opt_tiny", "opt_proj_postln_accum2"})
+    for (const Switches& sw : opt_switches()) check_case(golden, sw);
+}
+
+}  // namespace
+}  // namespace scalelab

@@ -1,5 +1,8 @@
 #include "kernels/activation.h"
 
+#include <cmath>
+
+#include "core/error.h"
 #include "core/parallel.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
@@ -51,6 +54,65 @@ void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, ExecContex
       store_row(dgate, dst, dgu.dtype(), 2 * I);
     }
   });
+}
+
+Activation parse_activation(const std::string& name) {
+  if (name == "relu") return Activation::kReLU;
+  if (name == "gelu") return Activation::kGELU;
+  throw InvalidInput("[activation] activation_function '" + name + "' is not supported — use relu or gelu");
+}
+
+namespace {
+
+// Elementwise over chunks of a flat tensor, staging low-precision storage through row buffers.
+template <class F>
+void pointwise(const char* op, Phase phase, ExecContext& ctx, Tensor& out, const Tensor& a, const Tensor* b, F&& f) {
+  ProfileScope prof(ctx, "activation", phase);
+  require_cpu(a, op);
+  const std::int64_t n = a.numel();
+  require_numel(out, n, op, "output");
+  if (b) require_numel(*b, n, op, "input");
+  constexpr std::int64_t kChunk = 2048;
+  const std::int64_t chunks = (n + kChunk - 1) / kChunk;
+  parallel_for(chunks, row_grain(kChunk), [&](std::int64_t c0, std::int64_t c1) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const std::int64_t begin = c * kChunk, len = std::min(kChunk, n - begin);
+      const float* ap = load_row(elem(a.raw(), a.dtype(), begin), a.dtype(), len, 0);
+      const float* bp = b ? load_row(elem(b->raw(), b->dtype(), begin), b->dtype(), len, 1) : nullptr;
+      void* dst = elem(out.raw(), out.dtype(), begin);
+      float* o = out_row(dst, out.dtype(), len, 2);
+      for (std::int64_t i = 0; i < len; ++i) o[i] = f(ap[i], bp ? bp[i] : 0.0f);
+      store_row(o, dst, out.dtype(), len);
+    }
+  });
+}
+
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+
+}  // namespace
+
+void activation_forward(Tensor& y, const Tensor& x, Activation act, ExecContext& ctx) {
+  if (act == Activation::kReLU) {
+    pointwise("activation_forward", Phase::kForward, ctx, y, x, nullptr,
+              [](float v, float) { return v > 0.0f ? v : 0.0f; });
+  } else {
+    pointwise("activation_forward", Phase::kForward, ctx, y, x, nullptr,
+              [](float v, float) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+  }
+}
+
+void activation_backward(Tensor& dx, const Tensor& dy, const Tensor& x, Activation act, ExecContext& ctx) {
+  if (act == Activation::kReLU) {
+    pointwise("activation_backward", Phase::kBackward, ctx, dx, dy, &x,
+              [](float g, float v) { return v > 0.0f ? g : 0.0f; });
+  } else {
+    pointwise("activation_backward", Phase::kBackward, ctx, dx, dy, &x, [](float g, float v) {
+      const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+      const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+      return g * (cdf + v * pdf);
+    });
+  }
 }
 
 }  // namespace scalelab::kernels

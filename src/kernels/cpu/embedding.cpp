@@ -37,7 +37,7 @@ void embedding_forward(Tensor& y, const Tensor& ids, const Tensor& table, ExecCo
   });
 }
 
-void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, ExecContext& ctx) {
+void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, ExecContext& ctx, std::int64_t skip_id) {
   ProfileScope prof(ctx, "embedding", Phase::kBackward);
   require_cpu(dtable, "embedding_backward");
   const std::int64_t rows = dtable.dim(0), width = dtable.dim(1), n = ids.numel();
@@ -57,6 +57,7 @@ void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, Exe
   parallel_for(groups, row_grain(width), [&](std::int64_t g0, std::int64_t g1) {
     float* acc = row_buffer(width, 0);
     for (std::int64_t g = g0; g < g1; ++g) {
+      if (id[order[static_cast<std::size_t>(starts[static_cast<std::size_t>(g)])]] == skip_id) continue;
       std::fill(acc, acc + width, 0.0f);
       for (std::int64_t i = starts[static_cast<std::size_t>(g)]; i < starts[static_cast<std::size_t>(g + 1)]; ++i) {
         const std::int64_t t = order[static_cast<std::size_t>(i)];
@@ -65,6 +66,51 @@ void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, Exe
       }
       const std::int64_t row = id[order[static_cast<std::size_t>(starts[static_cast<std::size_t>(g)])]];
       void* dst = elem(dtable.raw(), dtable.dtype(), row * width);
+      float* d = inout_row(dst, dtable.dtype(), width, 2);
+      for (std::int64_t c = 0; c < width; ++c) d[c] += acc[c];
+      store_row(d, dst, dtable.dtype(), width);
+    }
+  });
+}
+
+void position_embedding_add_forward(Tensor& y, const Tensor& table, std::int64_t seq, std::int64_t offset,
+                                    ExecContext& ctx) {
+  ProfileScope prof(ctx, "embedding", Phase::kForward);
+  require_cpu(table, "position_embedding_add_forward");
+  const std::int64_t width = table.dim(1), n = y.numel() / width;
+  SCALELAB_CHECK(seq > 0 && n % seq == 0 && seq + offset <= table.dim(0),
+                 "[position_embedding_add_forward] " + std::to_string(n) + " tokens of sequence length " +
+                     std::to_string(seq) + " do not fit the table of " + std::to_string(table.dim(0)) + " rows");
+  parallel_for(n, row_grain(width), [&](std::int64_t t0, std::int64_t t1) {
+    for (std::int64_t t = t0; t < t1; ++t) {
+      const float* pr = load_row(elem(table.raw(), table.dtype(), (t % seq + offset) * width), table.dtype(), width, 0);
+      void* dst = elem(y.raw(), y.dtype(), t * width);
+      float* yr = inout_row(dst, y.dtype(), width, 1);
+      for (std::int64_t c = 0; c < width; ++c) yr[c] += pr[c];
+      store_row(yr, dst, y.dtype(), width);
+    }
+  });
+}
+
+void position_embedding_backward(Tensor& dtable, const Tensor& dy, std::int64_t seq, std::int64_t offset,
+                                 ExecContext& ctx) {
+  ProfileScope prof(ctx, "embedding", Phase::kBackward);
+  require_cpu(dtable, "position_embedding_backward");
+  const std::int64_t width = dtable.dim(1), n = dy.numel() / width;
+  SCALELAB_CHECK(seq > 0 && n % seq == 0 && seq + offset <= dtable.dim(0),
+                 "[position_embedding_backward] " + std::to_string(n) + " tokens of sequence length " +
+                     std::to_string(seq) + " do not fit the table of " + std::to_string(dtable.dim(0)) + " rows");
+  const std::int64_t batch = n / seq;
+  // One position per task: its rows summed in fp32 in batch order, added to the table once.
+  parallel_for(seq, row_grain(width * batch), [&](std::int64_t p0, std::int64_t p1) {
+    float* acc = row_buffer(width, 0);
+    for (std::int64_t p = p0; p < p1; ++p) {
+      std::fill(acc, acc + width, 0.0f);
+      for (std::int64_t b = 0; b < batch; ++b) {
+        const float* src = load_row(elem(dy.raw(), dy.dtype(), (b * seq + p) * width), dy.dtype(), width, 1);
+        for (std::int64_t c = 0; c < width; ++c) acc[c] += src[c];
+      }
+      void* dst = elem(dtable.raw(), dtable.dtype(), (p + offset) * width);
       float* d = inout_row(dst, dtable.dtype(), width, 2);
       for (std::int64_t c = 0; c < width; ++c) d[c] += acc[c];
       store_row(d, dst, dtable.dtype(), width);

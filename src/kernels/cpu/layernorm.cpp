@@ -1,5 +1,9 @@
 // LayerNorm, plain (layernorm.h) and fused with the residual add (fused.h): one row loop serves
 // both, the fused form only adds delta while it sums the row.
+// Tensors may be fp32, bf16 or fp16 (statistics fp32): rows are staged through per-thread fp32
+// buffers (stage.h), which for fp32 are the tensors themselves. A low-precision residual h is
+// rounded to its storage dtype before it is normalized, so the fused form computes exactly what
+// add_ followed by layernorm_forward does.
 #include "kernels/layernorm.h"
 
 #include <cmath>
@@ -15,25 +19,28 @@ namespace scalelab::kernels {
 
 namespace {
 
-// An optional per-feature parameter (weight or bias) as fp32, in row-buffer `slot` when it is
-// stored in low precision; null when the tensor is undefined.
-const float* optional_row(const Tensor& t, std::int64_t n, const char* op, const char* name, int slot) {
+// An optional parameter row (w or b) as fp32: the tensor itself, or converted into `buf`.
+const float* optional_f32(const Tensor& t, std::int64_t n, const char* op, const char* name,
+                          std::vector<float>& buf) {
   if (!t.defined()) return nullptr;
   require_numel(t, n, op, name);
-  return load_row(t.raw(), t.dtype(), n, slot);
+  if (t.dtype() == DType::kF32) return t.f32();
+  buf.resize(static_cast<std::size_t>(n));
+  convert(t.raw(), t.dtype(), buf.data(), DType::kF32, static_cast<std::size_t>(n));
+  return buf.data();
 }
 
-bool has_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
-  if (t == nullptr || !t->defined()) return false;
+Tensor* optional_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
+  if (t == nullptr || !t->defined()) return nullptr;
   require_numel(*t, n, op, name);
-  return true;
+  return t;
 }
 
-// t += acc (t of any float dtype, rounded once).
-void add_into(Tensor& t, const float* acc, std::int64_t n) {
-  float* d = inout_row(t.raw(), t.dtype(), n, 0);
-  for (std::int64_t i = 0; i < n; ++i) d[i] += acc[i];
-  store_row(d, t.raw(), t.dtype(), n);
+// g += partial (n floats), g of any float dtype.
+void accumulate_into(Tensor& g, const float* partial, std::int64_t n) {
+  float* row = inout_row(g.raw(), g.dtype(), n, 0);
+  for (std::int64_t i = 0; i < n; ++i) row[i] += partial[i];
+  store_row(row, g.raw(), g.dtype(), n);
 }
 
 // y = (src − m) · inv [· w] [+ b]; the one expression forward and recompute share (bit-identical).
@@ -55,10 +62,15 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
                   const Tensor& w, const Tensor& b, float eps, ExecContext& ctx, const char* op) {
   ProfileScope prof(ctx, "norm", Phase::kForward);
   require_cpu(x, op);
+  require_dtype(mean, DType::kF32, op, "mean");
+  require_dtype(rstd, DType::kF32, op, "rstd");
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
   require_numel(y, rows * H, op, "output");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
+  std::vector<float> wbuf, bbuf;
+  const float* wp = optional_f32(w, H, op, "weight", wbuf);
+  const float* bp = optional_f32(b, H, op, "bias", bbuf);
   if (delta != nullptr) {
     require_numel(*delta, rows * H, op, "residual delta");
     require_numel(*h, rows * H, op, "residual output");
@@ -66,26 +78,7 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
   float* mp = mean.f32();
   float* rp = rstd.f32();
   const float inv_h = 1.0f / static_cast<float>(H);
-  // Rows staged through fp32 buffers for low-precision tensors (slots: 0 x, 1 delta, 2 h, 3 y,
-  // weight and bias in the caller thread's slots 3/... are loaded per chunk below).
   parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
-    // Weight and bias as fp32 for this thread (their own buffers: the row slots are reused).
-    std::vector<float> wb;
-    const float* wp = nullptr;
-    const float* bp = nullptr;
-    if (w.defined() || b.defined()) {
-      wb.resize(static_cast<std::size_t>(2 * H));
-      if (w.defined()) {
-        require_numel(w, H, op, "weight");
-        convert(w.raw(), w.dtype(), wb.data(), DType::kF32, static_cast<std::size_t>(H));
-        wp = wb.data();
-      }
-      if (b.defined()) {
-        require_numel(b, H, op, "bias");
-        convert(b.raw(), b.dtype(), wb.data() + H, DType::kF32, static_cast<std::size_t>(H));
-        bp = wb.data() + H;
-      }
-    }
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* src = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
       float s;
@@ -94,9 +87,13 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
         void* hdst = elem(h->raw(), h->dtype(), r * H);
         float* hr = out_row(hdst, h->dtype(), H, 2);
         s = vec::add_sum(hr, src, dr, H);
-        store_row(hr, hdst, h->dtype(), H);
-        // Normalize h as stored, so recompute rebuilds y bit for bit.
-        src = h->dtype() == DType::kF32 ? hr : load_row(hdst, h->dtype(), H, 2);
+        if (h->dtype() != DType::kF32) {
+          // Normalize the stored (rounded) residual, as add_ + layernorm_forward would.
+          store_row(hr, hdst, h->dtype(), H);
+          convert(hdst, h->dtype(), hr, DType::kF32, static_cast<std::size_t>(H));
+          s = vec::sum(hr, H);
+        }
+        src = hr;
       } else {
         s = vec::sum(src, H);
       }
@@ -123,8 +120,10 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
   require_numel(dy, rows * H, op, "output gradient");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
-  const bool want_dw = has_grad(dw, H, op, "weight gradient");
-  const bool want_db = has_grad(db, H, op, "bias gradient");
+  std::vector<float> wbuf;
+  const float* wp = optional_f32(w, H, op, "weight", wbuf);
+  Tensor* dwo = optional_grad(dw, H, op, "weight gradient");
+  Tensor* dbo = optional_grad(db, H, op, "bias gradient");
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
   const int nt = num_threads();
@@ -134,12 +133,9 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
   parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     float* pw = partial.data() + static_cast<std::int64_t>(omp_get_thread_num()) * 2 * H;
     float* pb = pw + H;
-    const float* wp = optional_row(w, H, op, "weight", 3);
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = load_row(elem(x.raw(), x.dtype(), r * H), x.dtype(), H, 0);
       const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * H), dy.dtype(), H, 1);
-      void* ddst = elem(dx.raw(), dx.dtype(), r * H);
-      float* dxr = accumulate_dx ? inout_row(ddst, dx.dtype(), H, 2) : out_row(ddst, dx.dtype(), H, 2);
       const float m = mp[r], inv = rp[r];
       float sum_g = 0.0f, sum_gx = 0.0f;  // Σ g, Σ g·xhat
       std::int64_t i = 0;
@@ -169,6 +165,8 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
         pb[i] += gr[i];
       }
       const float a = sum_g * inv_h, c = sum_gx * inv_h;
+      void* ddst = elem(dx.raw(), dx.dtype(), r * H);
+      float* dxr = accumulate_dx ? inout_row(ddst, dx.dtype(), H, 2) : out_row(ddst, dx.dtype(), H, 2);
       for (std::int64_t j = 0; j < H; ++j) {
         const float xh = (xr[j] - m) * inv;
         const float g = wp ? gr[j] * wp[j] : gr[j];
@@ -178,12 +176,13 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
       store_row(dxr, ddst, dx.dtype(), H);
     }
   });
+  // Thread partials summed in thread order, then added to the gradients once.
   for (int t = 1; t < nt; ++t) {
     const float* pw = partial.data() + static_cast<std::size_t>(t) * 2 * H;
     for (std::int64_t i = 0; i < 2 * H; ++i) partial[static_cast<std::size_t>(i)] += pw[i];
   }
-  if (want_dw) add_into(*dw, partial.data(), H);
-  if (want_db) add_into(*db, partial.data() + H, H);
+  if (dwo) accumulate_into(*dwo, partial.data(), H);
+  if (dbo) accumulate_into(*dbo, partial.data() + H, H);
 }
 
 }  // namespace
@@ -217,11 +216,12 @@ void layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const T
   require_numel(y, rows * H, op, "output");
   require_numel(mean, rows, op, "mean");
   require_numel(rstd, rows, op, "rstd");
+  std::vector<float> wbuf, bbuf;
+  const float* wp = optional_f32(w, H, op, "weight", wbuf);
+  const float* bp = optional_f32(b, H, op, "bias", bbuf);
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
   parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
-    const float* wp = optional_row(w, H, op, "weight", 2);
-    const float* bp = optional_row(b, H, op, "bias", 3);
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* hr = load_row(elem(h.raw(), h.dtype(), r * H), h.dtype(), H, 0);
       void* ydst = elem(y.raw(), y.dtype(), r * H);

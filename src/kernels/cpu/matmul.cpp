@@ -27,25 +27,36 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 
 namespace {
 
-// Panel sizes for converted operands: bounded so the workspace stays a few MiB whatever the shapes.
-constexpr std::int64_t kPanelFloatsA = std::int64_t{1} << 20;  // 4 MiB
-constexpr std::int64_t kPanelFloatsB = std::int64_t{1} << 22;  // 16 MiB
-constexpr std::int64_t kTileFloatsC = std::int64_t{1} << 20;   // 4 MiB
+// Tiles for low-precision operands, which are widened to fp32 one tile at a time: k is cut into
+// blocks of kKBlock, and an operand dimension is cut only where it has to be converted (an fp32
+// operand is read in place), so each sgemm stays large (at least 64 x 64 x kKBlock) while the
+// workspace stays bounded: A tile mb·kb, B tile kb·nb, C tile mb·nb floats (at most 16 MiB each).
+constexpr std::int64_t kKBlock = 2048;
+constexpr std::int64_t kTileFloatsA = std::int64_t{1} << 22;  // 16 MiB
+constexpr std::int64_t kTileFloatsB = std::int64_t{1} << 22;  // 16 MiB
+constexpr std::int64_t kTileFloatsC = std::int64_t{1} << 22;  // 16 MiB
 
 struct Panels {
-  std::int64_t mb, nb;
+  std::int64_t mb, nb, kb;
 };
 
-Panels panel_sizes(std::int64_t m, std::int64_t n, std::int64_t k) {
-  const std::int64_t kk = std::max<std::int64_t>(k, 1);
+Panels panel_sizes(std::int64_t m, std::int64_t n, std::int64_t k, DType at, DType bt, DType ct) {
   Panels p;
-  p.mb = std::clamp<std::int64_t>(kPanelFloatsA / kk, 16, std::max<std::int64_t>(m, 16));
-  p.nb = std::clamp<std::int64_t>(kPanelFloatsB / kk, 64, std::max<std::int64_t>(n, 64));
-  p.mb = std::min(p.mb, m);
-  p.nb = std::min(p.nb, n);
-  // Keep the C tile bounded too.
-  if (p.mb * p.nb > kTileFloatsC) p.nb = std::max<std::int64_t>(64, std::min(p.nb, kTileFloatsC / std::max<std::int64_t>(p.mb, 1)));
-  p.nb = std::min(p.nb, n);
+  p.kb = std::max<std::int64_t>(1, std::min(k, kKBlock));
+  p.mb = m;
+  p.nb = n;
+  if (at != DType::kF32) p.mb = std::min(p.mb, std::max<std::int64_t>(64, kTileFloatsA / p.kb));
+  if (bt != DType::kF32) p.nb = std::min(p.nb, std::max<std::int64_t>(64, kTileFloatsB / p.kb));
+  if (ct != DType::kF32 && p.mb * p.nb > kTileFloatsC) {
+    // Shrink the larger side first, keeping both at least 64.
+    if (p.nb >= p.mb) {
+      p.nb = std::max<std::int64_t>(64, kTileFloatsC / std::max<std::int64_t>(p.mb, 1));
+    } else {
+      p.mb = std::max<std::int64_t>(64, kTileFloatsC / std::max<std::int64_t>(p.nb, 1));
+    }
+  }
+  p.mb = std::max<std::int64_t>(1, std::min(p.mb, m));
+  p.nb = std::max<std::int64_t>(1, std::min(p.nb, n));
   return p;
 }
 
@@ -77,10 +88,9 @@ std::vector<std::size_t> gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n
                                                   DType ct) {
   std::vector<std::size_t> blocks;
   if ((at == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) || m == 0 || n == 0) return blocks;
-  const Panels p = panel_sizes(m, n, k);
-  const std::int64_t kk = std::max<std::int64_t>(k, 1);
-  if (at != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.mb * kk) * sizeof(float));
-  if (bt != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.nb * kk) * sizeof(float));
+  const Panels p = panel_sizes(m, n, k, at, bt, ct);
+  if (at != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.mb * p.kb) * sizeof(float));
+  if (bt != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.kb * p.nb) * sizeof(float));
   if (ct != DType::kF32) blocks.push_back(static_cast<std::size_t>(p.mb * p.nb) * sizeof(float));
   return blocks;
 }
@@ -100,52 +110,65 @@ void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, f
     return;
   }
   if (m == 0 || n == 0) return;
-  const Panels p = panel_sizes(m, n, k);
+  const Panels p = panel_sizes(m, n, k, at, bt, ct);
   Tensor ws_a, ws_b, ws_c;
-  if (at != DType::kF32) ws_a = Tensor::empty({p.mb * std::max<std::int64_t>(k, 1)}, DType::kF32, *ctx.alloc, "matmul workspace");
-  if (bt != DType::kF32) ws_b = Tensor::empty({p.nb * std::max<std::int64_t>(k, 1)}, DType::kF32, *ctx.alloc, "matmul workspace");
+  if (at != DType::kF32) ws_a = Tensor::empty({p.mb * p.kb}, DType::kF32, *ctx.alloc, "matmul workspace");
+  if (bt != DType::kF32) ws_b = Tensor::empty({p.kb * p.nb}, DType::kF32, *ctx.alloc, "matmul workspace");
   if (ct != DType::kF32) ws_c = Tensor::empty({p.mb * p.nb}, DType::kF32, *ctx.alloc, "matmul workspace");
   for (std::int64_t n0 = 0; n0 < n; n0 += p.nb) {
     const std::int64_t n1 = std::min(n, n0 + p.nb), nw = n1 - n0;
-    // op(B) columns [n0, n1): B is [n, k] when transposed (rows n0..n1), else [k, n] (columns).
-    const float* bp;
-    std::int64_t ldb_f;
-    if (bt == DType::kF32) {
-      bp = static_cast<const float*>(b) + (tb ? n0 * ldb : n0);
-      ldb_f = ldb;
-    } else if (tb) {
-      convert_block(b, bt, ldb, n0, n1, 0, k, ws_b.f32());
-      bp = ws_b.f32();
-      ldb_f = k;
-    } else {
-      convert_block(b, bt, ldb, 0, k, n0, n1, ws_b.f32());
-      bp = ws_b.f32();
-      ldb_f = nw;
-    }
     for (std::int64_t m0 = 0; m0 < m; m0 += p.mb) {
       const std::int64_t m1 = std::min(m, m0 + p.mb), mw = m1 - m0;
-      const float* ap;
-      std::int64_t lda_f;
-      if (at == DType::kF32) {
-        ap = static_cast<const float*>(a) + (ta ? m0 : m0 * lda);
-        lda_f = lda;
-      } else if (ta) {
-        convert_block(a, at, lda, 0, k, m0, m1, ws_a.f32());
-        ap = ws_a.f32();
-        lda_f = mw;
-      } else {
-        convert_block(a, at, lda, m0, m1, 0, k, ws_a.f32());
-        ap = ws_a.f32();
-        lda_f = k;
-      }
+      // The C tile: in place when fp32, else staged (loaded first when beta needs it).
+      float* cp;
+      std::int64_t ldc_f;
       if (ct == DType::kF32) {
-        gemm(ta, tb, mw, nw, k, alpha, ap, lda_f, bp, ldb_f, beta, static_cast<float*>(c) + m0 * ldc + n0, ldc);
+        cp = static_cast<float*>(c) + m0 * ldc + n0;
+        ldc_f = ldc;
       } else {
-        float* cp = ws_c.f32();
+        cp = ws_c.f32();
+        ldc_f = nw;
         if (beta != 0.0f) convert_block(c, ct, ldc, m0, m1, n0, n1, cp);
-        gemm(ta, tb, mw, nw, k, alpha, ap, lda_f, bp, ldb_f, beta, cp, nw);
-        store_block(cp, c, ct, ldc, m0, m1, n0, n1);
       }
+      if (k == 0) {
+        for (std::int64_t i = 0; i < mw; ++i)
+          for (std::int64_t j = 0; j < nw; ++j) cp[i * ldc_f + j] = beta == 0.0f ? 0.0f : beta * cp[i * ldc_f + j];
+      }
+      for (std::int64_t k0 = 0; k0 < k; k0 += p.kb) {
+        const std::int64_t k1 = std::min(k, k0 + p.kb), kw = k1 - k0;
+        // op(A) rows [m0, m1) x columns [k0, k1): A is [k, m] when transposed.
+        const float* ap;
+        std::int64_t lda_f;
+        if (at == DType::kF32) {
+          ap = static_cast<const float*>(a) + (ta ? k0 * lda + m0 : m0 * lda + k0);
+          lda_f = lda;
+        } else if (ta) {
+          convert_block(a, at, lda, k0, k1, m0, m1, ws_a.f32());
+          ap = ws_a.f32();
+          lda_f = mw;
+        } else {
+          convert_block(a, at, lda, m0, m1, k0, k1, ws_a.f32());
+          ap = ws_a.f32();
+          lda_f = kw;
+        }
+        // op(B) rows [k0, k1) x columns [n0, n1): B is [n, k] when transposed.
+        const float* bp;
+        std::int64_t ldb_f;
+        if (bt == DType::kF32) {
+          bp = static_cast<const float*>(b) + (tb ? n0 * ldb + k0 : k0 * ldb + n0);
+          ldb_f = ldb;
+        } else if (tb) {
+          convert_block(b, bt, ldb, n0, n1, k0, k1, ws_b.f32());
+          bp = ws_b.f32();
+          ldb_f = kw;
+        } else {
+          convert_block(b, bt, ldb, k0, k1, n0, n1, ws_b.f32());
+          bp = ws_b.f32();
+          ldb_f = nw;
+        }
+        gemm(ta, tb, mw, nw, kw, alpha, ap, lda_f, bp, ldb_f, k0 == 0 ? beta : 1.0f, cp, ldc_f);
+      }
+      if (ct != DType::kF32) store_block(cp, c, ct, ldc, m0, m1, n0, n1);
     }
   }
 }
@@ -229,11 +252,9 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
           const float* row = dy.f32() + t * d.out;
           for (std::int64_t j = j0; j < j1; ++j) acc[j] += row[j];
         } else {
-          for (std::int64_t j = j0; j < j1; ++j) {
-            float v;
-            convert(elem(dy.raw(), gt, t * d.out + j), gt, &v, DType::kF32, 1);
-            acc[j] += v;
-          }
+          // One conversion per row segment (not per element): biases make this hot for OPT.
+          const float* row = load_row(elem(dy.raw(), gt, t * d.out + j0), gt, j1 - j0, 0);
+          for (std::int64_t j = j0; j < j1; ++j) acc[j] += row[j - j0];
         }
       }
     });

@@ -1,0 +1,71 @@
+// End-to-end: `scalelab train` and `scalelab plan` on OPT presets, the --dropout flag, and the
+// combinations that are refused with exit code 2.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct CmdResult {
+  int code;
+  std::string output;
+};
+
+CmdResult run_cli(const std::string& args) {
+  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+const std::string kOptTiny = "train --model opt-tiny --seq-len 32 --micro-batch-size 2 --max-steps 3 --threads 1 ";
+
+TEST(OptCli, TrainRunsEverySwitchTogether) {
+  const std::string json = testing::TempDir() + "opt_cli.json";
+  const CmdResult r = run_cli(kOptTiny +
+                              "--mixed-precision bf16 --attn flash --fused-kernels --activation-checkpointing "
+                              "--dropout 0.1 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("(opt,"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_EQ(j["losses"].size(), 3u);
+  EXPECT_EQ(j["config"]["model_family"], "opt");
+  EXPECT_EQ(j["config"]["dropout"], 0.1);
+  EXPECT_EQ(j["config"]["dropout_resolved"], 0.1);
+  EXPECT_EQ(j["max_reserved_bytes"].get<double>(), j["memory_plan"]["total_bytes"].get<double>());
+}
+
+TEST(OptCli, PlanOptSmall) {
+  const CmdResult r = run_cli("plan --model opt-small --seq-len 1024 --micro-batch-size 2 --device-memory 8GiB");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* s : {"opt-small", "weights", "activations", "attention scores", "allocator cache", "total",
+                        "largest micro-batch that fits"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  const CmdResult f = run_cli("plan --model opt-350m --seq-len 1024 --micro-batch-size 2 --attn flash --fused-kernels");
+  ASSERT_EQ(f.code, 0) << f.output;
+  EXPECT_NE(f.output.find("bias+ReLU output; LayerNorm outputs rebuilt in backward"), std::string::npos) << f.output;
+}
+
+TEST(OptCli, RefusedCombinationsExitTwo) {
+  struct Case {
+    std::string args, needle;
+  };
+  for (const Case& c : {Case{kOptTiny + "--dropout 1.5", "--dropout"}, Case{kOptTiny + "--dropout -0.1", "--dropout"},
+                        Case{"train --model llama-tiny --seq-len 16 --max-steps 1 --dropout 0.1", "--dropout"}}) {
+    const CmdResult r = run_cli(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+}  // namespace
