@@ -14,9 +14,11 @@ DataParallel::DataParallel(Communicator& comm, float* params, float* grads, std:
                            " is not supported — use 0 (DDP) or 1 (sharded optimizer states)");
   SCALELAB_CHECK(!comm.device_memory(), "[dist] DataParallel works on host memory; with NCCL use GradReducer");
   if (options.zero_stage == 1) {
-    zero_ = std::make_unique<ZeroOptimizer>(comm, params, grads, numel, update_, zero_recv);
+    zero_ = std::make_unique<ZeroOptimizer>(comm, params, grads, numel, update_, zero_recv, options.average);
   } else {
-    reducer_ = std::make_unique<GradReducer>(comm, grads, numel, options.ddp);
+    DdpOptions ddp = options.ddp;
+    ddp.average = options.average;
+    reducer_ = std::make_unique<GradReducer>(comm, grads, numel, ddp);
   }
 }
 

@@ -30,6 +30,11 @@ namespace scalelab {
 struct DataParallelOptions {
   DdpOptions ddp;      // --ddp-bucket-mb
   int zero_stage = 0;  // --zero 0|1
+  // true: the collectives average (sum, then a division pass over the buffer). false: they only
+  // sum, because the caller already divided each rank's gradient by the world size (the trainer
+  // folds 1/world into the loss gradient's seed, as it folds 1/accumulation steps): on the CPU
+  // the division is one more pass over every gradient byte on the cores that compute.
+  bool average = true;
 };
 
 class DataParallel {

@@ -32,8 +32,8 @@ std::vector<std::int64_t> ZeroOptimizer::shard_counts(std::int64_t numel, int wo
 }
 
 ZeroOptimizer::ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update,
-                             float* recv)
-    : comm_(comm), params_(params), grads_(grads), numel_(numel), update_(std::move(update)) {
+                             float* recv, bool average)
+    : comm_(comm), params_(params), grads_(grads), numel_(numel), update_(std::move(update)), average_(average) {
   SCALELAB_CHECK(numel >= 0 && (numel == 0 || (params && grads)), "[zero] ZeroOptimizer: no parameter/gradient buffer");
   SCALELAB_CHECK(static_cast<bool>(update_), "[zero] ZeroOptimizer: no update function");
   SCALELAB_CHECK(!comm.device_memory(),
@@ -53,7 +53,7 @@ ZeroOptimizer::ZeroOptimizer(Communicator& comm, float* params, float* grads, st
 double ZeroOptimizer::reduce_gradients() {
   const auto t0 = CommClock::now();
   if (comm_.world_size() > 1) {
-    comm_.reduce_scatter(grads_, recv_, counts_, CommDType::kF32, ReduceOp::kAvg);
+    comm_.reduce_scatter(grads_, recv_, counts_, CommDType::kF32, average_ ? ReduceOp::kAvg : ReduceOp::kSum);
     if (shard_numel() > 0)
       std::memcpy(grads_ + shard_begin_, recv_, static_cast<std::size_t>(shard_numel()) * sizeof(float));
   }

@@ -40,8 +40,10 @@ class ZeroOptimizer {
   // recv: where the reduce-scatter lands (shard_numel() floats, not overlapping grads), e.g. a
   // buffer the trainer took from its device allocator so that the memory plan counts it; null:
   // the optimizer keeps its own host vector.
+  // average: the reduce-scatter averages over ranks; false: it sums (the gradients were already
+  // divided by the world size).
   ZeroOptimizer(Communicator& comm, float* params, float* grads, std::int64_t numel, UpdateRange update,
-                float* recv = nullptr);
+                float* recv = nullptr, bool average = true);
 
   // The shard sizes for numel elements over world_size ranks (what the constructor uses): the
   // trainer sizes its optimizer states (and the memory plan) with them before building one.
@@ -76,6 +78,7 @@ class ZeroOptimizer {
   std::vector<float> own_recv_;  // reduce-scatter output when the caller gave no buffer
   float* recv_ = nullptr;
   bool reduced_ = false;
+  bool average_ = true;
   ZeroStats stats_;
 };
 

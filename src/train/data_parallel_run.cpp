@@ -121,8 +121,11 @@ void DataParallelRun::attach(Tensor& params, Tensor& grads, Tensor& m, Tensor& v
     kernels::adamw_update(p, *m_, *v_, g, local, *hyper_, *ctx_);
   };
   float* recv = zero_ && zero_recv ? zero_recv->f32() : nullptr;
-  dp_ = std::make_unique<DataParallel>(dist_.grads(), params.f32(), grads.f32(), numel_, flags_.data_parallel_options(),
-                                       update, recv);
+  // train() seeds each rank's backward with 1/world (with the loss scale and 1/micro-steps), so the ranks'
+  // gradients only need summing: no division pass over the buffer after each collective.
+  DataParallelOptions options = flags_.data_parallel_options();
+  options.average = false;
+  dp_ = std::make_unique<DataParallel>(dist_.grads(), params.f32(), grads.f32(), numel_, options, update, recv);
   SCALELAB_CHECK(dp_->optimizer_begin() == state_begin_ && dp_->optimizer_end() - dp_->optimizer_begin() == state_numel_,
                  "[dist] the ZeRO-1 shard differs from the one the states were sized for (a bug)");
   DataParallel* dp = dp_.get();

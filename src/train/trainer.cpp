@@ -360,8 +360,10 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
           data->next(batch);
         }
         model->set_step(step * o.grad_accum_steps + micro);
-        loss += model->forward_backward(batch, static_cast<float>(loss_scale / static_cast<double>(o.grad_accum_steps)),
-                                        ctx);
+        // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
+        // data-parallel, by the ranks: the reduction over ranks then only sums.
+        loss += model->forward_backward(
+            batch, static_cast<float>(loss_scale / (static_cast<double>(o.grad_accum_steps) * (dp ? world : 1))), ctx);
       }
       loss /= static_cast<double>(o.grad_accum_steps);
       const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 
 #include "adamw_ref.h"
 #include "core/error.h"
@@ -80,7 +81,9 @@ TEST(DataParallel, DdpAndZeroGiveTheSameParameters) {
   const int world_n = 2, steps = 2;
   const std::int64_t n = 3001;
   const Reference ref = reference(world_n, n, steps, 1.0f);
-  for (int stage : {0, 1}) {
+  // average = false is the trainer's way: each rank's gradient arrives already divided by the
+  // world size (its backward seeded with 1/N) and the collectives only sum.
+  for (const auto& [stage, average] : {std::pair{0, true}, std::pair{1, true}, std::pair{0, false}, std::pair{1, false}}) {
     testing::ThreadWorld world(world_n);
     world.run([&](int r, Communicator& c) {
       std::vector<float> params(static_cast<std::size_t>(n)), grads(static_cast<std::size_t>(n));
@@ -88,6 +91,7 @@ TEST(DataParallel, DdpAndZeroGiveTheSameParameters) {
       AdamWRef opt;
       DataParallelOptions o;
       o.zero_stage = stage;
+      o.average = average;
       o.ddp.bucket_mb = 0.004;
       o.ddp.first_bucket_mb = 0.001;
       DataParallel dp(c, params.data(), grads.data(), n, o,
@@ -100,7 +104,8 @@ TEST(DataParallel, DdpAndZeroGiveTheSameParameters) {
           dp.begin_micro_step(m == 1);
           for (std::int64_t l = 3; l >= 0; --l) {
             const std::int64_t b = n * l / 4, e = n * (l + 1) / 4;
-            for (std::int64_t i = b; i < e; ++i) grads[static_cast<std::size_t>(i)] += 0.5f * test_value(r, i, s);
+            const float seed = average ? 0.5f : 0.5f / static_cast<float>(world_n);
+            for (std::int64_t i = b; i < e; ++i) grads[static_cast<std::size_t>(i)] += seed * test_value(r, i, s);
             dp.mark_ready(b, e);
           }
         }
@@ -111,7 +116,7 @@ TEST(DataParallel, DdpAndZeroGiveTheSameParameters) {
       }
       for (std::int64_t i = 0; i < n; ++i)
         ASSERT_NEAR(params[static_cast<std::size_t>(i)], ref.params[static_cast<std::size_t>(i)], 2e-6f)
-            << "zero " << stage << " element " << i;
+            << "zero " << stage << (average ? " averaging" : " summing") << " element " << i;
       const nlohmann::json s = dp.summary();
       EXPECT_EQ(s["zero"], stage);
       EXPECT_EQ(s["world_size"], world_n);
