@@ -4,7 +4,7 @@
 set -euo pipefail
 
 PKGS=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libopenblas-openmp-dev         # BLAS (GEMM); the OpenMP build shares threads with our kernels
   nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libsqlite3-dev
   libgtest-dev libgmock-dev

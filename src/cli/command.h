@@ -22,5 +22,6 @@ Subcommand add_oom_search_command(CLI::App& root);
 Subcommand add_ladder_command(CLI::App& root);
 Subcommand add_results_command(CLI::App& root);
 Subcommand add_scale_command(CLI::App& root);
+Subcommand add_selftest_command(CLI::App& root);
 
 }  // namespace scalelab::cli

@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 
 #include "core/error.h"
 #include "lab/spec.h"
@@ -74,6 +73,16 @@ lab::LabOptions lab_options(const LabFlags& f, const std::atomic<bool>* cancel) 
   o.cancel = cancel;
   if (!f.no_telemetry) o.monitor = lab::telemetry_monitor_factory(std::chrono::milliseconds(f.telemetry_interval_ms));
   return o;
+}
+
+void add_search_flags(CLI::App* app, SearchFlags& f, const std::string& command, const std::string& json_what) {
+  app->add_option("--name", f.name, "Record under this name [default: " + command + "-<model>-<hash of the config>]");
+  app->add_option("--max-micro-batch", f.max_micro_batch, "Never try a larger micro-batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app->add_flag("--no-plan", f.no_plan, "Do not ask the engine's memory plan (`scalelab plan`) for first guesses");
+  app->add_option("--json", f.json, "Also write " + json_what + " to this file");
+  app->add_option("--format", f.format, "Table format: md, csv or json")->capture_default_str();
 }
 
 void add_workload_flags(CLI::App* app, WorkloadFlags& f) {
@@ -169,18 +178,5 @@ InterruptFlag::~InterruptFlag() {
 }
 
 const std::atomic<bool>* InterruptFlag::get() const { return &g_interrupted; }
-
-int report_interrupted(const lab::Interrupted& e, const std::string& db, const std::string& resume_hint) {
-  std::fprintf(stderr, "\nscalelab: %s\n", e.what());
-  std::fprintf(stderr, "Finished trials are in %s; %s\n", db.c_str(), resume_hint.c_str());
-  return 130;
-}
-
-void write_text_file(const std::string& path, const std::string& text, const std::string& flag) {
-  std::ofstream f(path);
-  if (!f) throw InvalidInput("[" + flag + "] cannot write " + path + " — check the path");
-  f << text;
-  if (!f) throw InvalidInput("[" + flag + "] writing " + path + " failed — check the disk");
-}
 
 }  // namespace scalelab::cli

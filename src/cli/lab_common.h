@@ -1,5 +1,6 @@
 #pragma once
-// Flags and plumbing shared by the lab's runner commands (sweep, oom-search, ladder):
+// Flags and plumbing shared by the lab's runner commands (sweep, oom-search, ladder, scale; the run
+// itself is a lab::Runner, lab/runner.h):
 // the database, logs, timeouts, the engine executable, the workload of oom-search/ladder, and
 // Ctrl-C handling (the running trial's process group is killed, finished trials stay recorded,
 // and the command exits 130).
@@ -33,6 +34,17 @@ void add_lab_flags(CLI::App* app, LabFlags& flags);
 // The native engine: --engine, else $SCALELAB_ENGINE, else this binary (/proc/self/exe).
 std::string resolve_engine(const std::string& flag);
 lab::LabOptions lab_options(const LabFlags& flags, const std::atomic<bool>* cancel);
+
+// The flags of the micro-batch searches (oom-search, ladder) beside the lab's and the workload's:
+// --name, --max-micro-batch, --no-plan, --json (what it writes: `json_what`), --format.
+struct SearchFlags {
+  std::string name;
+  std::string json;
+  std::string format = "md";
+  int max_micro_batch = 4096;
+  bool no_plan = false;
+};
+void add_search_flags(CLI::App* app, SearchFlags& flags, const std::string& command, const std::string& json_what);
 
 // The workload of oom-search and ladder: native (default), --command TEMPLATE, or --spec FILE.
 struct WorkloadFlags {
@@ -71,10 +83,8 @@ class InterruptFlag {
   const std::atomic<bool>* get() const;
 };
 
-// Prints the interruption and how to resume; returns 130.
-int report_interrupted(const lab::Interrupted& e, const std::string& db, const std::string& resume_hint);
-
-// Writes text to a file (InvalidInput naming the flag when it cannot).
-void write_text_file(const std::string& path, const std::string& text, const std::string& flag);
+// The exit code of a runner stopped by Ctrl-C / SIGTERM (lab::RunnerOutcome::kInterrupted): 128 + SIGINT,
+// as a shell reports a command ended by Ctrl-C.
+inline constexpr int kExitInterrupted = 130;
 
 }  // namespace scalelab::cli

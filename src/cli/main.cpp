@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
       cli::add_ladder_command(app),
       cli::add_results_command(app),
       cli::add_scale_command(app),
+      cli::add_selftest_command(app),
   };
 
   try {
@@ -37,7 +38,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "scalelab: %s\n", e.what());
     std::fprintf(stderr, "Run 'scalelab --help' or 'scalelab <command> --help' for the flags.\n");
-    return 2;
+    return exit_code(ErrorKind::kInvalidInput);
   }
 
   for (auto& cmd : commands) {
@@ -53,8 +54,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "scalelab %s: internal error: %s\n", cmd.app->get_name().c_str(), e.what());
       std::fflush(stderr);
       linger_after_failure();
-      return 1;
+      return exit_code(ErrorKind::kRuntime);
     }
   }
-  return 2;
+  return exit_code(ErrorKind::kInvalidInput);
 }

@@ -6,34 +6,21 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <set>
 #include <thread>
 
 #include "cli/command.h"
 #include "cli/lab_common.h"
 #include "core/error.h"
+#include "core/subprocess.h"
 #include "lab/launchers.h"
-#include "lab/process.h"
+#include "lab/runner.h"
 #include "lab/scale.h"
 #include "lab/slurm.h"
 #include "lab/views.h"
 
 namespace scalelab::cli {
-namespace {
-
-// "01:31:00" for a SLURM --time of at least `seconds` (whole minutes, one to spare).
-std::string slurm_time(double seconds) {
-  const long minutes = static_cast<long>(std::ceil(seconds / 60.0)) + 1;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%02ld:%02ld:00", minutes / 60, minutes % 60);
-  return buf;
-}
-
-}  // namespace
-
 Subcommand add_scale_command(CLI::App& root) {
   auto* app = root.add_subcommand(
       "scale",
@@ -104,14 +91,7 @@ Subcommand add_scale_command(CLI::App& root) {
             spec.params = w.params;
 
             const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-            const int max_ranks = *std::max_element(spec.ranks.begin(), spec.ranks.end());
-            if (auto it = spec.params.find("threads"); it != spec.params.end()) {
-              spec.threads_per_rank = it->second.is_number_integer() ? it->second.get<int>() : 0;
-            } else if (spec.launcher == "mpirun") {
-              // A device is a fixed share of this machine: the largest rank count fills its cores,
-              // and every rank count gives each rank the same threads (weak scaling).
-              spec.threads_per_rank = std::max(1, cores / max_ranks);
-            }
+            spec.threads_per_rank = lab::scale_threads_per_rank(spec, cores);
 
             InterruptFlag interrupt;
             lab::LabOptions options = lab_options(f->lab, interrupt.get());
@@ -128,7 +108,7 @@ Subcommand add_scale_command(CLI::App& root) {
               so.tasks_per_node = f->tasks_per_node;
               so.gpus_per_node = f->gpus_per_node;
               so.cpus_per_task = f->cpus_per_task;
-              so.time = f->time.empty() ? slurm_time(options.timeout_s) : f->time;
+              so.time = f->time.empty() ? lab::slurm_time_limit(options.timeout_s) : f->time;
               so.partition = f->partition;
               so.account = f->account;
               so.mpi = f->srun_mpi;
@@ -163,58 +143,37 @@ Subcommand add_scale_command(CLI::App& root) {
             }
 
             const std::string tool = spec.launcher == "mpirun" ? f->mpirun : std::string("sbatch");
-            if (lab::find_executable(tool).empty()) {
+            if (find_executable(tool).empty()) {
               throw InvalidInput("[scale] '" + tool + "' not found" +
                                  (spec.launcher == "mpirun"
                                       ? " — install OpenMPI (scripts/deps.sh) or pass --mpirun PATH"
                                       : " on PATH — run on a SLURM submit host, or use --launcher local"));
             }
-            lab::Progress progress(stderr, lab::Progress::is_terminal(stderr));
-            lab::RunnerLock lock(options.db_path, "scale " + name, options.wait_for_lock, options.cancel,
-                                 [&](const std::string& m) { progress.note(m); });
-            lab::ResultsStore store(options.db_path, lab::ResultsStore::Mode::kReadWrite);
+            lab::Runner runner(options, "scale", name);
             lab::Json stored = spec.to_json();
             stored["workload"] = w.workload.describe();
-            const std::int64_t sweep_id = store.ensure_sweep(name, lab::kScaleKind, stored);
-            lab::TrialExecutor exec(store, sweep_id, name, w.workload, options, progress);
+            lab::TrialExecutor& exec = runner.open_sweep(lab::kScaleKind, stored, w.workload, false);
             std::vector<lab::TrialRow> rows;
-            try {
-              rows = lab::run_scale(exec, spec);
-            } catch (const lab::Interrupted& e) {
-              return report_interrupted(e, options.db_path,
-                                        "run the same command again to resume (recorded trials are reused).");
-            }
-            progress.finish();
+            if (runner.run([&] { rows = lab::run_scale(exec, spec); }) == lab::RunnerOutcome::kInterrupted)
+              return kExitInterrupted;
 
             // The table comes from the database, as `scalelab results --sweep NAME` prints it.
-            const std::optional<lab::SweepRow> sweep = store.find_sweep(name);
-            SCALELAB_CHECK(sweep.has_value(), "[scale] the sweep '" + name + "' vanished from " + store.path());
-            const lab::Table table = lab::scale_sweep_table(*sweep, store);
-            std::fputs(lab::render(table, format).c_str(), stdout);
-            if (format != lab::TableFormat::kMarkdown)
-              for (const auto& n : table.notes) std::fprintf(stderr, "%s\n", n.c_str());
-            if (!f->json.empty()) {
-              const lab::Json out{{"sweep", name}, {"db", store.path()}, {"rows", table.rows}, {"notes", table.notes}};
-              write_text_file(f->json, out.dump(2) + "\n", "--json");
-            }
-            std::fprintf(stderr, "\nResults: %s (scalelab results --db %s --sweep %s); logs in %s\n",
-                         store.path().c_str(), store.path().c_str(), name.c_str(), exec.log_dir().c_str());
+            const std::optional<lab::SweepRow> sweep = runner.store().find_sweep(name);
+            SCALELAB_CHECK(sweep.has_value(), "[scale] the sweep '" + name + "' vanished from " + runner.store().path());
+            const lab::Table table = lab::scale_sweep_table(*sweep, runner.store());
+            runner.print_table(table, format, f->json, runner.table_json(table, "rows"));
+            runner.print_footer();
 
-            bool refused = false;
-            std::set<int> ok;
-            for (const auto& r : rows) {
-              if (r.status == "ok") ok.insert(lab::trial_ranks(r.params()));
-              if (r.status == "error" && r.exit_code && *r.exit_code == 2) refused = true;
+            const lab::ScaleVerdict verdict = lab::scale_verdict(spec, rows);
+            if (verdict.refused) {
+              std::fprintf(stderr, "scalelab scale: the engine refused the configuration (exit code %d); see the reason above\n",
+                           exit_code(ErrorKind::kInvalidInput));
+              return exit_code(ErrorKind::kInvalidInput);
             }
-            if (refused) {
-              std::fprintf(stderr, "scalelab scale: the engine refused the configuration (exit code 2); see the reason above\n");
-              return 2;
-            }
-            for (int n : spec.ranks) {
-              if (!ok.count(n)) {
-                std::fprintf(stderr, "scalelab scale: no successful trial at %d ranks; see the reason in the table\n", n);
-                return 1;
-              }
+            if (!verdict.missing_ranks.empty()) {
+              std::fprintf(stderr, "scalelab scale: no successful trial at %d ranks; see the reason in the table\n",
+                           verdict.missing_ranks.front());
+              return exit_code(ErrorKind::kRuntime);
             }
             return 0;
           }};

@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/lab_common.h"
+#include "lab/runner.h"
 #include "lab/spec.h"
 #include "lab/sweep.h"
 #include "lab/views.h"
@@ -51,26 +52,19 @@ Subcommand add_sweep_command(CLI::App& root) {
               return 0;
             }
 
-            lab::Progress progress(stderr, lab::Progress::is_terminal(stderr));
-            lab::RunnerLock lock(options.db_path, "sweep " + spec.name, options.wait_for_lock, options.cancel,
-                                 [&](const std::string& m) { progress.note(m); });
-            lab::ResultsStore store(options.db_path, lab::ResultsStore::Mode::kReadWrite);
+            lab::Runner runner(options, "sweep", spec.name);
             lab::SweepRunSummary summary;
-            try {
-              summary = lab::run_sweep(spec, store, options, progress);
-            } catch (const lab::Interrupted& e) {
-              return report_interrupted(e, options.db_path,
-                                        "run the same command again to resume where it stopped.");
-            }
-            auto sweep = store.find_sweep(spec.name);
-            lab::Table table = lab::sweep_summary_table(*sweep, store, {});
-            std::fputs(lab::render(table, format).c_str(), stdout);
+            if (runner.run([&] { summary = lab::run_sweep(spec, runner.store(), options, runner.progress()); },
+                           "run the same command again to resume where it stopped.") ==
+                lab::RunnerOutcome::kInterrupted)
+              return kExitInterrupted;
+            runner.print_table(lab::sweep_summary_table(*runner.store().find_sweep(spec.name), runner.store(), {}),
+                               format);
             std::fprintf(stderr,
-                         "\nsweep '%s': %d trials (%d run now: %d ok, %d oom, %d failed; %d already recorded)\n"
-                         "Results: %s (scalelab results --db %s --sweep %s); logs in %s\n",
+                         "\nsweep '%s': %d trials (%d run now: %d ok, %d oom, %d failed; %d already recorded)\n",
                          spec.name.c_str(), summary.total, summary.ran, summary.ok, summary.oom, summary.failed,
-                         summary.already_done, store.path().c_str(), store.path().c_str(), spec.name.c_str(),
-                         summary.log_dir.c_str());
+                         summary.already_done);
+            runner.print_footer(false);
             return 0;
           }};
 }

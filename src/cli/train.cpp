@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "dist/communicator.h"
 #include "dist/dist_context.h"
+#include "train/device_setup.h"
 #include "train/trainer.h"
 
 namespace scalelab::cli {
@@ -91,6 +92,7 @@ Subcommand add_train_command(CLI::App& root) {
   return {app, [opts] {
             const TrainOptions& o = *opts;
             validate_train_options(o);
+            parse_train_device(o.device);  // meta is the plan's device: refused here (exit 2)
             // One process: a single communicator; mpirun/srun: MPI, one rank per process.
             DistContext dist = make_dist_context(o.dist.backend(), o.device == "cuda", o.dist.comm_options());
             // Rank 0 writes the run record (with every rank's figures), prints and saves.
@@ -126,7 +128,7 @@ Subcommand add_train_command(CLI::App& root) {
                            static_cast<long long>(r.plan["max_micro_batch_size"].get<std::int64_t>()));
               std::fflush(stderr);
               linger_after_failure();  // the other ranks were told; let them report it
-              return 3;
+              return exit_code(ErrorKind::kOutOfMemory);
             }
             if (!leader) return 0;
             print_summary(r);

@@ -37,7 +37,9 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
                   "OPT residual dropout probability in [0, 1) (default: the model config's \"dropout\")")
       ->check(CLI::Range(0.0, 1.0));
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
-  app->add_option("--device", o.device, "cpu | cuda")->capture_default_str();
+  app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
+  app->add_flag("--allow-tf32", o.allow_tf32,
+                "CUDA: let fp32 matmuls use TF32 tensor cores (faster, 10-bit mantissa inputs); off by default");
   app->add_option("--device-memory", o.device_memory,
                   "Device memory capacity to enforce, e.g. 80GiB, 4GiB (default: the device's physical memory)");
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();

@@ -13,8 +13,6 @@
 
 namespace scalelab {
 
-std::string device_type_name(DeviceType d) { return d == DeviceType::kCPU ? "cpu" : "cuda"; }
-
 namespace {
 
 class HostBackend final : public MemoryBackend {
@@ -40,9 +38,35 @@ class HostBackend final : public MemoryBackend {
   DeviceType device() const override { return DeviceType::kCPU; }
 };
 
+// Hands out distinct fake addresses (page-aligned, with a guard page between segments) and never
+// touches memory: the real allocator's caching policy runs over them unchanged.
+class MetaBackend final : public MemoryBackend {
+ public:
+  void* raw_alloc(std::size_t bytes) override {
+    void* p = reinterpret_cast<void*>(next_);
+    next_ += (bytes + 4095) / 4096 * 4096 + 4096;
+    return p;
+  }
+  void raw_free(void*, std::size_t) override {}
+  DeviceType device() const override { return DeviceType::kMeta; }
+
+ private:
+  std::uintptr_t next_ = 0x100000;
+};
+
 }  // namespace
 
+namespace {
+thread_local const char* tls_region = nullptr;
+}  // namespace
+
+AllocRegion::AllocRegion(const char* name) : prev_(tls_region) { tls_region = name; }
+AllocRegion::~AllocRegion() { tls_region = prev_; }
+const char* AllocRegion::current() { return tls_region; }
+void AllocRegion::set(const char* name) { tls_region = name; }
+
 std::unique_ptr<MemoryBackend> make_host_backend() { return std::make_unique<HostBackend>(); }
+std::unique_ptr<MemoryBackend> make_meta_backend() { return std::make_unique<MetaBackend>(); }
 
 std::size_t host_physical_memory() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -88,7 +112,6 @@ void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
   const bool small = req <= kSmallRequest;
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.num_allocations;
-  if (trace_) trace_->push_back({true, req, what ? what : ""});
 
   // Best fit among the free blocks of the pool.
   Block* b = nullptr;
@@ -142,6 +165,11 @@ void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
   live_[b->ptr] = b;
   stats_.allocated += b->size;
   stats_.peak_allocated = std::max(stats_.peak_allocated, stats_.allocated);
+  if (trace_) {
+    const char* region = AllocRegion::current();
+    trace_->push_back({true, req, what ? what : "", b->ptr, bytes, stats_.reserved, stats_.allocated,
+                       region ? region : ""});
+  }
   return b->ptr;
 }
 
@@ -152,8 +180,8 @@ void DeviceAllocator::deallocate(void* p) {
   if (it == live_.end()) return;  // not ours (or double free): ignore rather than corrupt stats
   Block* b = it->second;
   live_.erase(it);
-  if (trace_) trace_->push_back({false, b->size, ""});
   stats_.allocated -= b->size;
+  if (trace_) trace_->push_back({false, b->size, "", b->ptr, 0, stats_.reserved, stats_.allocated, ""});
   b->free = true;
   // Merge with free neighbours of the same segment.
   if (b->prev && b->prev->free) {

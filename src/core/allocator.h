@@ -24,10 +24,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/device.h"
+
 namespace scalelab {
 
-enum class DeviceType : std::uint8_t { kCPU, kCUDA };
-std::string device_type_name(DeviceType d);
 
 struct MemoryStats {
   std::size_t capacity = 0;
@@ -51,15 +51,40 @@ class MemoryBackend {
 
 // Host memory: 64-byte aligned; large blocks are mmap'ed so that releasing them returns the pages.
 std::unique_ptr<MemoryBackend> make_host_backend();
+// No memory: distinct, never-touched fake addresses (the meta device; the memory plan).
+std::unique_ptr<MemoryBackend> make_meta_backend();
 
 // Physical memory of this host in bytes (the CPU device's default capacity).
 std::size_t host_physical_memory();
 
-// One allocator event, recorded when tracing is on (tests compare the memory plan with it).
+// One allocator event, recorded when tracing is on (the memory plan measures a step with it).
 struct AllocEvent {
   bool alloc;               // false: a free
-  std::size_t bytes;        // rounded request
-  std::string what;         // label given to allocate(), empty if none
+  std::size_t bytes;        // rounded request (the block's size)
+  std::string what;         // label given to allocate(), empty if none (and for frees)
+  const void* ptr = nullptr;      // the block
+  std::size_t requested = 0;      // the request before rounding (allocations)
+  std::size_t reserved = 0;       // the allocator's reserved bytes after the event
+  std::size_t allocated = 0;      // the allocator's allocated bytes after the event
+  std::string region;             // the AllocRegion in force on the allocating thread, if any
+};
+
+// Names the part of a training step that allocations made on this thread belong to while it
+// lives ("activations", "backward temporaries", "recomputed layer", ...): the memory plan's
+// categories come from these regions and from the allocations' own labels. Regions nest; the
+// innermost wins. Costs a thread-local pointer swap; nothing is recorded unless tracing is on.
+class AllocRegion {
+ public:
+  explicit AllocRegion(const char* name);
+  ~AllocRegion();
+  AllocRegion(const AllocRegion&) = delete;
+  AllocRegion& operator=(const AllocRegion&) = delete;
+  static const char* current();  // nullptr outside any region
+  // Moves this (innermost) region on to the next part of the step.
+  void set(const char* name);
+
+ private:
+  const char* prev_;
 };
 
 class DeviceAllocator {

@@ -1,6 +1,7 @@
 #include "core/context.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace scalelab {
 
@@ -27,6 +28,35 @@ std::vector<Profiler::Row> Profiler::rows() const {
   for (const auto& [key, e] : entries_) out.push_back(Row{key.first, key.second, e});
   std::sort(out.begin(), out.end(), [](const Row& a, const Row& b) { return a.entry.seconds > b.entry.seconds; });
   return out;
+}
+
+ProfileScope::ProfileScope(const ExecContext& ctx, const char* family, Phase phase)
+    : prof_(ctx.profiler), family_(family), phase_(phase) {
+  if (!prof_) return;
+  if (ctx.alloc != nullptr && ctx.device() == DeviceType::kCUDA) {
+    sync_ = &device_runtime(DeviceType::kCUDA);
+    // Work queued before this scope must not be counted in it.
+    sync_->synchronize();
+  }
+  uncaught_ = std::uncaught_exceptions();
+  start_ = std::chrono::steady_clock::now();
+}
+
+ProfileScope::~ProfileScope() noexcept(false) {
+  if (!prof_) return;
+  if (sync_) {
+    if (std::uncaught_exceptions() > uncaught_) {
+      // Leaving by an exception already: report that one, not a second from the device.
+      try {
+        sync_->synchronize();
+      } catch (...) {
+      }
+      return;
+    }
+    sync_->synchronize();  // the scope's kernels are done: now the clock means something
+  }
+  const auto end = std::chrono::steady_clock::now();
+  prof_->add(family_, phase_, std::chrono::duration<double>(end - start_).count());
 }
 
 double Profiler::total_seconds() const {

@@ -1,7 +1,9 @@
 #include "core/tensor.h"
 
 #include <cstring>
+#include <vector>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace scalelab {
@@ -99,16 +101,57 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
   return t;
 }
 
-void Tensor::zero_() {
-  SCALELAB_CHECK(device() == DeviceType::kCPU, "[tensor] zero_ on a non-CPU tensor needs the CUDA backend");
-  std::memset(raw(), 0, nbytes());
-}
+void Tensor::zero_() { device_runtime(device()).fill_zero(raw(), nbytes()); }
 
 void Tensor::copy_from(const Tensor& src) {
   SCALELAB_CHECK(src.numel() == numel(), "[tensor] copy_from " + src.shape().str() + " into " + shape_.str());
-  SCALELAB_CHECK(device() == DeviceType::kCPU && src.device() == DeviceType::kCPU,
-                 "[tensor] copy_from between devices needs the CUDA backend");
-  convert(src.raw(), src.dtype(), raw(), dtype_, static_cast<std::size_t>(numel()));
+  const std::size_t n = static_cast<std::size_t>(numel());
+  const DeviceType dd = device(), sd = src.device();
+  if (dd == sd) {
+    device_runtime(dd).convert(src.raw(), src.dtype(), raw(), dtype_, n);
+    return;
+  }
+  if (dd == DeviceType::kMeta) return;  // nothing is stored on meta
+  if (sd == DeviceType::kMeta) {
+    throw RuntimeError("[tensor] copy_from a meta tensor: it holds no data — this is a bug in the caller");
+  }
+  // Between the host and a device: move the bytes in the source dtype, convert on the side that
+  // has a converter (the host when the destination is the host, the device otherwise).
+  if (dd == DeviceType::kCPU) {
+    if (src.dtype() == dtype_) {
+      device_runtime(sd).copy_to_host(raw(), src.raw(), nbytes());
+    } else {
+      std::vector<char> stage(src.nbytes());
+      device_runtime(sd).copy_to_host(stage.data(), src.raw(), src.nbytes());
+      convert(stage.data(), src.dtype(), raw(), dtype_, n);
+    }
+    return;
+  }
+  if (sd == DeviceType::kCPU) {
+    if (src.dtype() == dtype_) {
+      device_runtime(dd).copy_from_host(raw(), src.raw(), nbytes());
+    } else {
+      std::vector<char> stage(nbytes());
+      convert(src.raw(), src.dtype(), stage.data(), dtype_, n);
+      device_runtime(dd).copy_from_host(raw(), stage.data(), nbytes());
+    }
+    return;
+  }
+  // Two devices that are not the host (cuda <-> another cuda kind): through the host.
+  std::vector<char> stage(src.nbytes());
+  device_runtime(sd).copy_to_host(stage.data(), src.raw(), src.nbytes());
+  Tensor host = from_external(stage.data(), src.shape(), src.dtype(), DeviceType::kCPU);
+  copy_from(host);
+}
+
+void Tensor::copy_to_host(void* dst) const { device_runtime(device()).copy_to_host(dst, raw(), nbytes()); }
+
+void Tensor::copy_from_host(const void* src) { device_runtime(device()).copy_from_host(raw(), src, nbytes()); }
+
+Tensor Tensor::to(DeviceAllocator& alloc, const char* what) const {
+  Tensor t = empty(shape_, dtype_, alloc, what);
+  t.copy_from(*this);
+  return t;
 }
 
 }  // namespace scalelab

@@ -82,9 +82,15 @@ class Tensor {
   // Rows [begin, end) of dimension 0, same storage.
   Tensor slice(std::int64_t begin, std::int64_t end) const;
 
+  // Fill and copies go through the device's runtime (core/device.h): any device, any dtype.
   void zero_();
-  // Copies (and converts dtype) from another tensor with the same numel.
+  // Copies (and converts dtype) from another tensor with the same numel, on any devices.
   void copy_from(const Tensor& src);
+  // Plain byte transfers of the whole tensor to / from host memory of nbytes().
+  void copy_to_host(void* dst) const;
+  void copy_from_host(const void* src);
+  // A copy on `alloc`'s device (same shape and dtype).
+  Tensor to(DeviceAllocator& alloc, const char* what = nullptr) const;
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -46,6 +46,12 @@ std::size_t attention_eager_workspace_bytes(const AttentionShape& s, int threads
 std::size_t attention_eager_workspace_bytes(const AttentionShape& s, int threads, DType act);
 std::size_t attention_eager_forward_workspace_bytes(const AttentionShape& s, int threads, DType act);
 std::size_t attention_eager_backward_workspace_bytes(const AttentionShape& s, int threads, DType act);
+// The same with each tensor's dtype: exactly the one "attention workspace" request of the kernel
+// (the forward makes none when it needs 0 bytes: fp32 qkv, probs and output).
+std::size_t attention_eager_forward_workspace_bytes(const AttentionShape& s, int threads, DType qkv, DType probs,
+                                                    DType out);
+std::size_t attention_eager_backward_workspace_bytes(const AttentionShape& s, int threads, DType qkv, DType dout,
+                                                     DType probs, DType dqkv);
 
 // out[B*S, nh*hd] (assigned) and lse[B, nh, S] (assigned, saved for backward) from qkv.
 void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionShape& s, float scale,

@@ -30,7 +30,7 @@
 namespace scalelab::kernels {
 
 // ---------------------------------------------------------------------------------------------
-// Residual add fused into the norm (defined in cpu/fused_norm.cpp and cpu/layernorm.cpp)
+// Residual add fused into the norm (CPU: cpu/fused_norm.cpp and cpu/layernorm.cpp)
 // ---------------------------------------------------------------------------------------------
 
 // h = x + delta;  y = h · rstd · w,  rstd = 1 / sqrt(mean(h²) + eps)  (one pass per row).
@@ -70,7 +70,7 @@ void layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const T
                          const Tensor& b, ExecContext& ctx);
 
 // ---------------------------------------------------------------------------------------------
-// MLP activations, fused and recomputed (cpu/fused_activation.cpp)
+// MLP activations, fused and recomputed (CPU: cpu/fused_activation.cpp)
 // ---------------------------------------------------------------------------------------------
 
 // SwiGLU backward that rebuilds the activation instead of reading a saved one. gu[T, 2I] is the
@@ -103,7 +103,7 @@ void bias_relu_forward(Tensor& y, const Tensor& x, const Tensor& b, ExecContext&
 void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& y, ExecContext& ctx);
 
 // ---------------------------------------------------------------------------------------------
-// Linear + cross-entropy over chunks of tokens (cpu/fused_loss.cpp)
+// Linear + cross-entropy over chunks of tokens (CPU: cpu/fused_loss.cpp)
 // ---------------------------------------------------------------------------------------------
 
 // Label of the chunk scratch in the allocator.
@@ -136,8 +136,11 @@ std::vector<std::size_t> fused_linear_cross_entropy_workspace_blocks(std::int64_
                                                                      DType x_type, DType w_type, DType dx_type,
                                                                      DType dw_type, bool backward);
 
-// Number of targets that count toward the loss (not kIgnoreIndex).
+// Number of targets that count toward the loss (not kIgnoreIndex), counted on the targets' device
+// (a device result comes back to the host: a synchronization). The one-argument form passes the
+// backend a context without allocator or profiler: a backend's count must not need workspace.
 std::int64_t count_target_tokens(const Tensor& targets);
+std::int64_t count_target_tokens(const Tensor& targets, ExecContext& ctx);
 
 // logits = x · wᵀ (x[T, H], w[V, H], no bias) and the cross-entropy against targets[T] (int32,
 // kIgnoreIndex rows ignored), with the gradients, one chunk of tokens at a time:

@@ -1,5 +1,5 @@
 #pragma once
-// Shared checks for op families: shape validation messages and the backend seam.
+// Shared checks of the op fronts (src/kernels/<family>.cpp): shape and dtype validation messages.
 #include <string>
 
 #include "core/context.h"
@@ -7,15 +7,6 @@
 #include "core/tensor.h"
 
 namespace scalelab::kernels {
-
-// The backend seam: ops run on the device of their tensors. This build has the CPU backend; a
-// tensor on another device gets a clear refusal instead of a crash.
-inline void require_cpu(const Tensor& t, const char* op) {
-  if (t.defined() && t.device() != DeviceType::kCPU) {
-    throw RuntimeError(std::string("[") + op +
-                       "] this build has no CUDA kernels for this op — run with --device cpu");
-  }
-}
 
 inline void require_dtype(const Tensor& t, DType dt, const char* op, const char* name) {
   if (t.dtype() != dt) {

@@ -5,9 +5,10 @@
 #include <filesystem>
 
 #include "core/error.h"
-#include "lab/outcome.h"
-#include "lab/process.h"
+#include "core/subprocess.h"
 #include "lab/interrupted.h"
+#include "lab/log_tail.h"
+#include "lab/outcome.h"
 #include "scalelab/version.h"
 
 namespace scalelab::lab {
@@ -40,7 +41,7 @@ std::string safe_file_name(const std::string& name) {
 }
 
 std::string trial_summary(const TrialRow& row) {
-  if (row.status != "ok") {
+  if (row.status != TrialStatus::kOk) {
     std::string r = row.reason;
     if (r.size() > 200) r = r.substr(0, 200) + "...";
     return r;
@@ -87,7 +88,7 @@ std::optional<TrialRow> TrialExecutor::recorded(const ParamMap& params, int repe
   if (!row) return std::nullopt;
   if (ran_now_.count(key_of(hash, repeat))) return row;
   if (options_.rerun) return std::nullopt;
-  if (options_.retry_failed && (row->status == "error" || row->status == "timeout")) return std::nullopt;
+  if (options_.retry_failed && (row->status == TrialStatus::kError || row->status == TrialStatus::kTimeout)) return std::nullopt;
   return row;
 }
 
@@ -123,7 +124,7 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   rec.scalelab_version = SCALELAB_VERSION;
   rec.git_rev = SCALELAB_GIT_REV;
 
-  ProcessSpec ps;
+  SubprocessSpec ps;
   ps.argv = launch.argv;
   ps.env = launch.env;
   ps.env.emplace_back("SCALELAB_SWEEP", sweep_name_);
@@ -136,13 +137,13 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   ps.kill_grace_s = options_.kill_grace_s;
 
   std::unique_ptr<TrialMonitor> monitor = options_.monitor ? options_.monitor() : nullptr;
-  if (monitor) ps.on_start = [&monitor](int pid) { monitor->start(pid); };
+  if (monitor) ps.on_start = [&monitor](pid_t pid) { monitor->start(static_cast<int>(pid)); };
 
   progress_.trial_started(label);
   rec.started_at = utc_now_iso();
   const std::function<void()> tick = [this] { progress_.tick(); };
-  ProcessResult proc = options_.launcher ? options_.launcher->run(ps, params, ctx, options_.cancel, tick)
-                                         : run_process(ps, options_.cancel, tick);
+  SubprocessResult proc = options_.launcher ? options_.launcher->run(ps, params, ctx, options_.cancel, tick)
+                                            : run_subprocess(ps, options_.cancel, tick);
   std::vector<TelemetrySample> samples;
   if (monitor && proc.started) monitor->stop(samples, rec.telemetry_summary);
   rec.ended_at = utc_now_iso();
@@ -156,12 +157,12 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   if (log_text.rfind(ps.log_header, 0) == 0) log_text = log_text.substr(ps.log_header.size());
   TrialOutcome out = workload_.is_native() ? classify_native(proc, ps.timeout_s, ctx.record_path, log_text)
                                            : classify_external(workload_, proc, ps.timeout_s, log_text);
-  rec.status = status_name(out.status);
+  rec.status = out.status;
   rec.reason = out.reason;
   rec.metrics = out.metrics;
   rec.record = out.record;
-  if (proc.started && proc.exited) rec.exit_code = proc.exit_code;
-  if (proc.started && !proc.exited) rec.signal = proc.signal;
+  if (proc.exited()) rec.exit_code = proc.exit_code();
+  if (proc.started && !proc.status.exited) rec.signal = proc.status.signal;
 
   std::int64_t id = store_.insert_trial(sweep_id_, rec, samples);
   ran_now_.insert(key_of(rec.config_hash, repeat));

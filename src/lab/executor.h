@@ -1,6 +1,6 @@
 #pragma once
 // Runs trials for a runner (sweep, oom-search, ladder) and records them: each trial is a child
-// process with its own log, timeout and process group (lab/process.h), classified into
+// process with its own log, timeout and process group (core/subprocess.h), classified into
 // ok / oom / error / timeout (lab/outcome.h), and written to the results database as one row
 // (lab/store.h). A trial already recorded for the same sweep, config hash and repeat is not run
 // again (resumption), unless the options ask for it.
@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "lab/interrupted.h"
 #include "lab/params.h"
-#include "lab/process.h"
 #include "lab/progress.h"
 #include "lab/store.h"
 #include "lab/workload.h"
@@ -34,7 +34,7 @@ class TrialMonitor {
 using TrialMonitorFactory = std::function<std::unique_ptr<TrialMonitor>()>;
 
 // How a trial's command starts and runs. Without one, the executor runs build_launch()'s command
-// as a child process (lab/process.h). The scaling study's launchers (lab/launchers.h) wrap the
+// as a child process (core/subprocess.h). The scaling study's launchers (lab/launchers.h) wrap the
 // native command in `mpirun -np N` or submit it to SLURM as a batch job.
 class TrialLauncher {
  public:
@@ -42,10 +42,10 @@ class TrialLauncher {
   // The command of one trial (what the log and the database show).
   virtual Launch launch(const Workload& workload, const std::string& engine, const ParamMap& params,
                         const TrialContext& ctx) const = 0;
-  // Runs it to completion, as lab::run_process does (spec holds launch()'s command, the log,
+  // Runs it to completion, as run_subprocess does (spec holds launch()'s command, the log,
   // timeout and environment).
-  virtual ProcessResult run(const ProcessSpec& spec, const ParamMap& params, const TrialContext& ctx,
-                            const std::atomic<bool>* cancel, const std::function<void()>& tick) const = 0;
+  virtual SubprocessResult run(const SubprocessSpec& spec, const ParamMap& params, const TrialContext& ctx,
+                               const std::atomic<bool>* cancel, const std::function<void()>& tick) const = 0;
 };
 
 struct LabOptions {

@@ -31,13 +31,31 @@ std::vector<RungSpec> default_rungs() {
   };
 }
 
+const char* rung_status_name(RungStatus s) {
+  switch (s) {
+    case RungStatus::kOk: return "ok";
+    case RungStatus::kOom: return "oom";
+    case RungStatus::kError: return "error";
+    case RungStatus::kNotApplicable: return "n/a";
+  }
+  return "error";
+}
+
+std::optional<RungStatus> parse_rung_status(const std::string& name) {
+  if (name == "ok") return RungStatus::kOk;
+  if (name == "oom") return RungStatus::kOom;
+  if (name == "error") return RungStatus::kError;
+  if (name == "n/a") return RungStatus::kNotApplicable;
+  return std::nullopt;
+}
+
 Json LadderResult::to_json() const {
   Json rs = Json::array();
   for (const auto& r : rungs) {
     Json p = Json::object();
     for (const auto& [k, v] : r.params) p[k] = v;
     rs.push_back({{"name", r.name},
-                  {"status", r.status},
+                  {"status", rung_status_name(r.status)},
                   {"note", r.note},
                   {"params", p},
                   {"micro_batch_size", r.micro_batch_size},
@@ -53,7 +71,8 @@ LadderResult LadderResult::from_json(const Json& j) {
   for (const auto& r : j["rungs"]) {
     RungResult rr;
     rr.name = r.value("name", "");
-    rr.status = r.value("status", "");
+    // A stored result is ours: an unknown name can only be a damaged row; it reads as an error.
+    rr.status = parse_rung_status(r.value("status", "")).value_or(RungStatus::kError);
     rr.note = r.value("note", "");
     if (r.contains("params") && r["params"].is_object())
       for (auto it = r["params"].begin(); it != r["params"].end(); ++it) rr.params[it.key()] = it.value();
@@ -103,7 +122,7 @@ LadderResult run_ladder(TrialExecutor& exec, const LadderRequest& req, const Pla
     if (spec.search) {
       auto prev = searched.find(config_key(cur));
       if (prev != searched.end()) {
-        r.status = "n/a";
+        r.status = RungStatus::kNotApplicable;
         r.note = "this configuration's largest micro-batch was already searched at '" + prev->second + "'";
         out.rungs.push_back(r);
         if (req.on_rung) req.on_rung(out);
@@ -119,14 +138,14 @@ LadderResult run_ladder(TrialExecutor& exec, const LadderRequest& req, const Pla
       OomSearchResult s = run_oom_search(exec, sreq, plan);
       r.plan_estimate = s.plan_estimate;
       if (s.failed) {
-        r.status = s.refused ? "n/a" : "error";
+        r.status = s.refused ? RungStatus::kNotApplicable : RungStatus::kError;
         r.note = s.failure;
       } else if (s.max_micro_batch_size == 0) {
-        r.status = "oom";
+        r.status = RungStatus::kOom;
         r.note = "micro-batch 1 does not fit";
       } else {
         batch = s.max_micro_batch_size;
-        r.status = "ok";
+        r.status = RungStatus::kOk;
         r.micro_batch_size = batch;
         r.params = cur;
         r.params["micro_batch_size"] = batch;
@@ -154,7 +173,7 @@ LadderResult run_ladder(TrialExecutor& exec, const LadderRequest& req, const Pla
       changed = true;
     }
     if (!spec.set.empty() && !changed) {
-      r.status = "n/a";
+      r.status = RungStatus::kNotApplicable;
       std::string list;
       for (const auto& m : missing) append_item(list, m, ", ");
       r.note = missing.empty() ? "already in effect" : "the command template has no " + list + " placeholder";
@@ -166,13 +185,13 @@ LadderResult run_ladder(TrialExecutor& exec, const LadderRequest& req, const Pla
     p["micro_batch_size"] = batch;
     auto res = exec.run(p, 0, role, spec.name + ", micro_batch_size=" + std::to_string(batch));
     const TrialRow& row = res.row;
-    if (row.status == "ok") {
+    if (row.status == TrialStatus::kOk) {
       cur = cand;
-      r.status = "ok";
+      r.status = RungStatus::kOk;
       r.micro_batch_size = batch;
       r.params = p;
       r.trial_id = row.trial_id;
-    } else if (row.status == "oom") {
+    } else if (row.status == TrialStatus::kOom) {
       // The switch costs memory at this micro-batch: find what fits with it.
       OomSearchRequest sreq;
       sreq.base = cand;
@@ -184,7 +203,7 @@ LadderResult run_ladder(TrialExecutor& exec, const LadderRequest& req, const Pla
       if (!s.failed && s.max_micro_batch_size > 0) {
         cur = cand;
         searched[config_key(cur)] = spec.name;
-        r.status = "ok";
+        r.status = RungStatus::kOk;
         r.note = "micro-batch " + std::to_string(batch) + " ran out of memory; lowered to " +
                  std::to_string(s.max_micro_batch_size);
         batch = s.max_micro_batch_size;
@@ -193,15 +212,15 @@ LadderResult run_ladder(TrialExecutor& exec, const LadderRequest& req, const Pla
         r.params["micro_batch_size"] = batch;
         r.trial_id = s.best->trial_id;
       } else {
-        r.status = s.failed ? (s.refused ? "n/a" : "error") : "oom";
+        r.status = s.failed ? (s.refused ? RungStatus::kNotApplicable : RungStatus::kError) : RungStatus::kOom;
         r.note = s.failed ? s.failure : "micro-batch 1 does not fit";
       }
-    } else if (row.exit_code && *row.exit_code == 2) {
-      r.status = "n/a";
+    } else if (row.exit_code && *row.exit_code == exit_code(ErrorKind::kInvalidInput)) {
+      r.status = RungStatus::kNotApplicable;
       r.note = "the workload refused it: " + row.reason;
     } else {
-      r.status = "error";
-      r.note = row.status + ": " + row.reason;
+      r.status = RungStatus::kError;
+      r.note = std::string(status_name(row.status)) + ": " + row.reason;
     }
     out.rungs.push_back(r);
     if (req.on_rung) req.on_rung(out);
@@ -230,7 +249,7 @@ Table ladder_table(const LadderResult& ladder, const ResultsStore& store) {
   std::string jump_text;
   int jump_row = -1;
   for (const auto& r : ladder.rungs) {
-    Json row{{"rung", r.name}, {"status", r.status}, {"note", r.note}};
+    Json row{{"rung", r.name}, {"status", rung_status_name(r.status)}, {"note", r.note}};
     if (r.trial_id) row["trial_id"] = *r.trial_id;
     if (!r.params.empty()) {
       for (const char* k : {"model_precision", "mixed_precision", "attn"}) {
@@ -254,7 +273,7 @@ Table ladder_table(const LadderResult& ladder, const ResultsStore& store) {
         row["note"] = r.note + (r.note.empty() ? "" : "; ") + "trial " + std::to_string(*r.trial_id) + " is missing";
       }
     }
-    if (tps && r.status == "ok") {
+    if (tps && r.status == RungStatus::kOk) {
       if (!baseline) baseline = *tps;
       if (*baseline > 0) row["speedup"] = *tps / *baseline;
       if (prev_tps && *prev_tps > 0) {
@@ -274,7 +293,7 @@ Table ladder_table(const LadderResult& ladder, const ResultsStore& store) {
   }
   for (std::size_t i = 0; i < t.rows.size(); ++i) t.rows[i]["largest_jump"] = static_cast<int>(i) == jump_row;
   if (!jump_text.empty()) t.notes.push_back(jump_text);
-  if (baseline && !ladder.rungs.empty() && ladder.rungs[0].status != "ok") {
+  if (baseline && !ladder.rungs.empty() && ladder.rungs[0].status != RungStatus::kOk) {
     t.notes.push_back("The baseline did not run; speedups are over the first measured rung.");
   }
   return t;

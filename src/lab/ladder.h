@@ -31,9 +31,16 @@ std::vector<RungSpec> default_rungs();
 // The baseline's values of the switched parameters.
 ParamMap ladder_baseline();
 
+// How a rung ended: measured, nothing fits, failed, or not applicable (already in effect, not
+// expressible by the workload, refused by it). Named "ok", "oom", "error", "n/a" in JSON and tables.
+enum class RungStatus { kOk, kOom, kError, kNotApplicable };
+const char* rung_status_name(RungStatus s);
+// nullopt for a name that is not a rung status.
+std::optional<RungStatus> parse_rung_status(const std::string& name);
+
 struct RungResult {
   std::string name;
-  std::string status;  // "ok", "oom" (nothing fits), "error", "n/a"
+  RungStatus status = RungStatus::kError;
   std::string note;    // why n/a / error, or what happened (batch lowered, limit verified)
   ParamMap params;     // the configuration measured (with micro_batch_size)
   int micro_batch_size = 0;

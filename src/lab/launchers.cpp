@@ -6,8 +6,9 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/process.h"
+#include "core/subprocess.h"
 #include "lab/command_template.h"
+#include "lab/log_tail.h"
 
 namespace scalelab::lab {
 namespace {
@@ -77,9 +78,9 @@ Launch MpirunLauncher::launch(const Workload& workload, const std::string& engin
   return l;
 }
 
-ProcessResult MpirunLauncher::run(const ProcessSpec& spec, const ParamMap&, const TrialContext&,
-                                  const std::atomic<bool>* cancel, const std::function<void()>& tick) const {
-  return run_process(spec, cancel, tick);
+SubprocessResult MpirunLauncher::run(const SubprocessSpec& spec, const ParamMap&, const TrialContext&,
+                                     const std::atomic<bool>* cancel, const std::function<void()>& tick) const {
+  return run_subprocess(spec, cancel, tick);
 }
 
 SlurmLauncher::SlurmLauncher(SlurmOptions options) : options_(std::move(options)) {
@@ -133,9 +134,9 @@ Launch SlurmLauncher::launch(const Workload& workload, const std::string& engine
   return l;
 }
 
-ProcessResult SlurmLauncher::run(const ProcessSpec& spec, const ParamMap&, const TrialContext& ctx,
-                                 const std::atomic<bool>* cancel, const std::function<void()>& tick) const {
-  ProcessResult r = run_process(spec, cancel, tick);
+SubprocessResult SlurmLauncher::run(const SubprocessSpec& spec, const ParamMap&, const TrialContext& ctx,
+                                    const std::atomic<bool>* cancel, const std::function<void()>& tick) const {
+  SubprocessResult r = run_subprocess(spec, cancel, tick);
   // sbatch --parsable printed "<job id>[;cluster]" when it submitted, before waiting.
   std::string out = read_file_tail(spec.log_path, 1 << 16);
   if (out.rfind(spec.log_header, 0) == 0) out = out.substr(spec.log_header.size());
@@ -145,10 +146,12 @@ ProcessResult SlurmLauncher::run(const ProcessSpec& spec, const ParamMap&, const
   std::ofstream log(spec.log_path, std::ios::app);
   if (!job_id.empty() && (r.timed_out || r.cancelled || !r.started)) {
     // Killing sbatch does not end the job: cancel it so that it frees the nodes.
-    ProcessOptions co;
+    SubprocessSpec co;
+    co.argv = {options_.scancel, job_id};
     co.timeout_s = 30;
+    co.kill_grace_s = 3;
     co.env = spec.env;
-    const scalelab::ProcessResult c = scalelab::run_process({options_.scancel, job_id}, co);
+    const SubprocessResult c = run_subprocess(co);
     log << "# scancel " << job_id << ": " << c.describe() << (c.output.empty() ? "" : "\n" + c.output) << "\n";
   }
   // Without a job id sbatch refused the job: its own message stays the log's last line (the

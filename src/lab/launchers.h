@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "lab/executor.h"
 #include "lab/slurm.h"
 
@@ -42,8 +43,8 @@ class MpirunLauncher final : public TrialLauncher {
   explicit MpirunLauncher(MpirunOptions options);
   Launch launch(const Workload& workload, const std::string& engine, const ParamMap& params,
                 const TrialContext& ctx) const override;
-  ProcessResult run(const ProcessSpec& spec, const ParamMap& params, const TrialContext& ctx,
-                    const std::atomic<bool>* cancel, const std::function<void()>& tick) const override;
+  SubprocessResult run(const SubprocessSpec& spec, const ParamMap& params, const TrialContext& ctx,
+                       const std::atomic<bool>* cancel, const std::function<void()>& tick) const override;
 
  private:
   MpirunOptions options_;
@@ -73,8 +74,8 @@ class SlurmLauncher final : public TrialLauncher {
                 const TrialContext& ctx) const override;
   // Runs sbatch (its output into the trial log), cancels the job when the trial is stopped, and
   // appends the job's output to the log.
-  ProcessResult run(const ProcessSpec& spec, const ParamMap& params, const TrialContext& ctx,
-                    const std::atomic<bool>* cancel, const std::function<void()>& tick) const override;
+  SubprocessResult run(const SubprocessSpec& spec, const ParamMap& params, const TrialContext& ctx,
+                       const std::atomic<bool>* cancel, const std::function<void()>& tick) const override;
 
  private:
   SlurmOptions options_;

@@ -7,9 +7,10 @@
 #include <map>
 
 #include "core/error.h"
-#include "lab/outcome.h"
-#include "lab/process.h"
+#include "core/subprocess.h"
 #include "lab/interrupted.h"
+#include "lab/log_tail.h"
+#include "lab/outcome.h"
 
 namespace scalelab::lab {
 namespace {
@@ -79,7 +80,7 @@ PlanFn native_plan(const TrialExecutor& exec) {
     std::string hash = fnv1a_hex(Json(p).dump()).substr(0, 12);
     std::string json_path = (std::filesystem::path(dir) / ("plan-" + hash + ".json")).string();
     std::filesystem::remove(json_path);
-    ProcessSpec ps;
+    SubprocessSpec ps;
     ps.argv = {engine, "plan"};
     for (auto& f : params_to_flags(p)) ps.argv.push_back(f);
     ps.argv.push_back("--json");
@@ -87,11 +88,11 @@ PlanFn native_plan(const TrialExecutor& exec) {
     ps.log_path = (std::filesystem::path(dir) / ("plan-" + hash + ".log")).string();
     ps.timeout_s = timeout;
     ps.kill_grace_s = grace;
-    ProcessResult r = run_process(ps, cancel);
+    const SubprocessResult r = run_subprocess(ps, cancel);
     if (r.cancelled) throw Interrupted("[oom-search] interrupted while planning");
-    if (!r.started || !r.exited || r.exit_code != 0) {
+    if (!r.ok()) {
       std::string line = last_line(read_file_tail(ps.log_path, 1 << 16));
-      *note = "unavailable (" + describe_process_end(r, timeout) + (line.empty() ? "" : ": " + line) + ")";
+      *note = "unavailable (" + r.describe() + (line.empty() ? "" : ": " + line) + ")";
       return std::nullopt;
     }
     try {
@@ -112,7 +113,7 @@ PlanFn native_plan(const TrialExecutor& exec) {
 Json OomSearchResult::to_json() const {
   Json probes_json = Json::array();
   for (const auto& p : probes)
-    probes_json.push_back({{"micro_batch_size", p.micro_batch_size}, {"trial_id", p.trial_id}, {"status", p.status}});
+    probes_json.push_back({{"micro_batch_size", p.micro_batch_size}, {"trial_id", p.trial_id}, {"status", status_name(p.status)}});
   Json j{{"max_micro_batch_size", max_micro_batch_size},
          {"capped", capped},
          {"failed", failed},
@@ -138,8 +139,9 @@ OomSearchResult OomSearchResult::from_json(const Json& j) {
   r.plan_note = j.value("plan_note", "");
   if (j.contains("probes") && j["probes"].is_array()) {
     for (const auto& p : j["probes"]) {
+      // A stored result is ours: an unknown name can only be a damaged row; it reads as an error.
       r.probes.push_back({p.value("micro_batch_size", 0), p.value("trial_id", static_cast<std::int64_t>(0)),
-                          p.value("status", "")});
+                          parse_status(p.value("status", "")).value_or(TrialStatus::kError)});
     }
   }
   return r;
@@ -171,13 +173,13 @@ OomSearchResult run_oom_search(TrialExecutor& exec, const OomSearchRequest& req,
     p["micro_batch_size"] = b;
     auto res = exec.run(p, 0, req.role, "micro_batch_size=" + std::to_string(b));
     if (res.cached) {
-      exec.progress().note("micro_batch_size=" + std::to_string(b) + ": " + res.row.status +
+      exec.progress().note("micro_batch_size=" + std::to_string(b) + ": " + status_name(res.row.status) +
                            " (recorded trial " + std::to_string(res.row.trial_id) + ")");
     }
     rows[b] = res.row;
     result.probes.push_back({b, res.row.trial_id, res.row.status});
-    if (res.row.status == "ok") return true;
-    if (res.row.status == "oom") return false;
+    if (res.row.status == TrialStatus::kOk) return true;
+    if (res.row.status == TrialStatus::kOom) return false;
     throw SearchAborted{b, res.row};
   };
   try {
@@ -188,9 +190,9 @@ OomSearchResult run_oom_search(TrialExecutor& exec, const OomSearchRequest& req,
     if (!trace.capped) result.first_oom = rows.at(trace.max_fit + 1);
   } catch (const SearchAborted& a) {
     result.failed = true;
-    result.refused = a.row.exit_code && *a.row.exit_code == 2;
+    result.refused = a.row.exit_code && *a.row.exit_code == exit_code(ErrorKind::kInvalidInput);
     result.failure = "the trial at micro-batch " + std::to_string(a.micro_batch_size) + " ended with " +
-                     a.row.status + " (" + a.row.reason + "), neither a fit nor out of memory";
+                     status_name(a.row.status) + " (" + a.row.reason + "), neither a fit nor out of memory";
   }
   return result;
 }

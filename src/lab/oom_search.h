@@ -51,7 +51,7 @@ struct OomSearchResult {
   struct Probe {
     int micro_batch_size;
     std::int64_t trial_id;
-    std::string status;
+    TrialStatus status;
   };
   std::vector<Probe> probes;
   std::optional<TrialRow> best;        // the trial at max_micro_batch_size

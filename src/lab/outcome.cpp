@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
+
+#include "core/error.h"
 
 namespace scalelab::lab {
 namespace {
@@ -46,24 +49,6 @@ const char* const kMetricFields[] = {"tokens_per_s", "tokens_per_s_per_device", 
 
 }  // namespace
 
-const char* status_name(TrialStatus s) {
-  switch (s) {
-    case TrialStatus::kOk: return "ok";
-    case TrialStatus::kOom: return "oom";
-    case TrialStatus::kError: return "error";
-    case TrialStatus::kTimeout: return "timeout";
-  }
-  return "error";
-}
-
-std::optional<TrialStatus> parse_status(const std::string& name) {
-  if (name == "ok") return TrialStatus::kOk;
-  if (name == "oom") return TrialStatus::kOom;
-  if (name == "error") return TrialStatus::kError;
-  if (name == "timeout") return TrialStatus::kTimeout;
-  return std::nullopt;
-}
-
 Json extract_metrics(const std::vector<MetricRule>& rules, const std::string& log_text) {
   Json out = Json::object();
   for_each_line(log_text, [&](const std::string& line) {
@@ -97,16 +82,24 @@ std::string last_line(const std::string& text) {
   return last;
 }
 
-TrialOutcome classify_native(const ProcessResult& proc, double timeout_s, const std::string& record_path,
+// How the trial's process ended, with the trial's timeout (a launcher may have run it).
+static std::string describe_end(const SubprocessResult& proc, double timeout_s) {
+  if (!proc.started || !proc.timed_out) return proc.describe();
+  char buf[128];
+  std::snprintf(buf, sizeof buf, "timed out after %.1f s (its process group was killed)", timeout_s);
+  return buf;
+}
+
+TrialOutcome classify_native(const SubprocessResult& proc, double timeout_s, const std::string& record_path,
                              const std::string& log_text) {
   TrialOutcome out;
   if (!proc.started) {
-    out.reason = describe_process_end(proc, timeout_s);
+    out.reason = describe_end(proc, timeout_s);
     return out;
   }
   if (proc.timed_out) {
     out.status = TrialStatus::kTimeout;
-    out.reason = describe_process_end(proc, timeout_s);
+    out.reason = describe_end(proc, timeout_s);
     return out;
   }
   std::string record_problem;
@@ -139,9 +132,9 @@ TrialOutcome classify_native(const ProcessResult& proc, double timeout_s, const 
   std::string record_error;
   if (out.record.is_object() && out.record.contains("error") && out.record["error"].is_string())
     record_error = out.record["error"].get<std::string>();
-  const std::string end = describe_process_end(proc, timeout_s);
+  const std::string end = describe_end(proc, timeout_s);
 
-  if (proc.exited && proc.exit_code == 0) {
+  if (proc.exit_code() == 0) {
     if (record_status == "ok") {
       out.status = TrialStatus::kOk;
       return out;
@@ -150,36 +143,36 @@ TrialOutcome classify_native(const ProcessResult& proc, double timeout_s, const 
                  (record_problem.empty() ? "the run record's status is '" + record_status + "'" : record_problem);
     return out;
   }
-  if (record_status == "oom" || (proc.exited && proc.exit_code == 3)) {
+  if (record_status == "oom" || proc.exit_code() == exit_code(ErrorKind::kOutOfMemory)) {
     out.status = TrialStatus::kOom;
     out.reason = !record_error.empty() ? record_error : last_line(log_text);
     if (out.reason.empty()) out.reason = end;
     return out;
   }
-  out.refused = proc.exited && proc.exit_code == 2;
+  out.refused = proc.exit_code() == exit_code(ErrorKind::kInvalidInput);
   std::string detail = !record_error.empty() ? record_error : last_line(log_text);
   out.reason = end + (detail.empty() ? "" : ": " + detail);
   return out;
 }
 
-TrialOutcome classify_external(const Workload& workload, const ProcessResult& proc, double timeout_s,
+TrialOutcome classify_external(const Workload& workload, const SubprocessResult& proc, double timeout_s,
                                const std::string& log_text) {
   TrialOutcome out;
   if (!proc.started) {
-    out.reason = describe_process_end(proc, timeout_s);
+    out.reason = describe_end(proc, timeout_s);
     return out;
   }
   out.metrics = extract_metrics(workload.metrics, log_text);
   if (proc.timed_out) {
     out.status = TrialStatus::kTimeout;
-    out.reason = describe_process_end(proc, timeout_s);
+    out.reason = describe_end(proc, timeout_s);
     return out;
   }
   std::string missing;
   for (const auto& name : workload.required_metrics) {
     if (!out.metrics.contains(name)) append_item(missing, name, ", ");
   }
-  const bool success = proc.exited && proc.exit_code == 0;
+  const bool success = proc.exit_code() == 0;
   if (success && missing.empty()) {
     out.status = TrialStatus::kOk;
     return out;
@@ -190,7 +183,7 @@ TrialOutcome classify_external(const Workload& workload, const ProcessResult& pr
     out.reason = oom_line;
     return out;
   }
-  const std::string end = describe_process_end(proc, timeout_s);
+  const std::string end = describe_end(proc, timeout_s);
   if (success) {
     std::string patterns;
     for (const auto& r : workload.metrics) {
@@ -200,7 +193,7 @@ TrialOutcome classify_external(const Workload& workload, const ProcessResult& pr
                  ") — check the workload's output or its metric patterns";
     return out;
   }
-  out.refused = proc.exited && proc.exit_code == 2;
+  out.refused = proc.exit_code() == exit_code(ErrorKind::kInvalidInput);
   std::string detail = last_line(log_text);
   out.reason = end + (detail.empty() ? "" : ": " + detail);
   return out;

@@ -7,15 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "lab/params.h"
-#include "lab/process.h"
+#include "lab/trial_status.h"
 #include "lab/workload.h"
 
 namespace scalelab::lab {
 
-enum class TrialStatus { kOk, kOom, kError, kTimeout };
-const char* status_name(TrialStatus s);
-std::optional<TrialStatus> parse_status(const std::string& name);
 
 struct TrialOutcome {
   TrialStatus status = TrialStatus::kError;
@@ -34,11 +32,11 @@ std::string last_line(const std::string& text);
 
 // Native: reads the run record at record_path (status ok/oom/error, metrics) and the exit code
 // (0 ok, 2 refused, 3 out of memory, else error).
-TrialOutcome classify_native(const ProcessResult& proc, double timeout_s, const std::string& record_path,
+TrialOutcome classify_native(const SubprocessResult& proc, double timeout_s, const std::string& record_path,
                              const std::string& log_text);
 // External: exit 0 with the required metrics -> ok; the OOM pattern in the log -> oom;
 // exit 0 without metrics -> error naming the missing metrics; otherwise error with the last line.
-TrialOutcome classify_external(const Workload& workload, const ProcessResult& proc, double timeout_s,
+TrialOutcome classify_external(const Workload& workload, const SubprocessResult& proc, double timeout_s,
                                const std::string& log_text);
 
 }  // namespace scalelab::lab

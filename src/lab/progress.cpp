@@ -55,8 +55,9 @@ void Progress::trial_started(const std::string& label) {
   std::fflush(out_);
 }
 
-void Progress::trial_finished(const std::string& label, const std::string& status, const std::string& summary,
+void Progress::trial_finished(const std::string& label, TrialStatus status_value, const std::string& summary,
                               double duration_s) {
+  const std::string status = status_name(status_value);
   std::string line = "[";
   line += counter();
   line += "] ";
@@ -66,8 +67,8 @@ void Progress::trial_finished(const std::string& label, const std::string& statu
   if (!summary.empty()) line += "  " + summary;
   line += "  (" + format_duration(duration_s) + ")";
   ++done_;
-  if (status == "ok") ++ok_;
-  else if (status == "oom") ++oom_;
+  if (status_value == TrialStatus::kOk) ++ok_;
+  else if (status_value == TrialStatus::kOom) ++oom_;
   else ++failed_;
   run_seconds_ += duration_s;
   running_.clear();

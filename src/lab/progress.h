@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <string>
 
+#include "lab/trial_status.h"
+
 namespace scalelab::lab {
 
 class Progress {
@@ -21,8 +23,8 @@ class Progress {
   void set_total(int total);
   void note(const std::string& line);  // a message above the bar
   void trial_started(const std::string& label);
-  // status: ok/oom/error/timeout; summary: e.g. "27542.2 tokens/s/device, 3.21 GiB" or the reason.
-  void trial_finished(const std::string& label, const std::string& status, const std::string& summary,
+  // summary: e.g. "27542.2 tokens/s/device, 3.21 GiB" or the reason.
+  void trial_finished(const std::string& label, TrialStatus status, const std::string& summary,
                       double duration_s);
   void tick();    // redraws the bar (terminal only)
   void finish();  // clears the bar

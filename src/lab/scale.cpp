@@ -1,6 +1,7 @@
 #include "lab/scale.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -72,6 +73,37 @@ ParamMap scale_trial_params(const ScaleSpec& spec, int ranks) {
   return p;
 }
 
+int scale_threads_per_rank(const ScaleSpec& spec, int cores) {
+  if (auto it = spec.params.find("threads"); it != spec.params.end())
+    return it->second.is_number_integer() ? it->second.get<int>() : 0;
+  if (spec.launcher != "mpirun" || spec.ranks.empty()) return 0;
+  const int max_ranks = *std::max_element(spec.ranks.begin(), spec.ranks.end());
+  return std::max(1, std::max(1, cores) / max_ranks);
+}
+
+std::string slurm_time_limit(double seconds) {
+  const long minutes = static_cast<long>(std::ceil(seconds / 60.0)) + 1;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%02ld:%02ld:00", minutes / 60, minutes % 60);
+  return buf;
+}
+
+bool refused_by_engine(const TrialRow& row) {
+  return row.status == TrialStatus::kError && row.exit_code && *row.exit_code == exit_code(ErrorKind::kInvalidInput);
+}
+
+ScaleVerdict scale_verdict(const ScaleSpec& spec, const std::vector<TrialRow>& rows) {
+  ScaleVerdict v;
+  std::set<int> ok;
+  for (const auto& r : rows) {
+    if (r.status == TrialStatus::kOk) ok.insert(trial_ranks(r.params()));
+    v.refused = v.refused || refused_by_engine(r);
+  }
+  for (int n : spec.ranks)
+    if (!ok.count(n)) v.missing_ranks.push_back(n);
+  return v;
+}
+
 std::vector<TrialRow> run_scale(TrialExecutor& exec, const ScaleSpec& spec) {
   std::vector<TrialRow> rows;
   // Repeats outside, rank counts inside: a drift of the machine's load spreads over every count
@@ -84,7 +116,7 @@ std::vector<TrialRow> run_scale(TrialExecutor& exec, const ScaleSpec& spec) {
       TrialExecutor::Result r = exec.run(params, rep, "scale: " + std::to_string(n) + " ranks", label);
       rows.push_back(r.row);
       // The engine refused the configuration (exit 2): every other rank count would too.
-      if (r.row.status == "error" && r.row.exit_code && *r.row.exit_code == 2) return rows;
+      if (refused_by_engine(r.row)) return rows;
     }
   }
   return rows;
@@ -103,7 +135,7 @@ Table scale_table(const std::vector<TrialRow>& trials, const ScaleSpec& spec) {
     if (it == p.end() || !it->second.is_number_integer()) continue;
     const int n = it->second.get<int>();
     if (!wanted.count(n) || t.repeat >= spec.repeats) continue;
-    (t.status == "ok" && t.metrics.contains("tokens_per_s") ? groups[n].ok : groups[n].failed).push_back(&t);
+    (t.status == TrialStatus::kOk && t.metrics.contains("tokens_per_s") ? groups[n].ok : groups[n].failed).push_back(&t);
   }
 
   ScalingOptions options;
@@ -152,13 +184,13 @@ Table scale_table(const std::vector<TrialRow>& trials, const ScaleSpec& spec) {
     for (const TrialRow* t : g.failed) ids.push_back(t->trial_id);
     row["trial_ids"] = ids;
     if (g.failed.empty()) {
-      row["status"] = "ok";
+      row["status"] = status_name(TrialStatus::kOk);
     } else {
       std::map<std::string, int> counts;
-      for (const TrialRow* t : g.failed) ++counts[t->status];
+      for (const TrialRow* t : g.failed) ++counts[status_name(t->status)];
       std::string s = g.ok.empty() ? "" : "ok " + std::to_string(g.ok.size());
       for (const auto& [k, c] : counts) append_item(s, k + " " + std::to_string(c), ", ");
-      row["status"] = g.ok.empty() && counts.size() == 1 && g.failed.size() == 1 ? g.failed.front()->status : s;
+      row["status"] = g.ok.empty() && counts.size() == 1 && g.failed.size() == 1 ? std::string(status_name(g.failed.front()->status)) : s;
       row["reason"] = g.failed.front()->reason;
     }
     if (auto it = analyzed.find(n); it != analyzed.end()) {

@@ -37,6 +37,28 @@ std::vector<int> parse_rank_list(const std::vector<int>& ranks);
 // The trial parameters for one rank count.
 ParamMap scale_trial_params(const ScaleSpec& spec, int ranks);
 
+// Threads each rank gets: the train flags' --threads when given (0 when it is not an integer);
+// with mpirun on this machine (`cores` of them) an equal share of the cores for the largest rank
+// count, the same for every rank count (weak scaling: a device is a fixed share of the machine);
+// 0 (the engine's default) on SLURM, where each rank has its node's cores.
+int scale_threads_per_rank(const ScaleSpec& spec, int cores);
+
+// A SLURM --time of at least `seconds`: "HH:MM:00", whole minutes, one to spare.
+std::string slurm_time_limit(double seconds);
+
+// The trial was refused by the engine (an error with exit code 2, InvalidInput's): every other
+// rank count would be refused too.
+bool refused_by_engine(const TrialRow& row);
+
+// What a finished study says: refused (the configuration is invalid), or the rank counts without a
+// successful trial (the table gives their reasons); ok when neither.
+struct ScaleVerdict {
+  bool refused = false;
+  std::vector<int> missing_ranks;
+  bool ok() const { return !refused && missing_ranks.empty(); }
+};
+ScaleVerdict scale_verdict(const ScaleSpec& spec, const std::vector<TrialRow>& rows);
+
 // Runs the trials (each repeat over the rank counts in order), resuming recorded ones; stops at a
 // trial the engine refused (exit code 2). Returns the trials' rows in order.
 std::vector<TrialRow> run_scale(TrialExecutor& exec, const ScaleSpec& spec);

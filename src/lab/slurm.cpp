@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "dist/process.h"
+#include "core/subprocess.h"
 
 namespace scalelab::lab {
 namespace {
@@ -161,10 +161,12 @@ SlurmJobResult submit_slurm_job(const SlurmJob& job, const SlurmSubmitOptions& o
     SCALELAB_CHECK_INPUT(static_cast<bool>(out), "[slurm] cannot write " + job.script_path());
   }
 
-  ProcessOptions po;
+  SubprocessSpec po;
+  po.argv = {options.sbatch, "--parsable", "--wait", job.script_path()};
   po.timeout_s = options.timeout_s;
+  po.kill_grace_s = 3;
   po.env = options.env;
-  const ProcessResult p = run_process({options.sbatch, "--parsable", "--wait", job.script_path()}, po);
+  const SubprocessResult p = run_subprocess(po);
   SlurmJobResult res;
   res.sbatch_output = p.output;
   // --parsable prints "<id>[;cluster]" at submission, before waiting.
@@ -176,12 +178,14 @@ SlurmJobResult submit_slurm_job(const SlurmJob& job, const SlurmSubmitOptions& o
   }
   if (p.timed_out) {
     res.timed_out = true;
-    ProcessOptions co;
+    SubprocessSpec co;
+    co.argv = {options.scancel, res.job_id};
     co.timeout_s = 30;
+    co.kill_grace_s = 3;
     co.env = options.env;
-    run_process({options.scancel, res.job_id}, co);
+    run_subprocess(co);
   } else {
-    res.exit_code = p.term_signal ? 128 + p.term_signal : p.exit_code;
+    res.exit_code = p.term_signal() ? 128 + p.term_signal() : p.exit_code();
   }
   res.log_tail = read_tail(fs::path(job.work_dir) / ("slurm-" + res.job_id + ".out"), 4096);
   res.ranks = collect_rank_results(job);

@@ -150,7 +150,12 @@ TrialRow read_trial(const Stmt& s) {
   r.config = s.json(4);
   r.repeat = static_cast<int>(s.i64(5));
   r.role = s.text(6);
-  r.status = s.text(7);
+  // The schema's CHECK admits only the four names.
+  const std::string status = s.text(7);
+  const std::optional<TrialStatus> parsed = parse_status(status);
+  SCALELAB_CHECK(parsed.has_value(), "[results] trial " + std::to_string(r.trial_id) + " has the unknown status '" +
+                                         status + "' — was the database written by another scalelab?");
+  r.status = *parsed;
   r.reason = s.text(8);
   r.exit_code = s.opt_int(9);
   r.signal = s.opt_int(10);
@@ -418,7 +423,7 @@ std::int64_t ResultsStore::insert_trial(std::int64_t sweep_id, const TrialRecord
       .bind(3, t.config.dump())
       .bind(4, t.repeat)
       .bind(5, t.role)
-      .bind(6, t.status)
+      .bind(6, std::string(status_name(t.status)))
       .bind(7, t.reason)
       .bind_opt(8, t.exit_code)
       .bind_opt(9, t.signal)

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "lab/params.h"
+#include "lab/trial_status.h"
 
 struct sqlite3;
 
@@ -44,7 +45,7 @@ struct TrialRecord {
   Json config;  // {"workload": ..., "params": {...}}
   int repeat = 0;
   std::string role;  // what the trial was for ("ladder: flash attention", "oom-search"); may be ""
-  std::string status;
+  TrialStatus status = TrialStatus::kError;
   std::string reason;
   std::optional<int> exit_code;
   std::optional<int> signal;

@@ -46,8 +46,8 @@ SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabO
     if (spec.repeats > 1) label += " #" + std::to_string(r + 1);
     auto res = exec.run(*params, r, "sweep", label);
     ++summary.ran;
-    if (res.row.status == "ok") ++summary.ok;
-    else if (res.row.status == "oom") ++summary.oom;
+    if (res.row.status == TrialStatus::kOk) ++summary.ok;
+    else if (res.row.status == TrialStatus::kOom) ++summary.oom;
     else ++summary.failed;
   }
   progress.finish();

@@ -122,7 +122,7 @@ Json flatten_trial(const TrialRow& r) {
          {"sweep", r.sweep_name},
          {"repeat", r.repeat},
          {"role", r.role},
-         {"status", r.status},
+         {"status", status_name(r.status)},
          {"reason", r.reason},
          {"exit_code", r.exit_code ? Json(*r.exit_code) : Json()},
          {"signal", r.signal ? Json(*r.signal) : Json()},
@@ -161,8 +161,8 @@ Table sweeps_table(const ResultsStore& store) {
     int n = 0, ok = 0, oom = 0, failed = 0;
     for (const auto& r : store.trials(s.sweep_id)) {
       ++n;
-      if (r.status == "ok") ++ok;
-      else if (r.status == "oom") ++oom;
+      if (r.status == TrialStatus::kOk) ++ok;
+      else if (r.status == TrialStatus::kOom) ++oom;
       else ++failed;
     }
     t.rows.push_back({{"sweep", s.name}, {"kind", s.kind}, {"trials", n}, {"ok", ok}, {"oom", oom},
@@ -237,9 +237,9 @@ Table summary_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
     std::string reason;
     Json trial_ids = Json::array();
     for (const TrialRow* r : g) {
-      ++counts[r->status];
+      ++counts[status_name(r->status)];
       trial_ids.push_back(r->trial_id);
-      if (r->status == "ok") {
+      if (r->status == TrialStatus::kOk) {
         if (r->metrics.contains("tokens_per_s_per_device")) tps.push_back(r->metrics["tokens_per_s_per_device"].get<double>());
         if (r->metrics.contains("max_reserved_gib")) mem.push_back(r->metrics["max_reserved_gib"].get<double>());
         if (r->metrics.contains("step_time_s")) step.push_back(r->metrics["step_time_s"].get<double>());
@@ -290,7 +290,7 @@ Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const s
   OomSearchResult res = OomSearchResult::from_json(sweep.result);
   std::vector<Json> objects;
   for (const auto& p : res.probes) {
-    Json o{{"micro_batch_size", p.micro_batch_size}, {"trial_id", p.trial_id}, {"status", p.status}};
+    Json o{{"micro_batch_size", p.micro_batch_size}, {"trial_id", p.trial_id}, {"status", status_name(p.status)}};
     if (auto tr = store.trial(p.trial_id)) {
       if (tr->metrics.contains("tokens_per_s_per_device")) o["tokens_per_s_per_device"] = tr->metrics["tokens_per_s_per_device"];
       if (tr->metrics.contains("max_reserved_gib")) o["memory_gib"] = tr->metrics["max_reserved_gib"];

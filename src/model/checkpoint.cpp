@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/family.h"
 #include "model/safetensors.h"
 
 namespace scalelab {
@@ -77,17 +78,11 @@ bool tensors_equal(const Located& a, const Located& b) {
 }  // namespace
 
 std::string describe_config(const ModelConfig& c) {
-  std::string s = std::string(family_name(c.family)) + ": hidden_size " + std::to_string(c.hidden_size) + ", " +
-                  (c.family == ModelFamily::kOPT ? "ffn_dim " : "intermediate_size ") +
+  const ModelFamilySpec& f = family_of(c);
+  std::string s = f.name + ": hidden_size " + std::to_string(c.hidden_size) + ", " + f.intermediate_key + " " +
                   std::to_string(c.intermediate_size) + ", num_hidden_layers " + std::to_string(c.num_hidden_layers) +
                   ", num_attention_heads " + std::to_string(c.num_attention_heads);
-  if (c.family == ModelFamily::kLlama) {
-    s += ", num_key_value_heads " + std::to_string(c.num_key_value_heads) + ", head_dim " + std::to_string(c.head_dim);
-  } else {
-    s += ", word_embed_proj_dim " + std::to_string(c.word_embed_proj_dim) + ", max_position_embeddings " +
-         std::to_string(c.max_position_embeddings) + ", do_layer_norm_before " +
-         (c.do_layer_norm_before ? "true" : "false");
-  }
+  if (f.describe) s += f.describe(c);
   s += ", vocab_size " + std::to_string(c.vocab_size) + ", tie_word_embeddings " +
        (c.tie_word_embeddings ? "true" : "false");
   return s;
@@ -167,6 +162,12 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   }
 
   // Every tensor of every file under its canonical (layout) name.
+  const ModelFamilySpec& family = family_of(config);
+  auto is_ignored = [&](const std::string& name) {
+    for (const auto& suffix : family.ignored_tensor_suffixes)
+      if (name.ends_with(suffix)) return true;
+    return false;
+  };
   LoadSummary summary;
   std::map<std::string, Located> found;
   std::vector<std::string> extra;
@@ -184,7 +185,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
                              " — the index and the shards do not belong together; re-save the checkpoint");
         }
       }
-      if (t.name.size() >= 20 && t.name.ends_with(".rotary_emb.inv_freq")) {
+      if (is_ignored(t.name)) {
         summary.ignored.push_back(t.name);
         continue;
       }
@@ -245,7 +246,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   }
   // A tied checkpoint may carry lm_head.weight, if it equals the embedding.
   if (config.tie_word_embeddings && found.count("lm_head.weight") != 0) {
-    const ParamInfo& emb = layout.params().front();  // embed_tokens comes first in both families
+    const ParamInfo& emb = layout.at(family.token_embedding);
     const Located& head = found.at("lm_head.weight");
     const Located& e = found.at(emb.name);
     if (!same_shape(head.tensor->shape, emb.shape) || !tensors_equal(head, e)) {

@@ -11,7 +11,8 @@
 // checkpoint may omit lm_head.weight (transformers does) or hold one equal to the embedding;
 // one that differs is refused. An untied config needs lm_head.weight in the file.
 // Names saved from the bare base model ("layers.0...", "decoder.layers.0...") are accepted for
-// "model.layers.0...", as transformers does; "*.rotary_emb.inv_freq" buffers are ignored.
+// "model.layers.0...", as transformers does; buffers the family names
+// (ModelFamilySpec::ignored_tensor_suffixes, e.g. Llama's "*.rotary_emb.inv_freq") are ignored.
 #include <cstdint>
 #include <string>
 #include <vector>

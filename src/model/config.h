@@ -1,7 +1,8 @@
 #pragma once
 // Model configurations: read from a Hugging Face config.json, written back to one, and named
-// presets with the published shapes. One struct serves both families (Llama, OPT); fields that
-// belong to one family only are ignored by the other.
+// presets with the published shapes. One struct serves every family (Llama, OPT, Qwen2); fields
+// that belong to some families only are ignored by the others. What differs per family lives in
+// its descriptor (model/family.h, src/model/<family>/family.cpp); this file asks the registry.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,7 +12,9 @@
 
 namespace scalelab {
 
-enum class ModelFamily { kLlama, kOPT };
+// One value per registered family, in the registry's order (src/model/family.cpp).
+enum class ModelFamily { kLlama, kOPT, kQwen2 };
+// The family's descriptor name ("llama", "opt", "qwen2").
 const char* family_name(ModelFamily f);
 
 // Llama-3 style rope scaling ("rope_type": "llama3" in config.json).
@@ -39,10 +42,12 @@ struct ModelConfig {
   bool tie_word_embeddings = true;
   double initializer_range = 0.02;
 
-  // Llama.
+  // Llama and Qwen2.
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  std::optional<RopeScaling> rope_scaling;
+  std::optional<RopeScaling> rope_scaling;  // Llama only
+  // Biases on q_proj, k_proj and v_proj (not o_proj): Qwen2 always, Llama never.
+  bool qkv_bias = false;
 
   // OPT.
   bool do_layer_norm_before = true;
@@ -57,13 +62,14 @@ struct ModelConfig {
   bool remove_final_layer_norm = false;
   // The token embedding's padding_idx (config.json "pad_token_id"; OPT: 1): that row of the
   // embedding table gets no gradient from the lookup, as torch.nn.Embedding(padding_idx) does.
-  // Read for OPT only (the Llama model does not use it).
+  // Read by the families whose descriptor says embedding_padding_idx (OPT, Qwen2).
   std::optional<std::int64_t> pad_token_id;
 
   // OPT has a final decoder LayerNorm (transformers' OPTDecoder.final_layer_norm).
   bool has_final_layer_norm() const { return do_layer_norm_before && !remove_final_layer_norm; }
 
-  // Checks the shapes are consistent; throws InvalidInput naming the field and `source`.
+  // Checks the shapes are consistent (the shared checks, then the family's); throws InvalidInput
+  // naming the field and `source`.
   void validate(const std::string& source) const;
 
   std::int64_t q_dim() const { return num_attention_heads * head_dim; }

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "model/family.h"
 
 namespace scalelab {
 
@@ -79,6 +80,8 @@ void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfi
   const std::size_t es = dtype_size(dt);
   auto* base = static_cast<std::uint8_t*>(flat.raw());
   const std::uint64_t seed_key = splitmix64(seed);
+  const ModelFamilySpec& family = family_of(config);
+  const bool pad_row = family.embedding_padding_idx && config.pad_token_id.has_value();
   constexpr std::int64_t kChunk = 4096;  // a multiple of 4: chunks start on Philox block boundaries
 
   for (const ParamInfo& p : layout.params()) {
@@ -102,8 +105,7 @@ void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfi
         convert(buf.data(), DType::kF32, dst + static_cast<std::size_t>(b) * es, dt, static_cast<std::size_t>(n));
       }
     });
-    if (config.family == ModelFamily::kOPT && p.name == "model.decoder.embed_tokens.weight" && config.pad_token_id &&
-        *config.pad_token_id < p.shape[0]) {
+    if (pad_row && p.name == family.token_embedding && *config.pad_token_id < p.shape[0]) {
       const std::int64_t width = p.shape[1];
       std::memset(dst + static_cast<std::size_t>(*config.pad_token_id * width) * es, 0,
                   static_cast<std::size_t>(width) * es);  // the padding row

@@ -11,8 +11,9 @@ namespace scalelab {
 
 // Initializes `flat` (CPU, fp32 / bf16 / fp16, layout.total_numel() elements): linear weights and
 // embeddings (token, and OPT's positions) ~ normal(0, config.initializer_range), norm weights 1,
-// biases (norm biases included) 0, and for OPT the padding row of embed_tokens 0 (pad_token_id,
-// the value to_hf_json writes; transformers zeroes it too). Each value depends only on (seed,
+// biases (norm biases included) 0, and, for a family whose token embedding has a padding_idx
+// (ModelFamilySpec::embedding_padding_idx: OPT, Qwen2), its pad_token_id row 0 (transformers
+// zeroes it too). Each value depends only on (seed,
 // parameter name, element index) through a counter-based generator (Philox4x32-10 with
 // Box-Muller), so the result is bit-identical for any thread count and any layout order (a tied
 // and an untied model draw the same embedding).

@@ -56,7 +56,17 @@ class Model {
   std::int64_t step_ = 0;
 };
 
-// Builds the model for config.family over the given flat buffers (which must outlive it).
+// The dropout a run uses: --dropout when given (>= 0), else the config's for a family with
+// dropout (model/family.h), else 0.
+double resolve_dropout(const ModelConfig& c, double dropout_flag);
+// Checks the switches against the model, the one place they are checked (make_plan_input and
+// make_model call it): dropout in [0, 1) and only where the family has dropout, then the
+// family's own check_options (e.g. OPT's --fused-kernels needs relu). Throws InvalidInput naming
+// the flag.
+void check_model_options(const ModelConfig& c, const ModelOptions& o);
+
+// Builds the model for config.family over the given flat buffers (which must outlive it): the
+// family descriptor's make_model (model/family.h), after check_model_options.
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ParamLayout& layout, Tensor& params, Tensor& grads,
                                   const ModelOptions& options);
 

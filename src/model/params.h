@@ -3,11 +3,9 @@
 // parameter buffer. Gradients, optimizer states and master weights use the same layout, so an
 // optimizer is one loop and a gradient bucket is a slice.
 //
-// Llama layer order in the buffer: input_layernorm, q_proj, k_proj, v_proj (contiguous rows, so
-// q/k/v are one GEMM with a [q_dim + 2*kv_dim, hidden] weight), o_proj, post_attention_layernorm,
-// gate_proj, up_proj (contiguous: one [2*intermediate, hidden] GEMM), down_proj.
-// OPT layer order: self_attn_layer_norm (w, b), q/k/v proj weights (contiguous) then q/k/v
-// biases (contiguous), out_proj (w, b), final_layer_norm (w, b), fc1 (w, b), fc2 (w, b).
+// Each family's descriptor builds its layout (ModelFamilySpec::build_layout,
+// src/model/<family>/family.cpp, where the order of each family's buffer is written down); the
+// parameters a fused GEMM reads as one matrix (q/k/v, gate/up) are adjacent.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,9 +26,20 @@ struct ParamInfo {
   bool is_embedding = false;  // token or position embedding table
 };
 
+// What a parameter is, which sets its flags: linear weights and embeddings decay, norm weights
+// and biases do not (as the HF Trainer); norms initialize to 1 (weight) or 0 (bias), biases to 0.
+enum class ParamKind { kLinear, kEmbedding, kNormWeight, kNormBias, kBias };
+
 class ParamLayout {
  public:
+  // The layout of config.family (its descriptor's build_layout).
   static ParamLayout build(const ModelConfig& config);
+
+  // Appends a parameter at the end of the buffer (families' build_layout). A kLinear weight
+  // counts into matmul_numel().
+  void add(std::string name, Shape shape, ParamKind kind);
+  // Matmul parameters that are not a parameter of their own: a tied LM head (the embedding).
+  void add_matmul_numel(std::int64_t n) { matmul_numel_ += n; }
 
   const std::vector<ParamInfo>& params() const { return params_; }
   std::int64_t total_numel() const { return total_; }
@@ -49,15 +58,9 @@ class ParamLayout {
   Tensor view(const Tensor& flat, const ParamInfo& p) const;
 
  private:
-  void add(std::string name, Shape shape, bool decay, bool is_norm = false, bool is_bias = false,
-           bool is_embedding = false);
   std::vector<ParamInfo> params_;
   std::int64_t total_ = 0;
   std::int64_t matmul_numel_ = 0;
 };
-
-// HF name prefixes, so model code and checkpoint code agree.
-std::string llama_layer_prefix(std::int64_t layer);  // "model.layers.<i>."
-std::string opt_layer_prefix(std::int64_t layer);    // "model.decoder.layers.<i>."
 
 }  // namespace scalelab

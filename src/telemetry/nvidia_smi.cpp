@@ -2,7 +2,6 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -12,9 +11,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/subprocess.h"
 #include "telemetry/cuda_visible.h"
 #include "telemetry/proc.h"
-#include "telemetry/subprocess.h"
 
 namespace scalelab {
 
@@ -121,14 +120,18 @@ std::string NvidiaSmiSource::open() {
   if (exe_.empty()) return name + " not found (or not executable)";
 
   // Probe: which GPUs, and does nvidia-smi work at all (it prints why not on stdout).
-  CapturedOutput probe;
+  SubprocessSpec probe_spec;
+  probe_spec.argv = {exe_, "--query-gpu=index,uuid", "--format=csv,noheader,nounits"};
+  probe_spec.own_process_group = false;  // a short query: Ctrl-C at the terminal may end it too
+  probe_spec.timeout_s = 10;
+  probe_spec.kill_grace_s = 0.2;
+  SubprocessResult probe;
   try {
-    probe = run_capturing_output(
-        {exe_, "--query-gpu=index,uuid", "--format=csv,noheader,nounits"},
-        std::chrono::milliseconds(10000));
+    probe = run_subprocess(probe_spec);
   } catch (const Error& e) {
     return e.what();
   }
+  if (!probe.started) return exe_ + ": " + probe.start_error;
   if (probe.timed_out) return exe_ + " did not answer within 10 s";
   std::vector<GpuIdentity> ids;
   {
@@ -140,11 +143,11 @@ std::string NvidiaSmiSource::open() {
       if (idx && cols[1].rfind("GPU-", 0) == 0) ids.push_back({static_cast<unsigned>(*idx), cols[1]});
     }
   }
-  if (!probe.status || *probe.status != 0 || ids.empty()) {
+  if (!probe.exited() || probe.exit_code() != 0 || ids.empty()) {
     std::string first = trim(probe.output.substr(0, probe.output.find('\n')));
     if (first.empty()) first = "no output";
     return exe_ + " failed (" +
-           (probe.status ? "exit status " + std::to_string(*probe.status) : std::string("killed")) +
+           (probe.exited() ? "exit status " + std::to_string(probe.exit_code()) : std::string("killed")) +
            "): " + first;
   }
   const auto visible = options_.cuda_visible_from_env ? cuda_visible_devices_from_env()
@@ -161,10 +164,13 @@ std::string NvidiaSmiSource::open() {
 void NvidiaSmiSource::begin(TelemetryClock::time_point t0, TimeSeries& out) {
   if (thread_.joinable() || exe_.empty() || device_by_index_.empty()) return;
   const long ms = std::max<long>(1, static_cast<long>(options_.interval.count()));
-  SpawnedProcess p;
+  SubprocessSpec spec;
+  spec.argv = {exe_, nvidia_smi_query_argument(), "--format=csv,noheader,nounits", "-lms", std::to_string(ms)};
+  spec.own_process_group = false;  // in the host's group, as a helper of the observed run
+  spec.die_with_parent = false;    // outlives this call: read by the reader thread, ended by close()
+  Subprocess p;
   try {
-    p = spawn_reading_output({exe_, nvidia_smi_query_argument(), "--format=csv,noheader,nounits",
-                              "-lms", std::to_string(ms)});
+    p = Subprocess::start(spec);
   } catch (const Error& e) {
     note(std::string("nvidia-smi: cannot start the stream: ") + e.what() + "; no readings from it");
     ended_ = true;
@@ -172,14 +178,13 @@ void NvidiaSmiSource::begin(TelemetryClock::time_point t0, TimeSeries& out) {
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   if (wake_fd_ < 0) {
-    ::close(p.out_fd);
-    terminate_and_reap(p.pid, std::chrono::milliseconds(500));
+    p.terminate(std::chrono::milliseconds(500));
     note("nvidia-smi: eventfd failed; no readings from it");
     ended_ = true;
     return;
   }
-  pid_ = p.pid;
-  out_fd_ = p.out_fd;
+  child_ = std::move(p);
+  pid_ = child_.pid();
   stopping_ = false;
   ended_ = false;
   thread_ = std::thread(&NvidiaSmiSource::reader, this, t0, &out);
@@ -190,14 +195,14 @@ void NvidiaSmiSource::reader(TelemetryClock::time_point t0, TimeSeries* out) {
   bool noted_bad_line = false;
   char buf[8192];
   for (;;) {
-    pollfd fds[2] = {{out_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    pollfd fds[2] = {{child_.output_fd(), POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     const int pr = ::poll(fds, 2, -1);
     if (pr < 0) {
       if (errno == EINTR) continue;
       break;
     }
     if (fds[1].revents) break;  // close() asked us to stop
-    const ssize_t n = ::read(out_fd_, buf, sizeof buf);
+    const ssize_t n = ::read(child_.output_fd(), buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // EOF: nvidia-smi exited
     const double t_s = std::chrono::duration<double>(TelemetryClock::now() - t0).count();
@@ -228,13 +233,13 @@ void NvidiaSmiSource::reader(TelemetryClock::time_point t0, TimeSeries* out) {
     if (auto st = read_pid_stat(pid_)) {
       child_cpu_s_ = static_cast<double>(st->utime + st->stime) / clock_ticks_per_second();
     }
-    const auto status = wait_for_exit(pid_, std::chrono::milliseconds(1000));
+    const auto status = child_.wait_for(std::chrono::milliseconds(1000));
     const double t_s = std::chrono::duration<double>(TelemetryClock::now() - t0).count();
     char tbuf[32];
     std::snprintf(tbuf, sizeof tbuf, "%.2f", t_s);
     std::string how = "still running";
-    if (status && WIFEXITED(*status)) how = "exit status " + std::to_string(WEXITSTATUS(*status));
-    if (status && WIFSIGNALED(*status)) how = "signal " + std::to_string(WTERMSIG(*status));
+    if (status && status->exited) how = "exit status " + std::to_string(status->code);
+    if (status && !status->exited) how = "signal " + std::to_string(status->signal);
     if (status) pid_ = -1;
     note("nvidia-smi: stream ended at t=" + std::string(tbuf) + " s (" + how +
          "); no further readings from it");
@@ -249,16 +254,16 @@ void NvidiaSmiSource::close() {
     [[maybe_unused]] const ssize_t w = ::write(wake_fd_, &one, sizeof one);
     thread_.join();
   }
-  if (pid_ > 0) {
-    if (auto st = read_pid_stat(pid_)) {
+  if (child_.valid() && !child_.reaped()) {
+    if (auto st = read_pid_stat(child_.pid())) {
       child_cpu_s_ = static_cast<double>(st->utime + st->stime) / clock_ticks_per_second();
     }
-    terminate_and_reap(pid_, std::chrono::milliseconds(1000));
-    pid_ = -1;
+    child_.terminate(std::chrono::milliseconds(1000));
   }
-  if (out_fd_ >= 0) ::close(out_fd_);
+  pid_ = -1;
+  child_ = Subprocess();
   if (wake_fd_ >= 0) ::close(wake_fd_);
-  out_fd_ = wake_fd_ = -1;
+  wake_fd_ = -1;
 }
 
 }  // namespace scalelab

@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/subprocess.h"
 #include "telemetry/source.h"
 
 namespace scalelab {
@@ -89,8 +90,8 @@ class NvidiaSmiSource : public TelemetrySource {
   Options options_;
   std::string exe_;
   std::map<unsigned, std::string> device_by_index_;  // nvidia-smi index -> "cuda:<ordinal>"
-  std::atomic<pid_t> pid_{-1};
-  int out_fd_ = -1;
+  Subprocess child_;            // the streaming nvidia-smi
+  std::atomic<pid_t> pid_{-1};  // child_'s pid while it runs, for child_pid() from other threads
   int wake_fd_ = -1;  // eventfd: close() wakes the reader out of poll()
   std::thread thread_;
   std::atomic<bool> stopping_{false};

@@ -2,9 +2,11 @@
 // The memory plan: from the configuration alone, the bytes each part of a training step needs on
 // the device (weights, gradients, optimizer states, activations per layer, attention scores,
 // logits, backward temporaries, workspace, allocator rounding), the total against the capacity,
-// and the largest micro-batch that fits. It models the engine's allocation timeline analytically
-// (the caching allocator keeps freed blocks reserved, so the head's logits stay reserved while
-// the first layer's backward temporaries are allocated); tests hold measured peaks to it.
+// and the largest micro-batch that fits. It is measured, not modelled: the real model runs two
+// training micro-steps on the meta device (core/device.h), whose kernels compute nothing and make
+// only their workspace allocations, through the real caching allocator; the categories come from
+// the allocations' labels and the model's AllocRegions. A new model, fused kernel or fine-tuning
+// method is planned by the same code that runs it; tests hold measured peaks equal to the plan.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -21,8 +21,10 @@
 #include "dist/config_check.h"
 #include "train/data.h"
 #include "train/data_parallel_run.h"
+#include "train/device_setup.h"
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
+#include "train/step_buffers.h"
 #include "telemetry/session.h"
 #include "train/precision.h"
 
@@ -51,6 +53,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"dropout", dropout >= 0 ? nlohmann::json(dropout) : nlohmann::json(nullptr)},
           {"device", device},
           {"device_memory", device_memory},
+          {"allow_tf32", allow_tf32},
           {"threads", threads},
           {"seed", seed},
           {"data", data},
@@ -159,10 +162,8 @@ void validate_train_options(const TrainOptions& o) {
   parse_lr_schedule(o.lr_scheduler);
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
-  if (o.device != "cpu" && o.device != "cuda") throw InvalidInput("[--device] must be cpu or cuda, got '" + o.device + "'");
-  if (o.device == "cuda") {
-    throw InvalidInput("[--device] this build trains on the CPU only: the CUDA kernels are not built — use --device cpu");
-  }
+  // cpu, cuda or meta (the memory plan's device; train refuses it: parse_train_device).
+  parse_device_type(o.device, "--device");
   if (!(o.dropout < 1.0) || std::isnan(o.dropout)) {
     throw InvalidInput("[--dropout] must be in [0, 1) (or omitted for the model config's), got " +
                        std::to_string(o.dropout));
@@ -205,17 +206,8 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.options.fused_kernels = o.fused_kernels;
   in.options.activation_checkpointing = o.activation_checkpointing;
   in.options.seed = o.seed;
-  if (in.config.family == ModelFamily::kOPT) {
-    in.options.dropout = o.dropout >= 0 ? o.dropout : in.config.dropout;
-    if (o.fused_kernels && in.config.activation_function != "relu") {
-      throw InvalidInput("[--fused-kernels] the fused OPT MLP is bias+ReLU; this model's activation_function is '" +
-                         in.config.activation_function + "' — run without --fused-kernels");
-    }
-  } else {
-    if (o.dropout > 0) {
-      throw InvalidInput("[--dropout] the Llama family has no dropout — omit --dropout (or give 0)");
-    }
-  }
+  in.options.dropout = resolve_dropout(in.config, o.dropout);
+  check_model_options(in.config, in.options);  // the family's switches (model/family.h)
   in.micro_batch = o.micro_batch_size;
   in.seq_len = o.seq_len;
   set_num_threads(o.threads);
@@ -230,6 +222,12 @@ namespace {
 // single-process trainer's) and otherwise has more than one rank.
 TrainResult train(const TrainOptions& requested, DistContext* dist) {
   validate_train_options(requested);
+  parse_train_device(requested.device);  // meta: the plan's device, refused here (exit 2)
+  if (dist && requested.device != "cpu") {
+    throw InvalidInput("[--device] data-parallel training (" + std::to_string(dist->world_size()) +
+                       " ranks) runs on the CPU only for now: the gradient collectives read host memory — "
+                       "use --device cpu, or one rank with --device " + requested.device);
+  }
   TrainOptions o = requested;
   if (dist) {
     o.threads = threads_for_rank(requested.threads, dist->env());  // --threads 0: this rank's share
@@ -244,6 +242,10 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
     pin.rank = dist->rank();
     pin.zero_stage = o.dist.zero;
   }
+  // The device and its allocator (capacity: --device-memory, else the device's memory); throws
+  // RuntimeError (exit 1) with the reason when the device is not available.
+  TrainDevice dev = make_train_device(o.device, o.device_memory);
+  pin.capacity = dev.capacity;
   const ModelConfig& cfg = pin.config;
   const std::size_t capacity = pin.capacity;
   const LrSchedule schedule = parse_lr_schedule(o.lr_scheduler);
@@ -262,6 +264,7 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   res.flops_per_token_non_embedding = 6.0 * static_cast<double>(layout.non_embedding_numel()) + attn_flops;
   res.config = o.to_json();
   res.config["device_memory_bytes"] = capacity;
+  res.config["device_description"] = dev.description;
   res.config["threads_resolved"] = num_threads();
   res.config["model_config"] = cfg.to_hf_json();
   res.config["model_family"] = family_name(cfg.family);
@@ -273,16 +276,17 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
     // Every rank must run the same configuration; the paths only rank 0 writes and what differs
     // legitimately between machines are left out.
     check_same_config(dist->host(), res.config,
-                      {"json", "save", "telemetry_csv", "device_memory_bytes", "threads_resolved"});
+                      {"json", "save", "telemetry_csv", "device_memory_bytes", "device_description", "threads_resolved"});
     dp = std::make_unique<DataParallelRun>(*dist, o.dist, prec, layout.total_numel());
   }
 
   const MemoryPlan plan = plan_memory(pin);
   res.plan = plan.to_json();
 
-  DeviceAllocator alloc(make_host_backend(), capacity);
+  DeviceAllocator& alloc = *dev.alloc;
   Profiler profiler;
   ExecContext ctx{&alloc, o.profile ? &profiler : nullptr};
+  ctx.options.allow_tf32 = o.allow_tf32;
   const std::int64_t tokens_per_step = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
   // Telemetry samples from before the first step to after the last; a run that throws still
   // stops the sampler (the session's destructor).
@@ -291,7 +295,7 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   if ((o.telemetry || !o.telemetry_csv.empty()) && (!dist || dist->env().local_rank == 0)) {
     TelemetryOptions topt;
     topt.interval = std::chrono::milliseconds(o.telemetry_interval_ms);
-    topt.engine = {{"cpu", [&alloc] { return alloc.stats(); }}};
+    topt.engine = {{dev.telemetry_name, [&alloc] { return alloc.stats(); }}};
     tel.emplace(topt);
     tel->start();
   }
@@ -305,23 +309,20 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   double measured_time = 0;
   try {
     const std::int64_t P = layout.total_numel();
-    Tensor params = Tensor::empty({P}, prec.param, alloc, "weights");
-    Tensor compute_weights = prec.weight_copy ? Tensor::empty({P}, prec.compute_weights, alloc, "weights (compute copy)")
-                                              : params;
-    Tensor grads = Tensor::zeros({P}, prec.grad, alloc, "gradients");
     const std::int64_t S = dp ? dp->state_numel() : P;  // ZeRO-1: this rank's shard
-    Tensor m = Tensor::zeros({S}, prec.optim_state, alloc, "optimizer exp_avg");
-    Tensor v = Tensor::zeros({S}, prec.optim_state, alloc, "optimizer exp_avg_sq");
-    Tensor zero_recv;
-    if (dp && dp->zero() && S > 0) zero_recv = Tensor::empty({S}, DType::kF32, alloc, "gradient shard (ZeRO-1)");
+    StepBuffers bufs = allocate_step_buffers(alloc, prec, P, S, dp && dp->zero());
+    Tensor &params = bufs.params, &compute_weights = bufs.compute_weights, &grads = bufs.grads, &m = bufs.m,
+           &v = bufs.v, &zero_recv = bufs.zero_recv;
+    // Initial weights are written on the host (and copied to the device when it is not the host).
     if (!is_preset(o.model) && has_weights(o.model)) {
-      const LoadSummary ls = load_weights(o.model, cfg, layout, params);
+      LoadSummary ls;
+      fill_through_host(params, dev, [&](const Tensor& host) { ls = load_weights(o.model, cfg, layout, host); });
       if (!o.quiet) {
         std::fprintf(stderr, "scalelab train: loaded %lld tensors from %s\n", static_cast<long long>(ls.tensors),
                      o.model.c_str());
       }
     } else {
-      init_params(params, layout, cfg, o.seed);
+      fill_through_host(params, dev, [&](const Tensor& host) { init_params(host, layout, cfg, o.seed); });
     }
     if (prec.weight_copy) compute_weights.copy_from(params);
     std::unique_ptr<Model> model = make_model(cfg, layout, compute_weights, grads, mopt);
@@ -330,7 +331,8 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
     std::int64_t good_steps = 0;
     DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp ? dp->rank() : 0, world};
     std::unique_ptr<DataSource> data = with_injected_data_fault(make_data_source(dopt), dopt.rank);
-    Batch batch = make_batch(o.micro_batch_size, o.seq_len, alloc);
+    // The data source writes host memory; on a device the batch is copied up each micro-step.
+    StagedBatch batch = make_staged_batch(o.micro_batch_size, o.seq_len, dev);
 
     std::vector<kernels::ElementRange> ranges;
     for (const auto& p : layout.params()) {
@@ -342,10 +344,12 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
     }
 
     if (!o.quiet) {
-      std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads\n",
+      std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads, device %s: %s%s\n",
                    cfg.name.c_str(), family_name(cfg.family), static_cast<long long>(res.params),
                    data->describe().c_str(), static_cast<long long>(o.micro_batch_size),
-                   static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum_steps), num_threads());
+                   static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum_steps), num_threads(),
+                   dev.name.c_str(), dev.description.c_str(),
+                   dev.type == DeviceType::kCUDA ? (o.allow_tf32 ? ", TF32 on" : ", TF32 off") : "");
     }
     std::vector<double> measured;
     for (std::int64_t step = 0; step < o.max_steps; ++step) {
@@ -357,16 +361,20 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
         if (dp) dp->begin_micro_step(micro == o.grad_accum_steps - 1);
         {
           ProfileScope p(ctx, "data", Phase::kData);
-          data->next(batch);
+          data->next(batch.host);
+          batch.upload();
         }
         model->set_step(step * o.grad_accum_steps + micro);
         // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
         // data-parallel, by the ranks: the reduction over ranks then only sums.
         loss += model->forward_backward(
-            batch, static_cast<float>(loss_scale / (static_cast<double>(o.grad_accum_steps) * (dp ? world : 1))), ctx);
+            batch.device, static_cast<float>(loss_scale / (static_cast<double>(o.grad_accum_steps) * (dp ? world : 1))), ctx);
       }
       loss /= static_cast<double>(o.grad_accum_steps);
       const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
+      // The loss (above) and the gradient norm (below) come back to the host as doubles: on CUDA each
+      // is a synchronization point per micro-step / step. Acceptable for now (the step's other work
+      // queues behind it anyway); reading them a step late would let the host run ahead.
       // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
       // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
       const double sum_sq = dp ? dp->sync_gradients() : kernels::sum_of_squares(grads, ctx);
@@ -404,6 +412,7 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
         ProfileScope p(ctx, "adamw", Phase::kOptimizer);
         compute_weights.copy_from(params);
       }
+      dev.synchronize();  // an asynchronous device: the step ends when its kernels have run
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       res.steps.push_back({loss, lr, norm, dt});
       if (step >= bench_warmup) {
@@ -432,7 +441,7 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
       SaveOptions so;
       so.dtype = o.save_precision.empty() ? prec.param : parse_dtype(o.save_precision, "--save-precision");
       so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
-      save_checkpoint(o.save, cfg, layout, params, so);
+      save_checkpoint(o.save, cfg, layout, host_view_of(params, dev), so);
       if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
     }
     res.loss_scale = prec.loss_scaling ? loss_scale : 0.0;

@@ -38,6 +38,7 @@ struct TrainOptions {
   double dropout = -1.0;  // OPT residual dropout; < 0: the model config's
   std::string device = "cpu";
   std::string device_memory;  // empty: the device's physical memory
+  bool allow_tf32 = false;    // CUDA fp32 GEMMs may use TF32 (ExecContext::options.allow_tf32)
   int threads = 0;            // 0: all cores
   std::uint64_t seed = 42;
   std::string data = "synthetic";

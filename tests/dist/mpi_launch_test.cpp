@@ -13,7 +13,7 @@
 #include "core/error.h"
 #include "dist/dist_context.h"
 #include "dist/mpi_communicator.h"
-#include "dist/process.h"
+#include "core/subprocess.h"
 
 namespace scalelab {
 namespace {
@@ -34,17 +34,18 @@ std::vector<std::string> mpirun(int np, std::vector<std::string> program) {
 // assertion): the failure handling, not a timeout of the test, must end it.
 constexpr double kJobBound = 60;
 
-ProcessResult run_fault(const std::string& mode, const std::string& comm_timeout) {
-  ProcessOptions o;
+SubprocessResult run_fault(const std::string& mode, const std::string& comm_timeout) {
+  SubprocessSpec o;
+  o.argv = mpirun(2, {SCALELAB_DIST_FAULT_WORKER, "--mode", mode, "--comm-timeout", comm_timeout});
   o.timeout_s = kJobBound;
   o.env = {{"OMP_NUM_THREADS", "1"}};
-  return run_process(mpirun(2, {SCALELAB_DIST_FAULT_WORKER, "--mode", mode, "--comm-timeout", comm_timeout}), o);
+  return run_subprocess(o);
 }
 
 bool has(const std::string& out, const std::string& needle) { return out.find(needle) != std::string::npos; }
 
 TEST(MpiJob, HealthyJobEndsCleanly) {
-  const ProcessResult r = run_fault("ok", "60");
+  const SubprocessResult r = run_fault("ok", "60");
   EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   EXPECT_TRUE(has(r.output, "rank 0: ok")) << r.output;
   EXPECT_TRUE(has(r.output, "rank 1: ok")) << r.output;
@@ -52,7 +53,7 @@ TEST(MpiJob, HealthyJobEndsCleanly) {
 
 TEST(MpiJob, RankThatRaisesStopsTheOthersWithItsName) {
   // The comm timeout (300 s) is far beyond the bound: only the failure notice can end it in time.
-  const ProcessResult r = run_fault("throw", "300");
+  const SubprocessResult r = run_fault("throw", "300");
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_FALSE(r.ok());
   EXPECT_TRUE(has(r.output, "rank 1: error: injected failure: data file unreadable")) << r.output;
@@ -61,7 +62,7 @@ TEST(MpiJob, RankThatRaisesStopsTheOthersWithItsName) {
 }
 
 TEST(MpiJob, RankThatExitsAbruptlyEndsTheJob) {
-  const ProcessResult r = run_fault("exit", "300");
+  const SubprocessResult r = run_fault("exit", "300");
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_FALSE(r.ok());
   // The rank exited without telling anyone; mpirun names it as process [[job,1],1]:
@@ -72,7 +73,7 @@ TEST(MpiJob, RankThatExitsAbruptlyEndsTheJob) {
 }
 
 TEST(MpiJob, RankThatIsKilledEndsTheJob) {
-  const ProcessResult r = run_fault("kill", "300");
+  const SubprocessResult r = run_fault("kill", "300");
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_FALSE(r.ok());
   EXPECT_TRUE(has(r.output, "rank 1")) << r.output;
@@ -80,7 +81,7 @@ TEST(MpiJob, RankThatIsKilledEndsTheJob) {
 }
 
 TEST(MpiJob, StalledRankIsNamedWhenTheTimeoutExpires) {
-  const ProcessResult r = run_fault("stall", "3");
+  const SubprocessResult r = run_fault("stall", "3");
   EXPECT_FALSE(r.timed_out) << r.output;
   EXPECT_FALSE(r.ok());
   EXPECT_TRUE(has(r.output, "rank 0: error: [dist] rank 0: all_reduce")) << r.output;
@@ -91,13 +92,12 @@ TEST(MpiJob, StalledRankIsNamedWhenTheTimeoutExpires) {
 TEST(MpiJob, RanksFindThemselvesInTheLauncherEnvironment) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("scalelab_rank_result_" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
-  ProcessOptions o;
+  SubprocessSpec o;
   o.timeout_s = kJobBound;
   // Each rank writes its own file: the path is expanded per rank by a shell.
-  const ProcessResult r = run_process(
-      mpirun(2, {"sh", "-c", std::string("exec ") + SCALELAB_DIST_RANK_RESULT + " --json " + dir.string() +
-                                 "/rank-$OMPI_COMM_WORLD_RANK.json"}),
-      o);
+  o.argv = mpirun(2, {"sh", "-c", std::string("exec ") + SCALELAB_DIST_RANK_RESULT + " --json " + dir.string() +
+                                      "/rank-$OMPI_COMM_WORLD_RANK.json"});
+  const SubprocessResult r = run_subprocess(o);
   ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
   for (int rank = 0; rank < 2; ++rank) {
     std::ifstream in(dir / ("rank-" + std::to_string(rank) + ".json"));

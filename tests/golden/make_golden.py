@@ -17,7 +17,7 @@ For each case it writes a directory with
                                     micro-batches of grad(loss_micro / grad_accum_steps). For tied
                                     embeddings there is one tensor, grad.<embed_tokens>, holding
                                     the lookup and the LM-head contributions.
-                    "rope.inv_freq" (Llama) the inverse frequencies after rope scaling
+                    "rope.inv_freq" (Llama, Qwen2) the inverse frequencies after rope scaling
   expected.json     every hyperparameter, the losses, LRs and gradient norms per step, the
                     decay / no-decay parameter lists and the library versions
 
@@ -46,7 +46,14 @@ import torch
 TRANSFORMERS_VERSION = "4.47.1"
 
 import transformers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM  # noqa: E402
+from transformers import (  # noqa: E402
+    LlamaConfig,
+    LlamaForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 from safetensors.torch import save_file  # noqa: E402
 
 SEED = 1234
@@ -95,6 +102,35 @@ def opt_config(word_embed_proj_dim, do_layer_norm_before):
         bos_token_id=2,
         eos_token_id=2,
         tie_word_embeddings=True,
+        attn_implementation="eager",
+        torch_dtype="float32",
+    )
+
+
+def qwen2_config():
+    """Qwen2 in small: GQA (4 heads, 2 KV heads), q/k/v biases, tied embeddings, rope_theta 1e6
+    (Qwen2.5's), pad_token_id 1 (nn.Embedding's padding_idx, as in OPT's cases), no sliding window.
+    head_dim is hidden_size / num_attention_heads (Qwen2 has no head_dim key)."""
+    return Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        rope_scaling=None,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        max_window_layers=2,
+        initializer_range=0.02,
+        attention_dropout=0.0,
+        hidden_act="silu",
+        pad_token_id=1,
+        bos_token_id=2,
+        eos_token_id=2,
         attn_implementation="eager",
         torch_dtype="float32",
     )
@@ -158,7 +194,18 @@ CASES = [
         "grad_accum_steps": 2,
         "max_grad_norm": 0.5,  # clips some steps with LR > 0 and not others
     },
+    {
+        "name": "qwen2_gqa_tied_bias_accum2",
+        "description": "Qwen2, GQA (4 heads, 2 KV heads), q/k/v biases (drawn non-zero), tied embeddings, "
+        "pad_token_id 1, gradient accumulation 2",
+        "config": qwen2_config,
+        "family": "qwen2",
+        "grad_accum_steps": 2,
+        "max_grad_norm": 3.0,  # clips some steps with LR > 0 and not others
+    },
 ]
+
+MODEL_CLASSES = {"llama": LlamaForCausalLM, "opt": OPTForCausalLM, "qwen2": Qwen2ForCausalLM}
 
 
 def make_tokens(gen, vocab, n_samples, seq_len):
@@ -212,8 +259,13 @@ def cross_entropy(logits, targets):
 def make_case(case, out_root):
     torch.manual_seed(SEED)
     config = case["config"]()
-    model_cls = LlamaForCausalLM if case["family"] == "llama" else OPTForCausalLM
-    model = model_cls(config).float()
+    model = MODEL_CLASSES[case["family"]](config).float()
+    if case["family"] == "qwen2":
+        # transformers initializes biases to 0; non-zero ones make the forward depend on them.
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("_proj.bias"):
+                    p.normal_(0.0, 0.1)
     model.train()  # dropout is 0 everywhere, so train and eval modes compute the same
 
     t = dict(COMMON_TRAINING)
@@ -288,7 +340,7 @@ def make_case(case, out_root):
     assert losses[-1] < losses[0] - 0.2, f"{case['name']}: the loss trajectory barely moves ({losses})"
     assert losses[-1] < losses[0], f"{case['name']}: the loss did not move ({losses})"
 
-    if case["family"] == "llama":
+    if case["family"] in ("llama", "qwen2"):
         inv_freq = model.model.rotary_emb.inv_freq.detach().clone().float()
         expected["rope.inv_freq"] = inv_freq
         if config.rope_scaling:
@@ -299,7 +351,7 @@ def make_case(case, out_root):
             kinds = {"kept": sum(abs(r - 1) < 1e-6 for r in ratio), "divided": sum(abs(r - f) < 1e-4 for r in ratio)}
             kinds["interpolated"] = len(ratio) - kinds["kept"] - kinds["divided"]
             assert all(v > 0 for v in kinds.values()), f"rope scaling does not exercise every branch: {kinds}"
-    else:
+    if case["family"] in ("opt", "qwen2"):
         pad = config.pad_token_id
         assert (tokens[:mb, :seq] == pad).any(), "no padding_idx token in the inputs of the first micro-batch"
 
@@ -337,11 +389,12 @@ def make_case(case, out_root):
             ],
         }
     )
-    if case["family"] == "opt":
+    if case["family"] in ("opt", "qwen2"):
         training["embedding_padding_idx"] = config.pad_token_id
         training["note_padding_idx"] = (
-            "OPT's embed_tokens is nn.Embedding(padding_idx=pad_token_id=1): lookups of token 1 contribute no "
-            "gradient to row 1 (the tied LM head still does). tokens.bin contains token 1 among the inputs."
+            f"{ {'opt': 'OPT', 'qwen2': 'Qwen2'}[case['family']] }'s embed_tokens is nn.Embedding(padding_idx=pad_token_id=1): lookups of token 1 "
+            "contribute no gradient to row 1 (the tied LM head still does). tokens.bin contains token 1 among the "
+            "inputs."
         )
 
     record = {
@@ -394,7 +447,13 @@ def make_bf16_sharded(out_root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
+    ap.add_argument("--cases", nargs="*", metavar="NAME",
+                    help="regenerate only these cases (default: all, and the bf16 sharded directory)")
     args = ap.parse_args()
+    known = [c["name"] for c in CASES]
+    for name in args.cases or []:
+        if name not in known:
+            sys.exit(f"make_golden.py: unknown case {name!r}; known: {', '.join(known)}")
     if transformers.__version__ != TRANSFORMERS_VERSION:
         sys.exit(f"make_golden.py: transformers {transformers.__version__} found, {TRANSFORMERS_VERSION} required — "
                  "run tests/golden/make_golden.sh, which installs it")
@@ -402,8 +461,10 @@ def main():
     torch.use_deterministic_algorithms(True)
     os.makedirs(args.out, exist_ok=True)
     for case in CASES:
-        make_case(case, args.out)
-    make_bf16_sharded(args.out)
+        if not args.cases or case["name"] in args.cases:
+            make_case(case, args.out)
+    if not args.cases:
+        make_bf16_sharded(args.out)
 
 
 if __name__ == "__main__":

@@ -17,26 +17,10 @@
 namespace scalelab {
 namespace {
 
+using test::clone;
 using test::Cpu;
+using test::expect_close;
 using kernels::kIgnoreIndex;
-
-Tensor clone(Cpu& c, const Tensor& t) {
-  Tensor o = Tensor::empty(t.shape(), t.dtype(), *c.alloc);
-  o.copy_from(t);
-  return o;
-}
-
-void expect_close(const Tensor& got, const Tensor& want, const char* what, double rtol = 1e-5, double atol = 1e-6) {
-  ASSERT_EQ(got.numel(), want.numel()) << what;
-  int bad = 0;
-  for (std::int64_t i = 0; i < got.numel() && bad < 5; ++i) {
-    const double g = got.f32()[i], w = want.f32()[i];
-    if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) {
-      ADD_FAILURE() << what << " element " << i << ": " << g << " vs " << w;
-      ++bad;
-    }
-  }
-}
 
 void expect_bitwise(const Tensor& got, const Tensor& want, const char* what) {
   ASSERT_EQ(got.nbytes(), want.nbytes()) << what;

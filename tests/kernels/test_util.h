@@ -66,4 +66,25 @@ inline void expect_grad_close(Tensor& x, const Tensor& analytic, const std::func
   EXPECT_GT(checked, 0);
 }
 
+// A copy of t on c's allocator.
+inline Tensor clone(Cpu& c, const Tensor& t) {
+  Tensor o = Tensor::empty(t.shape(), t.dtype(), *c.alloc);
+  o.copy_from(t);
+  return o;
+}
+
+// fp32 tensors equal element by element within atol + rtol·|want| (the first 5 misses reported).
+inline void expect_close(const Tensor& got, const Tensor& want, const char* what, double rtol = 1e-5,
+                         double atol = 1e-6) {
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  int bad = 0;
+  for (std::int64_t i = 0; i < got.numel() && bad < 5; ++i) {
+    const double g = got.f32()[i], w = want.f32()[i];
+    if (!(std::fabs(g - w) <= atol + rtol * std::fabs(w))) {
+      ADD_FAILURE() << what << " element " << i << ": " << g << " vs " << w;
+      ++bad;
+    }
+  }
+}
+
 }  // namespace scalelab::test

@@ -248,7 +248,7 @@ micro_batch_size = [1, 2, 3, 4, 5]
   std::set<std::string> hashes;
   for (const auto& t : trials) {
     hashes.insert(t.config_hash);
-    EXPECT_EQ(t.status, "ok");
+    EXPECT_EQ(t.status, TrialStatus::kOk);
   }
   EXPECT_EQ(hashes.size(), 5u);
 }
@@ -514,7 +514,7 @@ TEST(CliResults, TelemetrySamplesExportInLongFormat) {
     TrialRecord r;
     r.config_hash = "h";
     r.config = {{"params", {{"micro_batch_size", 1}}}};
-    r.status = "ok";
+    r.status = TrialStatus::kOk;
     r.started_at = r.ended_at = utc_now_iso();
     std::int64_t id = s.insert_trial(sw, r);
     s.insert_telemetry_samples(id, {{0, 0.0, "nvml", "0", "power_w", 250.5}, {0, 0.2, "nvml", "0", "power_w", 260.0},

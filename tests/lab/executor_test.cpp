@@ -36,7 +36,7 @@ TEST(Executor, RecordsAndReusesTrials) {
   TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), f.options(), Progress::silent());
   auto first = exec.run({{"tps", 5}}, 0, "role-a");
   EXPECT_FALSE(first.cached);
-  EXPECT_EQ(first.row.status, "ok");
+  EXPECT_EQ(first.row.status, TrialStatus::kOk);
   EXPECT_EQ(first.row.role, "role-a");
   EXPECT_DOUBLE_EQ(first.row.metrics["tokens_per_s_per_device"].get<double>(), 5);
   EXPECT_THAT(first.row.command, HasSubstr("Training throughput: 5 tokens/s"));
@@ -47,7 +47,7 @@ TEST(Executor, RecordsAndReusesTrials) {
   EXPECT_FALSE(exec.run({{"tps", 5}}, 1, "role-a").cached);  // another repeat is another trial
 
   auto failed = exec.run({{"tps", -1}}, 0, "");
-  EXPECT_EQ(failed.row.status, "error");
+  EXPECT_EQ(failed.row.status, TrialStatus::kError);
   EXPECT_EQ(failed.row.reason, "exit code 1: boom");
   EXPECT_EQ(failed.row.exit_code, 1);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A stand-in for `scalelab train` and `scalelab plan` in the lab's tests (no packages needed).
 
-It follows the engine's contract (DESIGN.md): the train flags, the run record written to --json,
+It follows the engine's contract as the lab reads it (docs/lab.md, "How a trial's outcome is decided"; the design guide
+DESIGN.md is not in this repository): the train flags, the run record written to --json,
 the summary lines, and the exit codes (0 ok, 2 invalid input, 3 out of device memory). Memory use
 follows a small model of the real thing, so that the optimization ladder moves the way the
 physics says: bf16 halves weights and activations, flash attention drops the S x S scores, fused

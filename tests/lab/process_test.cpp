@@ -1,12 +1,14 @@
-// The trial runner's process handling: exit codes, signals, logs, timeouts that kill the whole
-// process group (grandchildren and SIGTERM-ignoring children included), cancellation.
-#include "lab/process.h"
+// The trial runner's process handling (core/subprocess.h with a log file, as the executor runs
+// trials): exit codes, signals, logs, timeouts that kill the whole process group (grandchildren
+// and SIGTERM-ignoring children included), cancellation.
+#include "core/subprocess.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <thread>
 
+#include "lab/log_tail.h"
 #include "lab_test_util.h"
 
 namespace scalelab::lab {
@@ -15,8 +17,8 @@ namespace {
 using ::testing::HasSubstr;
 using testing::TempDir;
 
-ProcessSpec sh(const TempDir& dir, const std::string& script) {
-  ProcessSpec s;
+SubprocessSpec sh(const TempDir& dir, const std::string& script) {
+  SubprocessSpec s;
   s.argv = {"/bin/sh", "-c", script};
   s.log_path = dir / "log.txt";
   s.kill_grace_s = 0.5;
@@ -25,63 +27,63 @@ ProcessSpec sh(const TempDir& dir, const std::string& script) {
 
 TEST(Process, ExitCodeAndLog) {
   TempDir dir;
-  ProcessSpec s = sh(dir, "echo out; echo err >&2; exit 7");
+  SubprocessSpec s = sh(dir, "echo out; echo err >&2; exit 7");
   s.log_header = "# header\n";
   s.env = {{"LAB_TEST_VAR", "v1"}};
-  ProcessResult r = run_process(s);
+  SubprocessResult r = run_subprocess(s);
   ASSERT_TRUE(r.started);
-  EXPECT_TRUE(r.exited);
-  EXPECT_EQ(r.exit_code, 7);
+  EXPECT_TRUE(r.exited());
+  EXPECT_EQ(r.exit_code(), 7);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(testing::read_text(s.log_path), "# header\nout\nerr\n");
-  EXPECT_EQ(describe_process_end(r, 0), "exit code 7");
+  EXPECT_EQ(r.describe(), "exit code 7");
 
-  ProcessSpec e = sh(dir, "printf '%s' \"$LAB_TEST_VAR\"; pwd");
+  SubprocessSpec e = sh(dir, "printf '%s' \"$LAB_TEST_VAR\"; pwd");
   e.env = {{"LAB_TEST_VAR", "v1"}};
   e.cwd = dir.path();
-  run_process(e);
+  run_subprocess(e);
   std::string canonical = std::filesystem::canonical(dir.path()).string();
   EXPECT_EQ(testing::read_text(e.log_path), "v1" + canonical + "\n");
 }
 
 TEST(Process, StdinIsEmpty) {
   TempDir dir;
-  ProcessSpec s = sh(dir, "cat; echo end");
-  ProcessResult r = run_process(s);
-  EXPECT_EQ(r.exit_code, 0);
+  SubprocessSpec s = sh(dir, "cat; echo end");
+  SubprocessResult r = run_subprocess(s);
+  EXPECT_EQ(r.exit_code(), 0);
   EXPECT_EQ(testing::read_text(s.log_path), "end\n");
 }
 
 TEST(Process, KilledBySignal) {
   TempDir dir;
-  ProcessResult r = run_process(sh(dir, "kill -SEGV $$"));
+  SubprocessResult r = run_subprocess(sh(dir, "kill -SEGV $$"));
   ASSERT_TRUE(r.started);
-  EXPECT_FALSE(r.exited);
-  EXPECT_EQ(r.signal, 11);
-  EXPECT_THAT(describe_process_end(r, 0), HasSubstr("killed by signal 11"));
+  EXPECT_FALSE(r.exited());
+  EXPECT_EQ(r.term_signal(), 11);
+  EXPECT_THAT(r.describe(), HasSubstr("killed by signal 11"));
 }
 
 TEST(Process, NotStartable) {
   TempDir dir;
-  ProcessSpec s = sh(dir, "");
+  SubprocessSpec s = sh(dir, "");
   s.argv = {"no-such-program-scalelab-test"};
-  ProcessResult r = run_process(s);
+  SubprocessResult r = run_subprocess(s);
   EXPECT_FALSE(r.started);
   EXPECT_THAT(r.start_error, HasSubstr("not an executable file on PATH"));
 
   testing::write_text(dir / "noexec.sh", "#!/bin/sh\n");
   s.argv = {dir / "noexec.sh"};
-  EXPECT_FALSE(run_process(s).started);
+  EXPECT_FALSE(run_subprocess(s).started);
 
   s.argv = {"/bin/true"};
   s.log_path = dir / "missing-dir/log.txt";
-  r = run_process(s);
+  r = run_subprocess(s);
   EXPECT_FALSE(r.started);
   EXPECT_THAT(r.start_error, HasSubstr("cannot write the log file"));
 
   s.log_path = dir / "log.txt";
   s.cwd = dir / "missing-dir";
-  r = run_process(s);
+  r = run_subprocess(s);
   EXPECT_FALSE(r.started);
   EXPECT_THAT(r.start_error, HasSubstr("cannot execute"));
 }
@@ -90,13 +92,13 @@ TEST(Process, TimeoutKillsTheWholeGroup) {
   TempDir dir;
   // A grandchild that would outlive its parent, and a parent that ignores SIGTERM.
   std::string pidfile = dir / "grandchild.pid";
-  ProcessSpec s = sh(dir, "sleep 300 & echo $! > " + pidfile + "; trap '' TERM; echo started; while :; do sleep 1; done");
+  SubprocessSpec s = sh(dir, "sleep 300 & echo $! > " + pidfile + "; trap '' TERM; echo started; while :; do sleep 1; done");
   s.timeout_s = 0.5;
-  ProcessResult r = run_process(s);
+  SubprocessResult r = run_subprocess(s);
   ASSERT_TRUE(r.started);
   EXPECT_TRUE(r.timed_out);
-  EXPECT_FALSE(r.exited);
-  EXPECT_EQ(r.signal, 9);  // SIGTERM was ignored: SIGKILL after the grace period
+  EXPECT_FALSE(r.exited());
+  EXPECT_EQ(r.term_signal(), 9);  // SIGTERM was ignored: SIGKILL after the grace period
   EXPECT_GE(r.wall_s, 0.5);
   pid_t grandchild = std::stoi(testing::read_text(pidfile));
   EXPECT_TRUE(testing::eventually([&] { return !testing::pid_alive(grandchild); }, 5.0));
@@ -106,8 +108,8 @@ TEST(Process, TimeoutKillsTheWholeGroup) {
 TEST(Process, LeftoverGroupMembersAreKilledAfterANormalExit) {
   TempDir dir;
   std::string pidfile = dir / "orphan.pid";
-  ProcessResult r = run_process(sh(dir, "sleep 300 & echo $! > " + pidfile + "; exit 0"));
-  EXPECT_EQ(r.exit_code, 0);
+  SubprocessResult r = run_subprocess(sh(dir, "sleep 300 & echo $! > " + pidfile + "; exit 0"));
+  EXPECT_EQ(r.exit_code(), 0);
   pid_t orphan = std::stoi(testing::read_text(pidfile));
   EXPECT_TRUE(testing::eventually([&] { return !testing::pid_alive(orphan); }, 5.0));
 }
@@ -120,7 +122,7 @@ TEST(Process, CancelStopsTheTrial) {
     cancel = true;
   });
   int ticks = 0;
-  ProcessResult r = run_process(sh(dir, "sleep 300"), &cancel, [&] { ++ticks; });
+  SubprocessResult r = run_subprocess(sh(dir, "sleep 300"), &cancel, [&] { ++ticks; });
   t.join();
   EXPECT_TRUE(r.cancelled);
   EXPECT_FALSE(r.timed_out);

@@ -18,7 +18,7 @@ TrialRow trial(std::int64_t id, int ranks, const std::string& status, double tok
   TrialRow t;
   t.trial_id = id;
   t.repeat = repeat;
-  t.status = status;
+  t.status = parse_status(status).value();
   t.config = {{"params", {{"ranks", ranks}, {"launcher", "mpirun"}, {"model", "llama-tiny"}}}, {"workload", "native"}};
   if (status == "ok") {
     t.metrics = {{"tokens_per_s", tokens_per_s}, {"tokens_per_s_per_device", tokens_per_s / ranks}};

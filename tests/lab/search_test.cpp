@@ -90,13 +90,13 @@ TEST(OomSearch, ResultRoundTripsThroughJson) {
   OomSearchResult r;
   r.max_micro_batch_size = 12;
   r.plan_estimate = 11;
-  r.probes = {{11, 1, "ok"}, {12, 2, "ok"}, {13, 3, "oom"}};
+  r.probes = {{11, 1, TrialStatus::kOk}, {12, 2, TrialStatus::kOk}, {13, 3, TrialStatus::kOom}};
   OomSearchResult back = OomSearchResult::from_json(r.to_json());
   EXPECT_EQ(back.max_micro_batch_size, 12);
   ASSERT_TRUE(back.plan_estimate);
   EXPECT_EQ(*back.plan_estimate, 11);
   ASSERT_EQ(back.probes.size(), 3u);
-  EXPECT_EQ(back.probes[2].status, "oom");
+  EXPECT_EQ(back.probes[2].status, TrialStatus::kOom);
   EXPECT_EQ(back.probes[2].trial_id, 3);
 }
 

@@ -23,7 +23,7 @@ TrialRecord record(const std::string& hash, int repeat, const std::string& statu
   t.config_hash = hash;
   t.config = {{"params", {{"micro_batch_size", 4}}}, {"workload", {{"kind", "native"}}}};
   t.repeat = repeat;
-  t.status = status;
+  t.status = parse_status(status).value();
   t.metrics = {{"tokens_per_s_per_device", 100.0}};
   t.started_at = utc_now_iso();
   t.ended_at = utc_now_iso();
@@ -106,7 +106,7 @@ TEST(Store, TrialsAreFoundAndSuperseded) {
   auto f = s.find_trial(sw, "h1", 0);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->trial_id, t1);
-  EXPECT_EQ(f->status, "error");
+  EXPECT_EQ(f->status, TrialStatus::kError);
   EXPECT_EQ(f->params().at("micro_batch_size"), 4);
   EXPECT_EQ(f->sweep_name, "sw");
   EXPECT_EQ(f->exit_code, 0);

@@ -71,7 +71,7 @@ TrialRow trial(std::int64_t id, const std::string& hash, int mbs, const std::str
   r.trial_id = id;
   r.config_hash = hash;
   r.config = {{"params", {{"micro_batch_size", mbs}, {"model", "llama-small"}}}};
-  r.status = status;
+  r.status = parse_status(status).value();
   if (status == "ok") r.metrics = {{"tokens_per_s_per_device", tps}, {"max_reserved_gib", 1.5}};
   else r.reason = "out of memory";
   return r;
@@ -107,7 +107,7 @@ TEST(Tables, LadderSpeedupsAndLargestJump) {
     TrialRecord r;
     r.config_hash = fnv1a_hex(std::to_string(tps));
     r.config = {{"params", Json::object()}};
-    r.status = "ok";
+    r.status = TrialStatus::kOk;
     r.metrics = {{"tokens_per_s_per_device", tps}, {"max_reserved_gib", 2.0}};
     r.started_at = r.ended_at = utc_now_iso();
     return store.insert_trial(sw, r);
@@ -116,7 +116,7 @@ TEST(Tables, LadderSpeedupsAndLargestJump) {
   auto rung = [&](const std::string& name, std::optional<std::int64_t> id, const std::string& status) {
     RungResult r;
     r.name = name;
-    r.status = status;
+    r.status = parse_rung_status(status).value();
     r.trial_id = id;
     if (id) {
       r.params = ladder_baseline();

@@ -105,11 +105,11 @@ TEST(Workload, DefaultOomPatternMatchesPyTorchAndEngine) {
   EXPECT_TRUE(find_matching_line(w.oom_regex, "Training throughput: 10 tokens/s\nloss 2.0\n").empty());
 }
 
-ProcessResult exited(int code) {
-  ProcessResult r;
+SubprocessResult exited(int code) {
+  SubprocessResult r;
   r.started = true;
-  r.exited = true;
-  r.exit_code = code;
+  r.status.exited = true;
+  r.status.code = code;
   return r;
 }
 
@@ -128,16 +128,16 @@ TEST(Outcome, External) {
   EXPECT_EQ(crash.reason, "exit code 1: RuntimeError: NCCL error");
   auto refused = classify_external(w, exited(2), 10, "usage: bench.py\nbench.py: error: unrecognized arguments\n");
   EXPECT_TRUE(refused.refused);
-  ProcessResult hung = exited(0);
-  hung.exited = false;
+  SubprocessResult hung = exited(0);
+  hung.status = {};
   hung.timed_out = true;
-  hung.signal = 15;
+  hung.status.signal = 15;
   auto t = classify_external(w, hung, 2, "step 1\n");
   EXPECT_EQ(t.status, TrialStatus::kTimeout);
   EXPECT_THAT(t.reason, HasSubstr("timed out after 2.0 s"));
-  ProcessResult segv;
+  SubprocessResult segv;
   segv.started = true;
-  segv.signal = 11;
+  segv.status.signal = 11;
   EXPECT_THAT(classify_external(w, segv, 2, "").reason, HasSubstr("killed by signal 11"));
 }
 

@@ -116,7 +116,7 @@ TEST_P(GoldenCheckpoint, SaveReloadRoundTrips) {
 
 INSTANTIATE_TEST_SUITE_P(Golden, GoldenCheckpoint,
                          ::testing::Values("llama_gqa_tied_rope3", "llama_untied_accum2", "opt_tiny",
-                                           "opt_proj_postln_accum2"));
+                                           "opt_proj_postln_accum2", "qwen2_gqa_tied_bias_accum2"));
 
 TEST(GoldenCheckpointSharded, TransformersBf16ShardsLoad) {
   // transformers' bf16, sharded save of llama_gqa_tied_rope3's weights.

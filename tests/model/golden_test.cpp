@@ -37,42 +37,50 @@ TEST_P(Golden, LogitsLossAndStepOneGradients) {
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/expected.safetensors");
   const ModelConfig cfg = load_config_dir(dir);
   const ParamLayout layout = ParamLayout::build(cfg);
-  DeviceAllocator& alloc = testing::host_alloc();
+  // The model runs on SCALELAB_TEST_DEVICE (cpu by default): weights load on the host and are
+  // copied up; batches likewise; logits and gradients come back for the comparisons.
+  DeviceAllocator& alloc = testing::device_alloc();
   ExecContext ctx{&alloc, nullptr};
-  Tensor params = Tensor::empty({layout.total_numel()}, DType::kF32, alloc);
+  Tensor host_params = Tensor::empty({layout.total_numel()}, DType::kF32, testing::host_alloc());
+  load_weights(dir, cfg, layout, host_params);
+  Tensor params = testing::on_test_device(host_params);
   Tensor grads = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc);
-  load_weights(dir, cfg, layout, params);
   auto model = make_model(cfg, layout, params, grads, ModelOptions{});
   const std::int64_t mb = tr["micro_batch_size"], seq = tr["seq_len"], accum = tr["grad_accum_steps"];
 
   auto data = make_data_source({dir + "/tokens.bin", seq, mb, cfg.vocab_size, 0, 0, 1});
+  Batch host_batch = make_batch(mb, seq, testing::host_alloc());
   Batch batch = make_batch(mb, seq, alloc);
-  data->next(batch);
+  data->next(host_batch);
+  testing::upload_batch(batch, host_batch);
   Tensor logits;
   const double loss = model->forward_loss(batch, ctx, &logits);
   const double want_loss = expected["first_microbatch_loss"];
   EXPECT_NEAR(loss, want_loss, 1e-5 * want_loss);
   const auto want_logits = read_f32(ref, "logits");
   ASSERT_EQ(static_cast<std::size_t>(logits.numel()), want_logits.size());
+  const std::vector<float> got_logits = testing::host_f32(logits);
   double max_logit_err = 0;
   for (std::size_t i = 0; i < want_logits.size(); ++i)
-    max_logit_err = std::max(max_logit_err, static_cast<double>(std::fabs(logits.f32()[i] - want_logits[i])));
+    max_logit_err = std::max(max_logit_err, static_cast<double>(std::fabs(got_logits[i] - want_logits[i])));
   EXPECT_LT(max_logit_err, 1e-4);
 
   // Step 1 gradients, summed over the micro-batches of the first step.
   data = make_data_source({dir + "/tokens.bin", seq, mb, cfg.vocab_size, 0, 0, 1});
   for (std::int64_t k = 0; k < accum; ++k) {
-    data->next(batch);
+    data->next(host_batch);
+    testing::upload_batch(batch, host_batch);
     model->forward_backward(batch, 1.0f / static_cast<float>(accum), ctx);
   }
   int checked = 0;
   for (const ParamInfo& p : layout.params()) {
     const auto want = read_f32(ref, "grad." + p.name);
     ASSERT_EQ(static_cast<std::int64_t>(want.size()), p.numel) << p.name;
-    const Tensor g = layout.view(grads, p);
+    const std::vector<float> g = testing::host_f32(layout.view(grads, p));
     double max_err = 0, max_ref = 0;
     for (std::int64_t i = 0; i < p.numel; ++i) {
-      max_err = std::max(max_err, static_cast<double>(std::fabs(g.f32()[i] - want[static_cast<std::size_t>(i)])));
+      const auto k = static_cast<std::size_t>(i);
+      max_err = std::max(max_err, static_cast<double>(std::fabs(g[k] - want[k])));
       max_ref = std::max(max_ref, static_cast<double>(std::fabs(want[static_cast<std::size_t>(i)])));
     }
     EXPECT_LT(max_err, 1e-4) << p.name << " (largest gradient " << max_ref << ")";
@@ -86,6 +94,7 @@ TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
   const auto expected = testing::read_json(dir + "/expected.json");
   TrainOptions o = golden_train_options(dir);
   o.threads = 1;
+  o.device = testing::test_device_name();
   const TrainResult r = run_training(o);
   ASSERT_EQ(r.status, "ok") << r.error;
   ASSERT_EQ(r.steps.size(), expected["losses"].size());
@@ -102,6 +111,10 @@ INSTANTIATE_TEST_SUITE_P(Llama, Golden, ::testing::Values("llama_gqa_tied_rope3"
 // LayerNorm) with gradient accumulation; embed_tokens' padding row (pad_token_id 1) gets no
 // gradient from the lookup, as transformers' nn.Embedding(padding_idx=1).
 INSTANTIATE_TEST_SUITE_P(OPT, Golden, ::testing::Values("opt_tiny", "opt_proj_postln_accum2"));
+// Qwen2: the Llama decoder with q/k/v biases (drawn non-zero, so the forward depends on them and
+// their gradients go through linear_backward's bias path), GQA, tied embeddings, pad_token_id 1
+// (no lookup gradient for that row), gradient accumulation 2.
+INSTANTIATE_TEST_SUITE_P(Qwen2, Golden, ::testing::Values("qwen2_gqa_tied_bias_accum2"));
 
 }  // namespace
 }  // namespace scalelab

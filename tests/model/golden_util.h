@@ -9,7 +9,7 @@
 namespace scalelab {
 
 inline std::string golden_dir(const std::string& name) {
-  return std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/" + name;
+  return testing::source_dir() + "/tests/golden/data/" + name;
 }
 
 // The run that produced the golden trajectory: model, token file and every optimizer setting.
@@ -32,6 +32,7 @@ inline TrainOptions golden_train_options(const std::string& dir) {
   o.adam_epsilon = tr["adam_epsilon"];
   o.max_grad_norm = tr["max_grad_norm"];
   o.quiet = true;
+  o.device = testing::test_device_name();  // SCALELAB_TEST_DEVICE (cpu by default)
   return o;
 }
 

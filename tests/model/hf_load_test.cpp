@@ -117,5 +117,41 @@ TEST_F(HfLoad, TransformersLoadsWhatScalelabSaves) {
   EXPECT_NE(out.find("6 of 6 checks passed"), std::string::npos) << out;
 }
 
+// Qwen2: the golden model saved by scalelab (fp32 sharded: the golden logits; bf16: the golden
+// model's logits with its weights rounded), and a fresh qwen2-tiny from its preset's config.json.
+TEST_F(HfLoad, TransformersLoadsWhatScalelabSavesForQwen2) {
+  testing::ScratchDir dir;
+  const std::string golden = "qwen2_gqa_tied_bias_accum2";
+  nlohmann::json base = {{"tokens", golden_dir(golden) + "/tokens.bin"}, {"seq_len", 16}, {"num_samples", 2}};
+  nlohmann::json checks = nlohmann::json::array();
+  ModelConfig c;
+  ParamLayout L;
+  const Tensor t = load_golden(golden, c, L);
+  save_checkpoint(dir / "qwen2_f32_sharded", c, L, t, {DType::kF32, 40000});
+  nlohmann::json a = base;
+  a.update({{"model", dir / "qwen2_f32_sharded"},
+            {"expected_logits", golden_dir(golden) + "/expected.safetensors"},
+            {"atol", 1e-5}});
+  checks.push_back(a);
+  save_checkpoint(dir / "qwen2_bf16", c, L, t, {DType::kBF16, 0});
+  nlohmann::json b = base;
+  b.update({{"model", dir / "qwen2_bf16"}, {"reference_model", golden_dir(golden)}, {"reference_dtype", "bfloat16"},
+            {"atol", 0.0}});
+  checks.push_back(b);
+  c = preset_config("qwen2-tiny");
+  L = ParamLayout::build(c);
+  Tensor u = Tensor::empty({L.total_numel()}, DType::kF32, host_alloc());
+  init_params(u, L, c, 3);
+  save_checkpoint(dir / "qwen2_tiny_init", c, L, u);
+  nlohmann::json i = base;
+  i["model"] = dir / "qwen2_tiny_init";
+  checks.push_back(i);
+  std::ofstream(dir / "checks.json") << checks.dump(1);
+  const auto [rc, out] = run(quote(python_) + " " + quote(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/check_hf_load.py") +
+                             " --spec " + quote(dir / "checks.json"));
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("3 of 3 checks passed"), std::string::npos) << out;
+}
+
 }  // namespace
 }  // namespace scalelab

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -14,6 +15,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/allocator.h"
+#include "core/device.h"
+#include "core/tensor.h"
+#include "model/model.h"
 
 namespace scalelab::testing {
 
@@ -45,6 +49,42 @@ inline DeviceAllocator& host_alloc() {
   return alloc;
 }
 
+// --- the device the model tests run on
+// SCALELAB_TEST_DEVICE=cuda runs the golden and switch tests with the model on the GPU (inputs
+// copied up, outputs and gradients copied back for the same assertions); default cpu. A device
+// that is not available fails the tests that use it (with the reason), it does not skip them.
+inline DeviceType test_device() {
+  const char* e = std::getenv("SCALELAB_TEST_DEVICE");
+  return (e && *e) ? parse_device_type(e, "SCALELAB_TEST_DEVICE") : DeviceType::kCPU;
+}
+inline std::string test_device_name() { return device_type_name(test_device()); }
+
+// The allocator of the test device (host_alloc() itself when it is the CPU).
+inline DeviceAllocator& device_alloc() {
+  const DeviceType d = test_device();
+  if (d == DeviceType::kCPU) return host_alloc();
+  static DeviceAllocator alloc(device_runtime(d).make_memory_backend(), device_runtime(d).total_memory());
+  return alloc;
+}
+
+// A copy of a host tensor on the test device.
+inline Tensor on_test_device(const Tensor& host) { return host.to(device_alloc(), "test input"); }
+
+// The values of a float tensor on any device, as fp32 on the host.
+inline std::vector<float> host_f32(const Tensor& t) {
+  Tensor f = Tensor::empty(t.shape(), DType::kF32, host_alloc());
+  f.copy_from(t);
+  return std::vector<float>(f.f32(), f.f32() + f.numel());
+}
+
+// Copies a batch the data source filled on the host into one on the test device (same sizes).
+inline void upload_batch(Batch& device, const Batch& host) {
+  device.batch = host.batch;
+  device.seq = host.seq;
+  device.inputs.copy_from(host.inputs);
+  device.targets.copy_from(host.targets);
+}
+
 inline std::vector<std::uint8_t> read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<std::uint8_t>(std::istreambuf_iterator<char>(in), {});
@@ -60,8 +100,13 @@ inline nlohmann::json read_json(const std::string& path) {
   return nlohmann::json::parse(in);
 }
 
-inline std::string golden_dir(const std::string& name) {
-  return std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/" + name;
+// The source tree (golden data): the build's, or SCALELAB_SOURCE_DIR from the environment when the
+// test binary runs elsewhere (scripts/package-device.sh's env.sh sets it on a GPU machine).
+inline std::string source_dir() {
+  const char* e = std::getenv("SCALELAB_SOURCE_DIR");
+  return (e && *e) ? std::string(e) : std::string(SCALELAB_SOURCE_DIR);
 }
+
+inline std::string golden_dir(const std::string& name) { return source_dir() + "/tests/golden/data/" + name; }
 
 }  // namespace scalelab::testing

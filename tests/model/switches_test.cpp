@@ -26,6 +26,7 @@ void check_case(const std::string& golden, const Switches& sw) {
   const auto expected = testing::read_json(dir + "/expected.json");
   TrainOptions o = golden_train_options(dir);
   o.threads = 2;
+  o.device = testing::test_device_name();  // SCALELAB_TEST_DEVICE (cpu by default)
   o.model_precision = sw.model_precision;
   o.mixed_precision = sw.mixed;
   o.attn = sw.attn;
@@ -93,6 +94,17 @@ const std::vector<Switches>& opt_switches() {
 TEST(Switches, OptEverySwitchMatchesTheFp32Baseline) {
   for (const auto& golden : {"opt_tiny", "opt_proj_postln_accum2"})
     for (const Switches& sw : opt_switches()) check_case(golden, sw);
+}
+
+}  // namespace
+}  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// Qwen2 runs the Llama decoder: Llama's switches, on the golden model with q/k/v biases.
+TEST(Switches, Qwen2EverySwitchMatchesTheFp32Baseline) {
+  for (const Switches& sw : llama_switches()) check_case("qwen2_gqa_tied_bias_accum2", sw);
 }
 
 }  // namespace

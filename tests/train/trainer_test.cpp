@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <map>
 
@@ -42,8 +43,15 @@ TEST(Trainer, GradientAccumulationMatchesTheLargerBatch) {
   acc.micro_batch_size = 2;
   acc.grad_accum_steps = 2;
   const TrainResult a = run_training(big), b = run_training(acc);
+  // Not bit for bit: the batch of 4 and the two of 2 go through OpenBLAS with other row counts
+  // (its kernels and blocking are chosen per CPU) and the loss is a sum in another order. A sum of
+  // n = 64 positive per-token losses in fp32 is off by at most n * 2^-24 < 4e-6 relative, plus a
+  // few ulps inside each row: 1e-5 relative holds on any CPU (an absolute 2e-5 was ~3.6e-6
+  // relative at this loss, under that bound). Later steps also carry AdamW's amplification of
+  // rounding in elements whose gradient is at rounding level, which moves the loss and the
+  // norm only at second order (tests/dist/train_mpi_test.cpp derives the bound on the weights).
   for (std::size_t i = 0; i < a.steps.size(); ++i) {
-    EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 2e-5) << i;
+    EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-5 * std::fabs(a.steps[i].loss)) << i;
     EXPECT_NEAR(a.steps[i].grad_norm, b.steps[i].grad_norm, 1e-4 * a.steps[i].grad_norm) << i;
   }
 }

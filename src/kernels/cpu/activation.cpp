@@ -1,20 +1,17 @@
+// Activations on the CPU (activation.h).
 #include "kernels/activation.h"
 
 #include <cmath>
 
-#include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
-void swiglu_forward(Tensor& h, const Tensor& gu, ExecContext& ctx) {
-  ProfileScope prof(ctx, "activation", Phase::kForward);
-  require_cpu(gu, "swiglu_forward");
+void CpuBackend::swiglu_forward(Tensor& h, const Tensor& gu, ExecContext&) {
   const std::int64_t I = h.dim(-1), T = h.numel() / I;
-  require_numel(gu, T * 2 * I, "swiglu_forward", "gate/up");
   parallel_for(T, row_grain(2 * I), [&](std::int64_t t0, std::int64_t t1) {
     float* sig = row_buffer(I, 3);
     for (std::int64_t t = t0; t < t1; ++t) {
@@ -29,12 +26,8 @@ void swiglu_forward(Tensor& h, const Tensor& gu, ExecContext& ctx) {
   });
 }
 
-void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, ExecContext& ctx) {
-  ProfileScope prof(ctx, "activation", Phase::kBackward);
-  require_cpu(gu, "swiglu_backward");
+void CpuBackend::swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, ExecContext&) {
   const std::int64_t I = dh.dim(-1), T = dh.numel() / I;
-  require_numel(gu, T * 2 * I, "swiglu_backward", "gate/up");
-  require_numel(dgu, T * 2 * I, "swiglu_backward", "gate/up gradient");
   parallel_for(T, row_grain(2 * I), [&](std::int64_t t0, std::int64_t t1) {
     float* sig = row_buffer(I, 3);
     for (std::int64_t t = t0; t < t1; ++t) {
@@ -56,22 +49,12 @@ void swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, ExecContex
   });
 }
 
-Activation parse_activation(const std::string& name) {
-  if (name == "relu") return Activation::kReLU;
-  if (name == "gelu") return Activation::kGELU;
-  throw InvalidInput("[activation] activation_function '" + name + "' is not supported — use relu or gelu");
-}
-
 namespace {
 
 // Elementwise over chunks of a flat tensor, staging low-precision storage through row buffers.
 template <class F>
-void pointwise(const char* op, Phase phase, ExecContext& ctx, Tensor& out, const Tensor& a, const Tensor* b, F&& f) {
-  ProfileScope prof(ctx, "activation", phase);
-  require_cpu(a, op);
+void pointwise(Tensor& out, const Tensor& a, const Tensor* b, F&& f) {
   const std::int64_t n = a.numel();
-  require_numel(out, n, op, "output");
-  if (b) require_numel(*b, n, op, "input");
   constexpr std::int64_t kChunk = 2048;
   const std::int64_t chunks = (n + kChunk - 1) / kChunk;
   parallel_for(chunks, row_grain(kChunk), [&](std::int64_t c0, std::int64_t c1) {
@@ -92,22 +75,19 @@ constexpr float kInvSqrt2Pi = 0.39894228040143268f;
 
 }  // namespace
 
-void activation_forward(Tensor& y, const Tensor& x, Activation act, ExecContext& ctx) {
+void CpuBackend::activation_forward(Tensor& y, const Tensor& x, Activation act, ExecContext&) {
   if (act == Activation::kReLU) {
-    pointwise("activation_forward", Phase::kForward, ctx, y, x, nullptr,
-              [](float v, float) { return v > 0.0f ? v : 0.0f; });
+    pointwise(y, x, nullptr, [](float v, float) { return v > 0.0f ? v : 0.0f; });
   } else {
-    pointwise("activation_forward", Phase::kForward, ctx, y, x, nullptr,
-              [](float v, float) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
+    pointwise(y, x, nullptr, [](float v, float) { return 0.5f * v * (1.0f + std::erf(v * kInvSqrt2)); });
   }
 }
 
-void activation_backward(Tensor& dx, const Tensor& dy, const Tensor& x, Activation act, ExecContext& ctx) {
+void CpuBackend::activation_backward(Tensor& dx, const Tensor& dy, const Tensor& x, Activation act, ExecContext&) {
   if (act == Activation::kReLU) {
-    pointwise("activation_backward", Phase::kBackward, ctx, dx, dy, &x,
-              [](float g, float v) { return v > 0.0f ? g : 0.0f; });
+    pointwise(dx, dy, &x, [](float g, float v) { return v > 0.0f ? g : 0.0f; });
   } else {
-    pointwise("activation_backward", Phase::kBackward, ctx, dx, dy, &x, [](float g, float v) {
+    pointwise(dx, dy, &x, [](float g, float v) {
       const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
       const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
       return g * (cdf + v * pdf);
@@ -115,4 +95,4 @@ void activation_backward(Tensor& dx, const Tensor& dy, const Tensor& x, Activati
   }
 }
 
-}  // namespace scalelab::kernels
+}  // namespace scalelab::kernels::cpu

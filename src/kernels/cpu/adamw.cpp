@@ -1,3 +1,4 @@
+// AdamW and the gradient reductions on the CPU (adamw.h).
 #include "kernels/adamw.h"
 
 #include <algorithm>
@@ -6,8 +7,8 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/kernel_common.h"
 
 namespace scalelab::kernels {
 
@@ -52,14 +53,10 @@ bf16 stochastic_round_bf16(float x, std::uint32_t random16) {
   return bf16{static_cast<std::uint16_t>(u >> 16)};
 }
 
-void adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads, const std::vector<ElementRange>& ranges,
-                  const AdamWHyper& hp, ExecContext& ctx) {
-  ProfileScope prof(ctx, "adamw", Phase::kOptimizer);
-  require_cpu(params, "adamw_update");
-  const std::int64_t n = params.numel();
-  require_numel(m, n, "adamw_update", "exp_avg");
-  require_numel(v, n, "adamw_update", "exp_avg_sq");
-  require_numel(grads, n, "adamw_update", "grads");
+namespace cpu {
+
+void CpuBackend::adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads,
+                              const std::vector<ElementRange>& ranges, const AdamWHyper& hp, ExecContext&) {
   const double bc1 = 1.0 - std::pow(static_cast<double>(hp.beta1), static_cast<double>(hp.step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(hp.beta2), static_cast<double>(hp.step));
   const float step_size = static_cast<float>(hp.lr / bc1);
@@ -69,7 +66,6 @@ void adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads, con
   const DType pt = params.dtype(), mt = m.dtype(), vt = v.dtype(), gt = grads.dtype();
   const bool all_f32 = pt == DType::kF32 && mt == DType::kF32 && vt == DType::kF32 && gt == DType::kF32;
   for (const auto& r : ranges) {
-    SCALELAB_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= n, "[adamw_update] range outside the buffer");
     const float decay = r.decay ? 1.0f - hp.lr * hp.weight_decay : 1.0f;
     if (all_f32) {
       float* p = params.f32();
@@ -112,9 +108,7 @@ void adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads, con
   }
 }
 
-double sum_of_squares(const Tensor& g, ExecContext& ctx) {
-  ProfileScope prof(ctx, "adamw", Phase::kOptimizer);
-  require_cpu(g, "sum_of_squares");
+double CpuBackend::sum_of_squares(const Tensor& g, ExecContext&) {
   const std::int64_t n = g.numel();
   const DType dt = g.dtype();
   // Fixed-size chunks summed in order: the result depends on neither the thread count nor timing.
@@ -140,10 +134,9 @@ double sum_of_squares(const Tensor& g, ExecContext& ctx) {
   return total;
 }
 
-bool has_non_finite(const Tensor& g, ExecContext& ctx) { return !std::isfinite(sum_of_squares(g, ctx)); }
+bool CpuBackend::has_non_finite(const Tensor& g, ExecContext& ctx) { return !std::isfinite(sum_of_squares(g, ctx)); }
 
-void scale_(Tensor& g, float factor, ExecContext& ctx) {
-  require_cpu(g, "scale_");
+void CpuBackend::scale_(Tensor& g, float factor, ExecContext&) {
   const DType dt = g.dtype();
   if (dt == DType::kF32) {
     float* gp = g.f32();
@@ -163,21 +156,5 @@ void scale_(Tensor& g, float factor, ExecContext& ctx) {
   });
 }
 
-double clip_coefficient(double total_norm, double max_norm) {
-  if (max_norm <= 0) return 1.0;
-  return std::min(1.0, max_norm / (total_norm + 1e-6));
-}
-
-void clip_with_norm_(Tensor& g, double total_norm, double max_norm, ExecContext& ctx) {
-  ProfileScope prof(ctx, "adamw", Phase::kOptimizer);
-  const double coef = clip_coefficient(total_norm, max_norm);
-  if (coef < 1.0) scale_(g, static_cast<float>(coef), ctx);
-}
-
-double clip_grad_norm_(Tensor& g, double max_norm, ExecContext& ctx) {
-  const double total = std::sqrt(sum_of_squares(g, ctx));
-  clip_with_norm_(g, total, max_norm, ctx);
-  return total;
-}
-
+}  // namespace cpu
 }  // namespace scalelab::kernels

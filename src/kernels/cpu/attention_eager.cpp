@@ -1,11 +1,12 @@
+// Eager attention on the CPU (attention.h): the probabilities materialized block by block.
 #include <algorithm>
 #include <cstring>
 
 #include "core/parallel.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/kernel_common.h"
 #include "kernels/matmul.h"
 
 namespace scalelab::kernels {
@@ -15,15 +16,6 @@ namespace {
 // Rows are processed in blocks; a block of query rows only needs the keys up to its last row
 // (causality), which halves the GEMM work against a full S×S product.
 constexpr std::int64_t kRowBlock = 64;
-
-void check_shapes(const Tensor& qkv, const Tensor& out, const Tensor& probs, const AttentionShape& s, const char* op) {
-  require_cpu(qkv, op);
-  SCALELAB_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-                 std::string("[") + op + "] n_kv_heads must divide n_heads");
-  require_numel(qkv, s.batch * s.seq * s.qkv_width(), op, "qkv");
-  require_numel(out, s.batch * s.seq * s.out_width(), op, "output");
-  require_numel(probs, s.batch * s.n_heads * s.seq * s.seq, op, "probs");
-}
 
 // A read-only fp32 view of a [rows, cols] sub-matrix with leading dimension ld: the data itself
 // when fp32, else a converted copy in `scratch` (leading dimension cols).
@@ -93,19 +85,29 @@ std::size_t attention_eager_workspace_bytes(const AttentionShape& s, int threads
 }
 
 std::size_t attention_eager_forward_workspace_bytes(const AttentionShape& s, int threads, DType act) {
-  return static_cast<std::size_t>(threads) * static_cast<std::size_t>(fwd_scratch(s, act, act, act).total) *
-         sizeof(float);
+  return attention_eager_forward_workspace_bytes(s, threads, act, act, act);
 }
 
 std::size_t attention_eager_backward_workspace_bytes(const AttentionShape& s, int threads, DType act) {
-  return static_cast<std::size_t>(threads) * static_cast<std::size_t>(bwd_scratch(s, act, act, act, act).total) *
+  return attention_eager_backward_workspace_bytes(s, threads, act, act, act, act);
+}
+
+std::size_t attention_eager_forward_workspace_bytes(const AttentionShape& s, int threads, DType qkv, DType probs,
+                                                    DType out) {
+  return static_cast<std::size_t>(threads) * static_cast<std::size_t>(fwd_scratch(s, qkv, probs, out).total) *
          sizeof(float);
 }
 
-void attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const AttentionShape& s, float scale,
-                             ExecContext& ctx) {
-  ProfileScope prof(ctx, "attention", Phase::kForward);
-  check_shapes(qkv, out, probs, s, "attention_eager_forward");
+std::size_t attention_eager_backward_workspace_bytes(const AttentionShape& s, int threads, DType qkv, DType dout,
+                                                     DType probs, DType dqkv) {
+  return static_cast<std::size_t>(threads) * static_cast<std::size_t>(bwd_scratch(s, qkv, dout, probs, dqkv).total) *
+         sizeof(float);
+}
+
+namespace cpu {
+
+void CpuBackend::attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const AttentionShape& s,
+                                         float scale, ExecContext& ctx) {
   const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
   const std::int64_t group = s.n_heads / s.n_kv_heads;
   const std::int64_t k_off = s.n_heads * hd, v_off = k_off + s.n_kv_heads * hd;
@@ -156,11 +158,8 @@ void attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, cons
   }
 }
 
-void attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& probs, const Tensor& qkv,
-                              const AttentionShape& s, float scale, ExecContext& ctx) {
-  ProfileScope prof(ctx, "attention", Phase::kBackward);
-  check_shapes(qkv, dout, probs, s, "attention_eager_backward");
-  require_numel(dqkv, qkv.numel(), "attention_eager_backward", "qkv gradient");
+void CpuBackend::attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& probs, const Tensor& qkv,
+                                          const AttentionShape& s, float scale, ExecContext& ctx) {
   const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
   const std::int64_t group = s.n_heads / s.n_kv_heads;
   const std::int64_t k_off = s.n_heads * hd, v_off = k_off + s.n_kv_heads * hd;
@@ -224,4 +223,5 @@ void attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& pr
   }
 }
 
+}  // namespace cpu
 }  // namespace scalelab::kernels

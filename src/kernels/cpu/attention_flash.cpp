@@ -7,9 +7,9 @@
 
 #include "core/parallel.h"
 #include "kernels/attention.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/kernel_common.h"
 #include "kernels/matmul.h"
 
 namespace scalelab::kernels {
@@ -45,21 +45,6 @@ std::int64_t stage_floats(const AttentionShape& s, Phase phase, DType act) {
   if (act == DType::kF32) return 0;
   const std::int64_t kv = 2 * s.seq * s.head_dim;
   return pad16(phase == Phase::kForward ? kv : 2 * kv);
-}
-
-void check_common(const Tensor& qkv, const Tensor& out, const Tensor& lse, const AttentionShape& s, const char* op) {
-  require_cpu(qkv, op);
-  require_cpu(out, op);
-  require_cpu(lse, op);
-  SCALELAB_CHECK(qkv.dtype() == out.dtype() && is_float_type(qkv.dtype()),
-                 std::string("[") + op + "] qkv and output must share one float dtype");
-  require_dtype(lse, DType::kF32, op, "lse");
-  SCALELAB_CHECK(s.batch > 0 && s.seq > 0 && s.head_dim > 0, std::string("[") + op + "] empty shape");
-  SCALELAB_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0,
-                 std::string("[") + op + "] n_kv_heads must divide n_heads");
-  require_numel(qkv, s.batch * s.seq * s.qkv_width(), op, "qkv");
-  require_numel(out, s.batch * s.seq * s.out_width(), op, "output");
-  require_numel(lse, s.batch * s.n_heads * s.seq, op, "lse");
 }
 
 // Number of columns of a tile starting at key c0 that query row `row` may see (causal), in [0, cols].
@@ -114,10 +99,10 @@ std::size_t attention_flash_workspace_bytes(const AttentionShape& s, int threads
   return static_cast<std::size_t>(std::max(1, threads)) * static_cast<std::size_t>(per_thread) * sizeof(float);
 }
 
-void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionShape& s, float scale,
-                             ExecContext& ctx) {
-  ProfileScope prof(ctx, "attention", Phase::kForward);
-  check_common(qkv, out, lse, s, "attention_flash_forward");
+namespace cpu {
+
+void CpuBackend::attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionShape& s,
+                                         float scale, ExecContext& ctx) {
   const Tiles tl = tiles_for(s);
   const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
   const std::int64_t G = s.n_heads / s.n_kv_heads;
@@ -202,16 +187,8 @@ void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const 
   }
 }
 
-void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
-                              const Tensor& qkv, const AttentionShape& s, float scale, ExecContext& ctx) {
-  ProfileScope prof(ctx, "attention", Phase::kBackward);
-  check_common(qkv, out, lse, s, "attention_flash_backward");
-  require_cpu(dout, "attention_flash_backward");
-  require_cpu(dqkv, "attention_flash_backward");
-  SCALELAB_CHECK(dout.dtype() == qkv.dtype() && dqkv.dtype() == qkv.dtype(),
-                 "[attention_flash_backward] output and qkv gradients must share the dtype of qkv");
-  require_numel(dout, out.numel(), "attention_flash_backward", "output gradient");
-  require_numel(dqkv, qkv.numel(), "attention_flash_backward", "qkv gradient");
+void CpuBackend::attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& out, const Tensor& lse,
+                                          const Tensor& qkv, const AttentionShape& s, float scale, ExecContext& ctx) {
   const Tiles tl = tiles_for(s);
   const std::int64_t S = s.seq, hd = s.head_dim, ld = s.qkv_width(), ldo = s.out_width();
   const std::int64_t G = s.n_heads / s.n_kv_heads;
@@ -309,4 +286,5 @@ void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& ou
   }
 }
 
+}  // namespace cpu
 }  // namespace scalelab::kernels

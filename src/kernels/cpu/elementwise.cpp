@@ -1,12 +1,13 @@
+// Elementwise ops on the CPU (elementwise.h).
 #include "kernels/elementwise.h"
 
 #include <algorithm>
 
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
 namespace {
 constexpr std::int64_t kChunk = 4096;
@@ -37,19 +38,25 @@ void add_any(void* out, DType ot, const void* a, DType at, const void* b, DType 
 }
 }  // namespace
 
-void add_(Tensor& a, const Tensor& b, ExecContext& ctx, Phase phase) {
-  ProfileScope prof(ctx, "elementwise", phase);
-  require_cpu(a, "add_");
-  require_numel(b, a.numel(), "add_", "b");
+void CpuBackend::add_(Tensor& a, const Tensor& b, ExecContext&) {
   add_any(a.raw(), a.dtype(), a.raw(), a.dtype(), b.raw(), b.dtype(), a.numel());
 }
 
-void add(Tensor& out, const Tensor& a, const Tensor& b, ExecContext& ctx, Phase phase) {
-  ProfileScope prof(ctx, "elementwise", phase);
-  require_cpu(a, "add");
-  require_numel(b, a.numel(), "add", "b");
-  require_numel(out, a.numel(), "add", "out");
+void CpuBackend::add(Tensor& out, const Tensor& a, const Tensor& b, ExecContext&) {
   add_any(out.raw(), out.dtype(), a.raw(), a.dtype(), b.raw(), b.dtype(), a.numel());
 }
 
-}  // namespace scalelab::kernels
+void CpuBackend::bias_add_(Tensor& y, const Tensor& b, ExecContext&) {
+  const std::int64_t F = b.numel(), rows = F > 0 ? y.numel() / F : 0;
+  parallel_for(rows, row_grain(F), [&](std::int64_t r0, std::int64_t r1) {
+    const float* bp = load_row(b.raw(), b.dtype(), F, 1);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      void* row = elem(y.raw(), y.dtype(), r * F);
+      float* yr = inout_row(row, y.dtype(), F, 0);
+      for (std::int64_t j = 0; j < F; ++j) yr[j] += bp[j];
+      store_row(yr, row, y.dtype(), F);
+    }
+  });
+}
+
+}  // namespace scalelab::kernels::cpu

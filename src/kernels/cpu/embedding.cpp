@@ -1,3 +1,4 @@
+// Embeddings on the CPU (embedding.h).
 #include "kernels/embedding.h"
 
 #include <algorithm>
@@ -5,10 +6,11 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/error.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
 namespace {
 void check_ids(const std::int32_t* ids, std::int64_t n, std::int64_t rows, const char* op) {
@@ -22,12 +24,8 @@ void check_ids(const std::int32_t* ids, std::int64_t n, std::int64_t rows, const
 }
 }  // namespace
 
-void embedding_forward(Tensor& y, const Tensor& ids, const Tensor& table, ExecContext& ctx) {
-  ProfileScope prof(ctx, "embedding", Phase::kForward);
-  require_cpu(table, "embedding_forward");
-  require_dtype(ids, DType::kI32, "embedding_forward", "ids");
+void CpuBackend::embedding_forward(Tensor& y, const Tensor& ids, const Tensor& table, ExecContext&) {
   const std::int64_t rows = table.dim(0), width = table.dim(1), n = ids.numel();
-  require_numel(y, n * width, "embedding_forward", "output");
   const std::int32_t* id = ids.data<std::int32_t>();
   check_ids(id, n, rows, "embedding_forward");
   parallel_for(n, row_grain(width), [&](std::int64_t t0, std::int64_t t1) {
@@ -37,11 +35,9 @@ void embedding_forward(Tensor& y, const Tensor& ids, const Tensor& table, ExecCo
   });
 }
 
-void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, ExecContext& ctx, std::int64_t skip_id) {
-  ProfileScope prof(ctx, "embedding", Phase::kBackward);
-  require_cpu(dtable, "embedding_backward");
+void CpuBackend::embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, ExecContext&,
+                                    std::int64_t skip_id) {
   const std::int64_t rows = dtable.dim(0), width = dtable.dim(1), n = ids.numel();
-  require_numel(dy, n * width, "embedding_backward", "output gradient");
   const std::int32_t* id = ids.data<std::int32_t>();
   check_ids(id, n, rows, "embedding_backward");
   // Positions grouped by id (stable): each row's gradient is summed in fp32 in position order and
@@ -73,14 +69,9 @@ void embedding_backward(Tensor& dtable, const Tensor& dy, const Tensor& ids, Exe
   });
 }
 
-void position_embedding_add_forward(Tensor& y, const Tensor& table, std::int64_t seq, std::int64_t offset,
-                                    ExecContext& ctx) {
-  ProfileScope prof(ctx, "embedding", Phase::kForward);
-  require_cpu(table, "position_embedding_add_forward");
+void CpuBackend::position_embedding_add_forward(Tensor& y, const Tensor& table, std::int64_t seq, std::int64_t offset,
+                                                ExecContext&) {
   const std::int64_t width = table.dim(1), n = y.numel() / width;
-  SCALELAB_CHECK(seq > 0 && n % seq == 0 && seq + offset <= table.dim(0),
-                 "[position_embedding_add_forward] " + std::to_string(n) + " tokens of sequence length " +
-                     std::to_string(seq) + " do not fit the table of " + std::to_string(table.dim(0)) + " rows");
   parallel_for(n, row_grain(width), [&](std::int64_t t0, std::int64_t t1) {
     for (std::int64_t t = t0; t < t1; ++t) {
       const float* pr = load_row(elem(table.raw(), table.dtype(), (t % seq + offset) * width), table.dtype(), width, 0);
@@ -92,14 +83,9 @@ void position_embedding_add_forward(Tensor& y, const Tensor& table, std::int64_t
   });
 }
 
-void position_embedding_backward(Tensor& dtable, const Tensor& dy, std::int64_t seq, std::int64_t offset,
-                                 ExecContext& ctx) {
-  ProfileScope prof(ctx, "embedding", Phase::kBackward);
-  require_cpu(dtable, "position_embedding_backward");
+void CpuBackend::position_embedding_backward(Tensor& dtable, const Tensor& dy, std::int64_t seq, std::int64_t offset,
+                                             ExecContext&) {
   const std::int64_t width = dtable.dim(1), n = dy.numel() / width;
-  SCALELAB_CHECK(seq > 0 && n % seq == 0 && seq + offset <= dtable.dim(0),
-                 "[position_embedding_backward] " + std::to_string(n) + " tokens of sequence length " +
-                     std::to_string(seq) + " do not fit the table of " + std::to_string(dtable.dim(0)) + " rows");
   const std::int64_t batch = n / seq;
   // One position per task: its rows summed in fp32 in batch order, added to the table once.
   parallel_for(seq, row_grain(width * batch), [&](std::int64_t p0, std::int64_t p1) {
@@ -118,4 +104,4 @@ void position_embedding_backward(Tensor& dtable, const Tensor& dy, std::int64_t 
   });
 }
 
-}  // namespace scalelab::kernels
+}  // namespace scalelab::kernels::cpu

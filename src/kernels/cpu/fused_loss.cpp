@@ -4,38 +4,26 @@
 #include <cmath>
 #include <vector>
 
-#include "core/allocator.h"
+#include "core/error.h"
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/fused.h"
-#include "kernels/kernel_common.h"
 #include "kernels/matmul.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
 namespace {
-
-constexpr std::int64_t kMaxChunkBytes = std::int64_t{128} << 20;
-constexpr std::int64_t kMinChunk = 128, kDefaultChunk = 512;
 
 struct Dims {
   std::int64_t T, H, V, chunk;
 };
 
-Dims check(const Tensor& x, const Tensor& w, const Tensor& targets, std::int64_t chunk_tokens, const char* op) {
-  require_cpu(x, op);
-  require_cpu(w, op);
-  SCALELAB_CHECK(is_float_type(x.dtype()) && is_float_type(w.dtype()),
-                 std::string("[") + op + "] input and weight must be fp32, bf16 or fp16");
-  require_dtype(targets, DType::kI32, op, "targets");
-  SCALELAB_CHECK(w.rank() == 2, std::string("[") + op + "] weight must be 2-D [vocab, hidden], got " + w.shape().str());
-  const std::int64_t V = w.dim(0), H = w.dim(1);
-  SCALELAB_CHECK(x.rank() >= 1 && x.dim(-1) == H,
-                 std::string("[") + op + "] input " + x.shape().str() + " does not end in the hidden size " +
-                     std::to_string(H));
-  const std::int64_t T = x.numel() / H;
-  require_numel(targets, T, op, "targets");
+// The sizes of a call the front has validated, after the check that needs the targets' values:
+// a target outside [0, V) throws before any output is touched.
+Dims dims(const Tensor& x, const Tensor& w, const Tensor& targets, std::int64_t chunk_tokens, const char* op) {
+  const std::int64_t V = w.dim(0), H = w.dim(1), T = x.numel() / H;
   const std::int32_t* tg = targets.data<std::int32_t>();
   for (std::int64_t r = 0; r < T; ++r) {
     if (tg[r] != kIgnoreIndex && (tg[r] < 0 || tg[r] >= V)) {
@@ -46,34 +34,6 @@ Dims check(const Tensor& x, const Tensor& w, const Tensor& targets, std::int64_t
   }
   return {T, H, V, fused_linear_cross_entropy_chunk(T, chunk_tokens, V)};
 }
-
-}  // namespace
-
-std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab) {
-  std::int64_t c = kDefaultChunk;
-  while (c > kMinChunk && c * std::max<std::int64_t>(vocab, 1) * 4 > kMaxChunkBytes) c /= 2;
-  return c;
-}
-
-std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab) {
-  const std::int64_t c = chunk_tokens > 0 ? chunk_tokens : fused_linear_cross_entropy_default_chunk(vocab);
-  return std::max<std::int64_t>(1, std::min(c, tokens));
-}
-
-std::size_t fused_linear_cross_entropy_workspace_bytes(std::int64_t chunk_tokens, std::int64_t vocab) {
-  return DeviceAllocator::round_size(static_cast<std::size_t>(chunk_tokens) * static_cast<std::size_t>(vocab) *
-                                     sizeof(float));
-}
-
-std::int64_t count_target_tokens(const Tensor& targets) {
-  require_dtype(targets, DType::kI32, "count_target_tokens", "targets");
-  const std::int32_t* tg = targets.data<std::int32_t>();
-  std::int64_t n = 0;
-  for (std::int64_t r = 0; r < targets.numel(); ++r) n += tg[r] != kIgnoreIndex;
-  return n;
-}
-
-namespace {
 
 // The work of one call, split over threads by vocabulary: thread t owns rows [v0_t, v1_t) of w and
 // dw and the same columns of the chunk's logits. BLAS runs single-threaded inside the parallel
@@ -184,8 +144,8 @@ class VocabSplit {
 // place row by row, dx_c = L · w and dw += Lᵀ · x_c (gemm_ex rounds into the stored dtypes).
 // Allocations, in order: the [chunk, V] logits, the [chunk, H] input rows, then each GEMM's
 // transient panels (fused_linear_cross_entropy_workspace_blocks lists them for the plan).
-LossSum lowp_chunks(Tensor* dx, Tensor* dw, const Tensor& x, const Tensor& w, const Tensor& targets, float scale,
-                    const Dims& d, ExecContext& ctx) {
+LossSum lowp_chunks(CpuBackend& be, Tensor* dx, Tensor* dw, const Tensor& x, const Tensor& w, const Tensor& targets,
+                    float scale, const Dims& d, ExecContext& ctx) {
   const std::int64_t T = d.T, H = d.H, V = d.V;
   Tensor L = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
   Tensor xc = Tensor::empty({d.chunk, H}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
@@ -195,8 +155,8 @@ LossSum lowp_chunks(Tensor* dx, Tensor* dw, const Tensor& x, const Tensor& w, co
     const std::int64_t c = std::min(d.chunk, T - r0);
     const std::int32_t* tc = tg + r0;
     convert(elem(x.raw(), x.dtype(), r0 * H), x.dtype(), xc.raw(), DType::kF32, static_cast<std::size_t>(c * H));
-    gemm_ex(false, true, c, V, H, 1.0f, xc.raw(), DType::kF32, H, w.raw(), w.dtype(), H, 0.0f, L.raw(), DType::kF32,
-            V, ctx);
+    be.gemm_ex(false, true, c, V, H, 1.0f, xc.raw(), DType::kF32, H, w.raw(), w.dtype(), H, 0.0f, L.raw(),
+               DType::kF32, V, ctx);
     float* lp = L.f32();
     parallel_for(c, row_grain(V), [&](std::int64_t i0, std::int64_t i1) {
       for (std::int64_t i = i0; i < i1; ++i) {
@@ -216,10 +176,10 @@ LossSum lowp_chunks(Tensor* dx, Tensor* dw, const Tensor& x, const Tensor& w, co
       }
     });
     if (!dx) continue;
-    gemm_ex(false, false, c, H, V, 1.0f, L.raw(), DType::kF32, V, w.raw(), w.dtype(), H, 0.0f,
-            elem(dx->raw(), dx->dtype(), r0 * H), dx->dtype(), H, ctx);
-    gemm_ex(true, false, V, H, c, 1.0f, L.raw(), DType::kF32, V, xc.raw(), DType::kF32, H, 1.0f, dw->raw(), dw->dtype(),
-            H, ctx);
+    be.gemm_ex(false, false, c, H, V, 1.0f, L.raw(), DType::kF32, V, w.raw(), w.dtype(), H, 0.0f,
+               elem(dx->raw(), dx->dtype(), r0 * H), dx->dtype(), H, ctx);
+    be.gemm_ex(true, false, V, H, c, 1.0f, L.raw(), DType::kF32, V, xc.raw(), DType::kF32, H, 1.0f, dw->raw(),
+               dw->dtype(), H, ctx);
   }
   LossSum out;
   for (std::int64_t r = 0; r < T; ++r) {
@@ -232,31 +192,16 @@ LossSum lowp_chunks(Tensor* dx, Tensor* dw, const Tensor& x, const Tensor& w, co
 
 }  // namespace
 
-std::vector<std::size_t> fused_linear_cross_entropy_workspace_blocks(std::int64_t tokens, std::int64_t chunk_tokens,
-                                                                     std::int64_t hidden, std::int64_t vocab,
-                                                                     DType x_type, DType w_type, DType dx_type,
-                                                                     DType dw_type, bool backward) {
-  const std::int64_t c = fused_linear_cross_entropy_chunk(tokens, chunk_tokens, vocab);
-  const bool lowp = x_type != DType::kF32 || w_type != DType::kF32 ||
-                    (backward && (dx_type != DType::kF32 || dw_type != DType::kF32));
-  std::vector<std::size_t> blocks = {static_cast<std::size_t>(c * vocab) * sizeof(float)};
-  if (lowp) blocks.push_back(static_cast<std::size_t>(c * hidden) * sizeof(float));
-  return blocks;
-}
-
-LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets,
-                                   float grad_scale_per_token, std::int64_t chunk_tokens, ExecContext& ctx) {
-  const char* op = "fused_linear_cross_entropy";
-  const Dims d = check(x, w, targets, chunk_tokens, op);
+LossSum CpuBackend::fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, const Tensor& w,
+                                               const Tensor& targets, float grad_scale_per_token,
+                                               std::int64_t chunk_tokens, ExecContext& ctx) {
+  const Dims d = dims(x, w, targets, chunk_tokens, "fused_linear_cross_entropy");
   const std::int64_t T = d.T, H = d.H, V = d.V;
-  require_numel(dx, T * H, op, "input gradient");
-  require_numel(dw, V * H, op, "weight gradient");
   LossSum out;
   if (T == 0) return out;
-  ProfileScope prof(ctx, "loss", Phase::kBackward);
   if (x.dtype() != DType::kF32 || w.dtype() != DType::kF32 || dx.dtype() != DType::kF32 ||
       dw.dtype() != DType::kF32) {
-    return lowp_chunks(&dx, &dw, x, w, targets, grad_scale_per_token, d, ctx);
+    return lowp_chunks(*this, &dx, &dw, x, w, targets, grad_scale_per_token, d, ctx);
   }
   Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
   float* L = scratch.f32();
@@ -319,14 +264,15 @@ LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, cons
 // rescaled when the max grows). Each slice of w is then packed for BLAS once per token block instead
 // of once per chunk. The scratch is the same chunk × V floats as the training kernel's, cut into
 // one [tokens, vocab tile] block per thread; threads own vocabulary ranges as above.
-LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
-                                           std::int64_t chunk_tokens, ExecContext& ctx) {
-  ProfileScope prof(ctx, "loss", Phase::kForward);
-  const Dims d = check(x, w, targets, chunk_tokens, "fused_linear_cross_entropy_forward");
+LossSum CpuBackend::fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
+                                                       std::int64_t chunk_tokens, ExecContext& ctx) {
+  const Dims d = dims(x, w, targets, chunk_tokens, "fused_linear_cross_entropy_forward");
   const std::int64_t T = d.T, H = d.H, V = d.V;
   LossSum out;
   if (T == 0) return out;
-  if (x.dtype() != DType::kF32 || w.dtype() != DType::kF32) return lowp_chunks(nullptr, nullptr, x, w, targets, 0, d, ctx);
+  if (x.dtype() != DType::kF32 || w.dtype() != DType::kF32) {
+    return lowp_chunks(*this, nullptr, nullptr, x, w, targets, 0, d, ctx);
+  }
   Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
   const int nt = static_cast<int>(std::clamp<std::int64_t>(num_threads(), 1, V));  // each owns >= 1 column
   // Token block and vocabulary tile: the block as large as the scratch allows with tiles of at
@@ -397,4 +343,4 @@ LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, con
   return out;
 }
 
-}  // namespace scalelab::kernels
+}  // namespace scalelab::kernels::cpu

@@ -3,12 +3,11 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/fused_vec.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/fused.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
 namespace {
 
@@ -18,27 +17,14 @@ inline void write_row(float* __restrict y, const float* __restrict h, float inv,
   for (std::int64_t i = 0; i < H; ++i) y[i] = w[i] * (h[i] * inv);
 }
 
-std::int64_t check_rms(const Tensor& h, const Tensor& y, const Tensor& rstd, const Tensor& w, const char* op) {
-  require_cpu(h, op);
-  const std::int64_t H = w.numel(), rows = h.numel() / H;
-  SCALELAB_CHECK(H > 0 && h.dim(-1) == H,
-                 std::string("[") + op + "] input " + h.shape().str() + " does not end in the weight's " +
-                     std::to_string(H));
-  require_numel(y, rows * H, op, "output");
-  require_numel(rstd, rows, op, "rstd");
-  return rows;
-}
+// Rows of an RMSNorm over w's width (validated by the front).
+std::int64_t rms_rows(const Tensor& h, const Tensor& w) { return h.numel() / w.numel(); }
 
 }  // namespace
 
-void rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& delta,
-                              const Tensor& w, float eps, ExecContext& ctx) {
-  ProfileScope prof(ctx, "norm", Phase::kForward);
-  const char* op = "rmsnorm_residual_forward";
-  const std::int64_t rows = check_rms(x, y, rstd, w, op), H = w.numel();
-  require_numel(delta, rows * H, op, "residual delta");
-  require_numel(h, rows * H, op, "residual output");
-  require_dtype(rstd, DType::kF32, op, "rstd");
+void CpuBackend::rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& delta,
+                                          const Tensor& w, float eps, ExecContext&) {
+  const std::int64_t rows = rms_rows(x, w), H = w.numel();
   float* rp = rstd.f32();
   const float inv_h = 1.0f / static_cast<float>(H);
   // Rows are staged through fp32 buffers for bf16/fp16 tensors (pointers pass through for fp32,
@@ -64,13 +50,9 @@ void rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& 
   });
 }
 
-void rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const Tensor& h, const Tensor& rstd,
-                               const Tensor& w, ExecContext& ctx) {
-  ProfileScope prof(ctx, "norm", Phase::kBackward);
-  const char* op = "rmsnorm_residual_backward";
-  const std::int64_t rows = check_rms(h, dy, rstd, w, op), H = w.numel();
-  require_numel(dh, rows * H, op, "residual gradient");
-  require_numel(dw, H, op, "weight gradient");
+void CpuBackend::rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const Tensor& h,
+                                           const Tensor& rstd, const Tensor& w, ExecContext&) {
+  const std::int64_t rows = rms_rows(h, w), H = w.numel();
   const float* rp = rstd.f32();
   // Weight gradients: one partial row per thread, summed in thread order (deterministic).
   const int nt = num_threads();
@@ -118,9 +100,8 @@ void rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const T
   store_row(dwo, dw.raw(), dw.dtype(), H);
 }
 
-void rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& w, ExecContext& ctx) {
-  ProfileScope prof(ctx, "norm", Phase::kBackward);
-  const std::int64_t rows = check_rms(h, y, rstd, w, "rmsnorm_recompute"), H = w.numel();
+void CpuBackend::rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& w, ExecContext&) {
+  const std::int64_t rows = rms_rows(h, w), H = w.numel();
   const float* rp = rstd.f32();
   parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     const float* wp = load_row(w.raw(), w.dtype(), H, 3);
@@ -134,4 +115,4 @@ void rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rstd, const Ten
   });
 }
 
-}  // namespace scalelab::kernels
+}  // namespace scalelab::kernels::cpu

@@ -10,31 +10,24 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/fused_vec.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/fused.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
 namespace {
 
 // An optional parameter row (w or b) as fp32: the tensor itself, or converted into `buf`.
-const float* optional_f32(const Tensor& t, std::int64_t n, const char* op, const char* name,
-                          std::vector<float>& buf) {
+const float* optional_f32(const Tensor& t, std::int64_t n, std::vector<float>& buf) {
   if (!t.defined()) return nullptr;
-  require_numel(t, n, op, name);
   if (t.dtype() == DType::kF32) return t.f32();
   buf.resize(static_cast<std::size_t>(n));
   convert(t.raw(), t.dtype(), buf.data(), DType::kF32, static_cast<std::size_t>(n));
   return buf.data();
 }
 
-Tensor* optional_grad(Tensor* t, std::int64_t n, const char* op, const char* name) {
-  if (t == nullptr || !t->defined()) return nullptr;
-  require_numel(*t, n, op, name);
-  return t;
-}
+Tensor* optional_grad(Tensor* t) { return t == nullptr || !t->defined() ? nullptr : t; }
 
 // g += partial (n floats), g of any float dtype.
 void accumulate_into(Tensor& g, const float* partial, std::int64_t n) {
@@ -59,22 +52,11 @@ inline void write_row(float* __restrict y, const float* __restrict src, float m,
 
 // Forward over all rows. With delta, h = x + delta is written first and normalized.
 void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor* delta,
-                  const Tensor& w, const Tensor& b, float eps, ExecContext& ctx, const char* op) {
-  ProfileScope prof(ctx, "norm", Phase::kForward);
-  require_cpu(x, op);
-  require_dtype(mean, DType::kF32, op, "mean");
-  require_dtype(rstd, DType::kF32, op, "rstd");
+                  const Tensor& w, const Tensor& b, float eps) {
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
-  require_numel(y, rows * H, op, "output");
-  require_numel(mean, rows, op, "mean");
-  require_numel(rstd, rows, op, "rstd");
   std::vector<float> wbuf, bbuf;
-  const float* wp = optional_f32(w, H, op, "weight", wbuf);
-  const float* bp = optional_f32(b, H, op, "bias", bbuf);
-  if (delta != nullptr) {
-    require_numel(*delta, rows * H, op, "residual delta");
-    require_numel(*h, rows * H, op, "residual output");
-  }
+  const float* wp = optional_f32(w, H, wbuf);
+  const float* bp = optional_f32(b, H, bbuf);
   float* mp = mean.f32();
   float* rp = rstd.f32();
   const float inv_h = 1.0f / static_cast<float>(H);
@@ -112,18 +94,12 @@ void forward_impl(Tensor* h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor
 // dx (= or +=) rstd · (g − mean(g) − xhat · mean(g · xhat)),  g = dy · w,  xhat = (x − mean) · rstd;
 // dw += Σ dy · xhat, db += Σ dy, through per-thread partial rows summed in thread order.
 void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& mean,
-                   const Tensor& rstd, const Tensor& w, ExecContext& ctx, bool accumulate_dx, const char* op) {
-  ProfileScope prof(ctx, "norm", Phase::kBackward);
-  require_cpu(x, op);
+                   const Tensor& rstd, const Tensor& w, bool accumulate_dx) {
   const std::int64_t H = x.dim(-1), rows = x.numel() / H;
-  require_numel(dx, rows * H, op, "input gradient");
-  require_numel(dy, rows * H, op, "output gradient");
-  require_numel(mean, rows, op, "mean");
-  require_numel(rstd, rows, op, "rstd");
   std::vector<float> wbuf;
-  const float* wp = optional_f32(w, H, op, "weight", wbuf);
-  Tensor* dwo = optional_grad(dw, H, op, "weight gradient");
-  Tensor* dbo = optional_grad(db, H, op, "bias gradient");
+  const float* wp = optional_f32(w, H, wbuf);
+  Tensor* dwo = optional_grad(dw);
+  Tensor* dbo = optional_grad(db);
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
   const int nt = num_threads();
@@ -187,38 +163,34 @@ void backward_impl(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const T
 
 }  // namespace
 
-void layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w, const Tensor& b,
-                       float eps, ExecContext& ctx) {
-  forward_impl(nullptr, y, mean, rstd, x, nullptr, w, b, eps, ctx, "layernorm_forward");
+void CpuBackend::layernorm_forward(Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x, const Tensor& w,
+                                   const Tensor& b, float eps, ExecContext&) {
+  forward_impl(nullptr, y, mean, rstd, x, nullptr, w, b, eps);
 }
 
-void layernorm_backward(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& mean,
-                        const Tensor& rstd, const Tensor& w, ExecContext& ctx, bool accumulate_dx) {
-  backward_impl(dx, dw, db, dy, x, mean, rstd, w, ctx, accumulate_dx, "layernorm_backward");
+void CpuBackend::layernorm_backward(Tensor& dx, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& x,
+                                    const Tensor& mean, const Tensor& rstd, const Tensor& w, ExecContext&,
+                                    bool accumulate_dx) {
+  backward_impl(dx, dw, db, dy, x, mean, rstd, w, accumulate_dx);
 }
 
-void layernorm_residual_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x,
-                                const Tensor& delta, const Tensor& w, const Tensor& b, float eps, ExecContext& ctx) {
-  forward_impl(&h, y, mean, rstd, x, &delta, w, b, eps, ctx, "layernorm_residual_forward");
+void CpuBackend::layernorm_residual_forward(Tensor& h, Tensor& y, Tensor& mean, Tensor& rstd, const Tensor& x,
+                                            const Tensor& delta, const Tensor& w, const Tensor& b, float eps,
+                                            ExecContext&) {
+  forward_impl(&h, y, mean, rstd, x, &delta, w, b, eps);
 }
 
-void layernorm_residual_backward(Tensor& dh, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& h,
-                                 const Tensor& mean, const Tensor& rstd, const Tensor& w, ExecContext& ctx) {
-  backward_impl(dh, dw, db, dy, h, mean, rstd, w, ctx, /*accumulate_dx=*/true, "layernorm_residual_backward");
+void CpuBackend::layernorm_residual_backward(Tensor& dh, Tensor* dw, Tensor* db, const Tensor& dy, const Tensor& h,
+                                             const Tensor& mean, const Tensor& rstd, const Tensor& w, ExecContext&) {
+  backward_impl(dh, dw, db, dy, h, mean, rstd, w, /*accumulate_dx=*/true);
 }
 
-void layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                         const Tensor& b, ExecContext& ctx) {
-  ProfileScope prof(ctx, "norm", Phase::kBackward);
-  const char* op = "layernorm_recompute";
-  require_cpu(h, op);
+void CpuBackend::layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& w, const Tensor& b, ExecContext&) {
   const std::int64_t H = h.dim(-1), rows = h.numel() / H;
-  require_numel(y, rows * H, op, "output");
-  require_numel(mean, rows, op, "mean");
-  require_numel(rstd, rows, op, "rstd");
   std::vector<float> wbuf, bbuf;
-  const float* wp = optional_f32(w, H, op, "weight", wbuf);
-  const float* bp = optional_f32(b, H, op, "bias", bbuf);
+  const float* wp = optional_f32(w, H, wbuf);
+  const float* bp = optional_f32(b, H, bbuf);
   const float* mp = mean.f32();
   const float* rp = rstd.f32();
   parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
@@ -232,4 +204,4 @@ void layernorm_recompute(Tensor& y, const Tensor& h, const Tensor& mean, const T
   });
 }
 
-}  // namespace scalelab::kernels
+}  // namespace scalelab::kernels::cpu

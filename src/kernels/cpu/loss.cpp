@@ -1,14 +1,16 @@
+// Cross-entropy on the CPU (loss.h).
 #include "kernels/loss.h"
 
 #include <cmath>
 #include <vector>
 
 #include "core/parallel.h"
+#include "core/error.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
 namespace {
 void check_target(std::int32_t t, std::int64_t V, std::int64_t row) {
@@ -20,14 +22,8 @@ void check_target(std::int32_t t, std::int64_t V, std::int64_t row) {
 }
 }  // namespace
 
-LossSum cross_entropy_forward(Tensor& lse, const Tensor& logits, const Tensor& targets, ExecContext& ctx) {
-  ProfileScope prof(ctx, "loss", Phase::kForward);
-  require_cpu(logits, "cross_entropy_forward");
-  require_dtype(targets, DType::kI32, "cross_entropy_forward", "targets");
-  require_dtype(lse, DType::kF32, "cross_entropy_forward", "lse");
+LossSum CpuBackend::cross_entropy_forward(Tensor& lse, const Tensor& logits, const Tensor& targets, ExecContext&) {
   const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
-  require_numel(targets, rows, "cross_entropy_forward", "targets");
-  require_numel(lse, rows, "cross_entropy_forward", "lse");
   const std::int32_t* tg = targets.data<std::int32_t>();
   float* l = lse.f32();
   for (std::int64_t r = 0; r < rows; ++r) check_target(tg[r], V, r);
@@ -50,12 +46,9 @@ LossSum cross_entropy_forward(Tensor& lse, const Tensor& logits, const Tensor& t
   return out;
 }
 
-void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& lse, const Tensor& targets,
-                            float grad_scale, ExecContext& ctx) {
-  ProfileScope prof(ctx, "loss", Phase::kBackward);
-  require_cpu(logits, "cross_entropy_backward");
+void CpuBackend::cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                        const Tensor& targets, float grad_scale, ExecContext&) {
   const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
-  require_numel(dlogits, rows * V, "cross_entropy_backward", "logits gradient");
   const float* l = lse.f32();
   const std::int32_t* tg = targets.data<std::int32_t>();
   parallel_for(rows, row_grain(V), [&](std::int64_t r0, std::int64_t r1) {
@@ -76,4 +69,11 @@ void cross_entropy_backward(Tensor& dlogits, const Tensor& logits, const Tensor&
   });
 }
 
-}  // namespace scalelab::kernels
+std::int64_t CpuBackend::count_target_tokens(const Tensor& targets, ExecContext&) {
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  std::int64_t n = 0;
+  for (std::int64_t r = 0; r < targets.numel(); ++r) n += tg[r] != kIgnoreIndex;
+  return n;
+}
+
+}  // namespace scalelab::kernels::cpu

@@ -1,3 +1,4 @@
+// The matmul family on the CPU: OpenBLAS sgemm, low-precision operands widened panel by panel.
 #include "kernels/matmul.h"
 
 #include <cblas.h>
@@ -6,8 +7,8 @@
 #include <cstring>
 
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/kernel_common.h"
 
 namespace scalelab::kernels {
 
@@ -101,9 +102,11 @@ std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t
   return total;
 }
 
-void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType at,
-             std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c, DType ct,
-             std::int64_t ldc, ExecContext& ctx) {
+namespace cpu {
+
+void CpuBackend::gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
+                         DType at, std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c,
+                         DType ct, std::int64_t ldc, ExecContext& ctx) {
   if (at == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) {
     gemm(ta, tb, m, n, k, alpha, static_cast<const float*>(a), lda, static_cast<const float*>(b), ldb, beta,
          static_cast<float*>(c), ldc);
@@ -179,30 +182,16 @@ struct LinearDims {
   std::int64_t tokens, in, out;
 };
 
-LinearDims check_linear(const Tensor& y, const Tensor& x, const Tensor& w, const char* op) {
-  require_cpu(x, op);
-  require_cpu(w, op);
-  require_cpu(y, op);
-  SCALELAB_CHECK(is_float_type(x.dtype()) && is_float_type(w.dtype()) && is_float_type(y.dtype()),
-                 std::string("[") + op + "] tensors must be fp32, bf16 or fp16");
-  SCALELAB_CHECK(w.rank() == 2, std::string("[") + op + "] weight must be 2-D, got " + w.shape().str());
-  const std::int64_t out = w.dim(0), in = w.dim(1);
-  SCALELAB_CHECK(x.rank() >= 1 && x.dim(-1) == in,
-                 std::string("[") + op + "] input " + x.shape().str() + " does not end in " + std::to_string(in));
-  const std::int64_t tokens = x.numel() / in;
-  require_numel(y, tokens * out, op, "output");
-  return {tokens, in, out};
-}
+// Sizes of a linear layer the front has validated: x[tokens, in], w[out, in].
+LinearDims linear_dims(const Tensor& x, const Tensor& w) { return {x.numel() / w.dim(1), w.dim(1), w.dim(0)}; }
 
 }  // namespace
 
-void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, ExecContext& ctx) {
-  ProfileScope prof(ctx, "matmul", Phase::kForward);
-  const auto d = check_linear(y, x, w, "linear_forward");
+void CpuBackend::linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, ExecContext& ctx) {
+  const auto d = linear_dims(x, w);
   const bool has_bias = bias != nullptr && bias->defined();
   if (has_bias && y.dtype() == DType::kF32) {
     // Seed the output with the bias and accumulate the product into it (beta = 1).
-    require_numel(*bias, d.out, "linear_forward", "bias");
     float* yp = y.f32();
     parallel_for(d.tokens, row_grain(d.out), [&](std::int64_t t0, std::int64_t t1) {
       for (std::int64_t t = t0; t < t1; ++t) convert(bias->raw(), bias->dtype(), yp + t * d.out, DType::kF32,
@@ -214,34 +203,19 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b
   }
   gemm_ex(false, true, d.tokens, d.out, d.in, 1.0f, x.raw(), x.dtype(), d.in, w.raw(), w.dtype(), d.in, 0.0f, y.raw(),
           y.dtype(), d.out, ctx);
-  if (has_bias) {
-    require_numel(*bias, d.out, "linear_forward", "bias");
-    parallel_for(d.tokens, row_grain(d.out), [&](std::int64_t t0, std::int64_t t1) {
-      const float* bp = load_row(bias->raw(), bias->dtype(), d.out, 1);
-      for (std::int64_t t = t0; t < t1; ++t) {
-        void* row = elem(y.raw(), y.dtype(), t * d.out);
-        float* r = inout_row(row, y.dtype(), d.out, 0);
-        for (std::int64_t j = 0; j < d.out; ++j) r[j] += bp[j];
-        store_row(r, row, y.dtype(), d.out);
-      }
-    });
-  }
+  if (has_bias) bias_add_(y, *bias, ctx);
 }
 
-void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, const Tensor& x, const Tensor& w,
-                     ExecContext& ctx, bool accumulate_dx) {
-  ProfileScope prof(ctx, "matmul", Phase::kBackward);
-  const auto d = check_linear(dy, x, w, "linear_backward");
-  require_numel(dw, d.out * d.in, "linear_backward", "weight gradient");
+void CpuBackend::linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, const Tensor& x,
+                                 const Tensor& w, ExecContext& ctx, bool accumulate_dx) {
+  const auto d = linear_dims(x, w);
   if (dx != nullptr) {
-    require_numel(*dx, d.tokens * d.in, "linear_backward", "input gradient");
     gemm_ex(false, false, d.tokens, d.in, d.out, 1.0f, dy.raw(), dy.dtype(), d.out, w.raw(), w.dtype(), d.in,
             accumulate_dx ? 1.0f : 0.0f, dx->raw(), dx->dtype(), d.in, ctx);
   }
   gemm_ex(true, false, d.out, d.in, d.tokens, 1.0f, dy.raw(), dy.dtype(), d.out, x.raw(), x.dtype(), d.in, 1.0f,
           dw.raw(), dw.dtype(), d.in, ctx);
   if (dbias != nullptr && dbias->defined()) {
-    require_numel(*dbias, d.out, "linear_backward", "bias gradient");
     // Column sums in fp32, split over columns so threads never share an output.
     float* acc = row_buffer(d.out, 2);
     std::fill(acc, acc + d.out, 0.0f);
@@ -264,4 +238,5 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
   }
 }
 
+}  // namespace cpu
 }  // namespace scalelab::kernels

@@ -1,21 +1,18 @@
+// RMSNorm on the CPU (norm.h).
 #include "kernels/norm.h"
 
 #include <cmath>
 #include <vector>
 
 #include "core/parallel.h"
+#include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
-#include "kernels/kernel_common.h"
 
-namespace scalelab::kernels {
+namespace scalelab::kernels::cpu {
 
-void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, float eps, ExecContext& ctx) {
-  ProfileScope prof(ctx, "norm", Phase::kForward);
-  require_cpu(x, "rmsnorm_forward");
-  require_dtype(rstd, DType::kF32, "rmsnorm_forward", "rstd");
+void CpuBackend::rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, float eps,
+                                 ExecContext&) {
   const std::int64_t H = w.numel(), rows = x.numel() / H;
-  require_numel(y, rows * H, "rmsnorm_forward", "output");
-  require_numel(rstd, rows, "rmsnorm_forward", "rstd");
   float* rp = rstd.f32();
   parallel_for(rows, row_grain(H), [&](std::int64_t r0, std::int64_t r1) {
     const float* wp = load_row(w.raw(), w.dtype(), H, 1);
@@ -33,14 +30,9 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, 
   });
 }
 
-void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& w,
-                      ExecContext& ctx, bool accumulate_dx) {
-  ProfileScope prof(ctx, "norm", Phase::kBackward);
-  require_cpu(x, "rmsnorm_backward");
+void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& rstd,
+                                  const Tensor& w, ExecContext&, bool accumulate_dx) {
   const std::int64_t H = w.numel(), rows = x.numel() / H;
-  require_numel(dx, rows * H, "rmsnorm_backward", "input gradient");
-  require_numel(dy, rows * H, "rmsnorm_backward", "output gradient");
-  require_numel(dw, H, "rmsnorm_backward", "weight gradient");
   const float* rp = rstd.f32();
   // Weight gradients: one fp32 partial row per thread, summed in thread order (deterministic).
   const int nt = num_threads();
@@ -75,4 +67,4 @@ void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x,
   store_row(dwo, dw.raw(), dw.dtype(), H);
 }
 
-}  // namespace scalelab::kernels
+}  // namespace scalelab::kernels::cpu

@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# The one script for a call on a lent GPU machine (run from the repository root):
+#
+#   bench/gpu/run.sh check                 # the device, scalelab selftest --device cuda, GPU test binaries
+#   bench/gpu/run.sh bench [compare args]  # the device, then bench/gpu/compare.py in the time left
+#   bench/gpu/run.sh all   [compare args]  # check, then bench
+#
+# scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
+# env.sh setting LD_LIBRARY_PATH, tests/* GoogleTest binaries; scripts/package-device.sh makes
+# it). Without it the script tries a CMake build into build-device/ (the machine has cmake and
+# nvcc but maybe not the Debian packages the build needs: then it says so and goes on without
+# scalelab). Everything is logged to $OUT/run.log (OUT defaults to runs/gpu-<time>/); compare.py
+# writes $OUT/compare.json and $OUT/compare.md. The summary is printed last.
+#
+# Environment: RUN_BUDGET_S (default 570: a 10-minute call less a margin), TEST_FILTER (a
+# --gtest_filter for the test binaries), TEST_TIMEOUT_S (per binary, default 240),
+# SELFTEST_TIMEOUT_S (default 180), BUILD_TIMEOUT_S (default 420), SCALELAB_NO_BUILD (set: never
+# try the build), PYTHON (default python3), WHEELS_DIR (default $SCALELAB_DEVICE_DIR/wheels: pure-
+# Python wheels to pip-install --no-deps first, e.g. liger-kernel and accelerate; never in git).
+set -uo pipefail
+
+mode="${1:-all}"
+[ $# -gt 0 ] && shift
+case "$mode" in
+  check|bench|all) ;;
+  -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+  *) echo "run.sh: unknown mode '$mode' (check | bench [compare args] | all [compare args])" >&2; exit 2 ;;
+esac
+
+OUT="${OUT:-runs/gpu-$(date +%Y%m%d-%H%M%S)}"
+export OUT
+mkdir -p "$OUT"
+LOG="$OUT/run.log"
+BUDGET="${RUN_BUDGET_S:-570}"
+PY="${PYTHON:-python3}"
+DEV_DIR="${SCALELAB_DEVICE_DIR:-.device}"
+SUMMARY=()
+STATUS=0
+
+say() { printf '%s\n' "$*"; }
+section() { printf '\n==== %s (t=%ss)\n' "$*" "$SECONDS"; }
+add() { SUMMARY+=("$*"); }
+left() { echo $((BUDGET - SECONDS)); }
+
+device_info() {
+  section "device"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L
+    nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.max.sm,power.limit \
+      --format=csv 2>/dev/null || true
+    add "device: $(nvidia-smi -L 2>/dev/null | head -1)"
+  else
+    say "nvidia-smi: not found"
+    add "device: nvidia-smi not found"
+  fi
+  say "host: $(nproc) cores, $(free -g 2>/dev/null | awk '/Mem:/{print $2}') GiB; $(uname -r)"
+  command -v nvcc >/dev/null 2>&1 && nvcc --version | tail -2
+  install_wheels
+  "$PY" - <<'EOF' || true
+import importlib, sys
+print("python", sys.version.split()[0])
+for name in ("torch", "transformers", "accelerate", "liger_kernel", "triton", "flash_attn"):
+    try:
+        m = importlib.import_module(name)
+        extra = ""
+        if name == "torch":
+            extra = f" (CUDA {m.version.cuda}, cuda available {m.cuda.is_available()})"
+        print(f"{name} {getattr(m, '__version__', '?')}{extra}")
+    except Exception as e:  # noqa: BLE001
+        print(f"{name}: not importable ({type(e).__name__}: {str(e)[:120]})")
+EOF
+  local v
+  v=$("$PY" -c 'import torch, transformers; print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), transformers {transformers.__version__}")' 2>/dev/null) \
+    || v="torch/transformers not importable"
+  add "python: $v"
+}
+
+# Pure-Python wheels carried with the call (the machine has no network), e.g. liger-kernel and
+# accelerate: $WHEELS_DIR (default $DEV_DIR/wheels/) *.whl, installed without dependencies.
+install_wheels() {
+  local dir="${WHEELS_DIR:-$DEV_DIR/wheels}" whl=()
+  [ -d "$dir" ] || return 0
+  shopt -s nullglob
+  whl=("$dir"/*.whl)
+  shopt -u nullglob
+  [ "${#whl[@]}" -gt 0 ] || return 0
+  say "installing ${#whl[@]} carried wheel(s) from $dir: $(basename -a "${whl[@]}" | tr '\n' ' ')"
+  if PIP_BREAK_SYSTEM_PACKAGES=1 "$PY" -m pip install --quiet --no-deps --no-index --disable-pip-version-check \
+       "${whl[@]}" 2>&1 | tail -5; then
+    add "wheels: installed $(basename -a "${whl[@]}" | tr '\n' ' ')"
+  else
+    add "wheels: pip install failed (see run.log)"
+  fi
+}
+
+SL=""
+find_scalelab() {
+  section "scalelab"
+  if [ -f "$DEV_DIR/env.sh" ]; then
+    # shellcheck disable=SC1091
+    . "$DEV_DIR/env.sh"
+    say "sourced $DEV_DIR/env.sh (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
+  fi
+  local c
+  for c in "${SCALELAB_BIN:-}" "$DEV_DIR/bin/scalelab" "$DEV_DIR/scalelab" build-device/scalelab; do
+    if [ -n "$c" ] && [ -x "$c" ]; then SL="$c"; break; fi
+  done
+  if [ -z "$SL" ] && [ -n "${SCALELAB_NO_BUILD:-}" ]; then
+    say "no prebuilt scalelab in $DEV_DIR/ (SCALELAB_NO_BUILD: not building)"
+    add "scalelab: none (no $DEV_DIR/, SCALELAB_NO_BUILD set)"
+  elif [ -z "$SL" ]; then
+    say "no prebuilt scalelab in $DEV_DIR/; trying a build into build-device/"
+    try_build
+  fi
+  if [ -n "$SL" ]; then
+    if ldd "$SL" 2>/dev/null | grep -q "not found"; then
+      say "scalelab: missing shared libraries:"
+      ldd "$SL" | grep "not found"
+      add "scalelab: $SL cannot load: $(ldd "$SL" | grep 'not found' | awk '{print $1}' | tr '\n' ' ')"
+      SL=""
+      STATUS=1
+      return
+    fi
+    say "scalelab: $SL"
+    "$SL" version 2>&1 | head -5
+    add "scalelab: $SL ($("$SL" version 2>&1 | head -1))"
+    export SCALELAB_BIN="$SL"
+  fi
+}
+
+try_build() {
+  local nvcc=""
+  if command -v nvcc >/dev/null 2>&1; then nvcc=$(command -v nvcc)
+  elif [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+  if ! command -v cmake >/dev/null 2>&1 || [ -z "$nvcc" ]; then
+    say "cannot build: cmake or nvcc missing"
+    add "scalelab: none (no $DEV_DIR/, and no cmake/nvcc to build)"
+    return
+  fi
+  local gen=() jobs
+  command -v ninja >/dev/null 2>&1 && gen=(-G Ninja)
+  jobs=$(nproc)
+  if ! timeout 120 cmake -S . -B build-device "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+       -DCMAKE_CUDA_COMPILER="$nvcc" -DSCALELAB_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+       >"$OUT/build.log" 2>&1; then
+    say "cannot build here: CMake configure failed (the Debian packages scalelab builds against are not on this machine):"
+    grep -E "Could NOT find|not found|Error" "$OUT/build.log" | head -8
+    add "scalelab: none (no $DEV_DIR/; configure failed here, see build.log: $(grep -m1 -E 'Could NOT find|Error' "$OUT/build.log" | cut -c1-120))"
+    return
+  fi
+  local bt=$(( $(left) - 120 ))
+  [ "$bt" -gt "${BUILD_TIMEOUT_S:-420}" ] && bt="${BUILD_TIMEOUT_S:-420}"
+  if [ "$bt" -lt 60 ]; then
+    add "scalelab: none (configured, but no time left to build)"
+    return
+  fi
+  say "building scalelab (at most ${bt}s, $jobs jobs)"
+  if timeout "$bt" cmake --build build-device -j "$jobs" --target scalelab >>"$OUT/build.log" 2>&1 \
+     && [ -x build-device/scalelab ]; then
+    SL=build-device/scalelab
+  else
+    say "build failed or timed out: tail of build.log:"
+    tail -15 "$OUT/build.log"
+    add "scalelab: none (build failed or timed out, see build.log)"
+  fi
+}
+
+run_checks() {
+  section "scalelab selftest --device cuda"
+  if [ -z "$SL" ]; then
+    say "skipped: no scalelab"
+    add "selftest: skipped (no scalelab)"
+  else
+    local rc out="$OUT/selftest.log"
+    timeout "${SELFTEST_TIMEOUT_S:-180}" "$SL" selftest --device cuda >"$out" 2>&1
+    rc=$?
+    tail -60 "$out"
+    if [ "$rc" -eq 0 ]; then
+      add "selftest: passed (exit 0): $(grep -v '^[[:space:]]*$' "$out" | tail -1 | cut -c1-160)"
+    elif grep -qiE "requires a subcommand|not found|unknown|extras" "$out" && ! grep -qi "fail" "$out"; then
+      add "selftest: this scalelab has no 'selftest' subcommand (exit $rc)"
+    else
+      add "selftest: FAILED (exit $rc; $(grep -ciE 'fail' "$out") failing lines, see selftest.log)"
+      STATUS=1
+    fi
+  fi
+
+  section "GPU test binaries ($DEV_DIR/tests/*, SCALELAB_TEST_DEVICE=cuda)"
+  local t n=0 name rc res passed failed tlog
+  for t in "$DEV_DIR"/tests/*; do
+    if [ ! -f "$t" ] || [ ! -x "$t" ]; then continue; fi
+    n=$((n + 1))
+    name=$(basename "$t")
+    tlog="$OUT/test-$name.log"
+    if [ "$(left)" -lt 30 ]; then
+      add "test $name: skipped (time)"
+      continue
+    fi
+    local filter=()
+    [ -n "${TEST_FILTER:-}" ] && filter=("--gtest_filter=$TEST_FILTER")
+    say "-- $name"
+    SCALELAB_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-240}" "$t" --gtest_brief=1 "${filter[@]}" >"$tlog" 2>&1
+    rc=$?
+    tail -40 "$tlog"
+    passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$tlog" | grep -oE '[0-9]+$' | tail -1)
+    failed=$(grep -oE '\[  FAILED  \] [0-9]+ tests?,' "$tlog" | grep -oE '[0-9]+' | tail -1)
+    res="$name: exit $rc, ${passed:-0} passed, ${failed:-0} failed"
+    [ "$rc" -eq 124 ] && res="$res (timed out)"
+    [ "$rc" -ne 0 ] && STATUS=1
+    add "test $res"
+  done
+  [ "$n" -eq 0 ] && add "tests: none in $DEV_DIR/tests/"
+}
+
+run_bench() {
+  section "compare.py (scalelab vs HF Trainer)"
+  local budget=$(( $(left) - 20 ))
+  if [ "$budget" -lt 60 ]; then
+    say "skipped: ${budget}s left"
+    add "compare: skipped (${budget}s left)"
+    return
+  fi
+  local args=("$@") has_budget=0 a
+  for a in "${args[@]}"; do case "$a" in --budget-s|--budget-s=*) has_budget=1 ;; esac; done
+  [ "$has_budget" -eq 0 ] && args+=(--budget-s "$budget")
+  say "$PY bench/gpu/compare.py ${args[*]}"
+  timeout $(( budget + 15 )) "$PY" bench/gpu/compare.py "${args[@]}"
+  local rc=$?
+  if [ -f "$OUT/compare.md" ]; then
+    add "compare: exit $rc, table in compare.md (above), raw results in compare.json"
+  else
+    add "compare: exit $rc, no table written"
+    STATUS=1
+  fi
+}
+
+main() {
+  say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
+  device_info
+  find_scalelab
+  case "$mode" in
+    check) run_checks ;;
+    bench) run_bench "$@" ;;
+    all) run_checks; run_bench "$@" ;;
+  esac
+  section "summary"
+  if [ -f "$OUT/compare.md" ] && [ "$mode" != check ]; then
+    cat "$OUT/compare.md"
+    echo
+  fi
+  local s
+  for s in "${SUMMARY[@]}"; do say "  $s"; done
+  say "  logs: $OUT/ ($(cd "$OUT" && find . -maxdepth 1 -type f -printf '%f '))"
+  say "  total ${SECONDS}s; $([ "$STATUS" -eq 0 ] && echo OK || echo 'SOMETHING FAILED (see above)')"
+  return "$STATUS"
+}
+
+main "$@" 2>&1 | tee -a "$LOG"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,73 @@
+#pragma once
+// What every CUDA kernel file shares: error checks that throw typed errors, the stream and
+// library handles of this process's GPU, launch geometry, and fp32 <-> storage-type conversion.
+//
+// One process drives one GPU (the launcher's local rank picks it); all kernels run on one stream,
+// so the host never waits except where a value must be read (losses, norms).
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/context.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/tensor.h"
+
+namespace scalelab::kernels::cuda {
+
+// Throws RuntimeError "[where] CUDA error <name>: <string>" when e is not cudaSuccess.
+void check(cudaError_t e, const char* where);
+void check_cublas(cublasStatus_t s, const char* where);
+// After a launch: turns a launch failure into an error naming the op.
+inline void check_launch(const char* op) { check(cudaGetLastError(), op); }
+
+// The process's stream and cuBLASLt handle, and a device workspace for cuBLASLt (created once).
+cudaStream_t stream();
+cublasLtHandle_t cublaslt();
+void* cublaslt_workspace(std::size_t* bytes);
+const cudaDeviceProp& device_props();
+
+// Blocks of `threads` covering n items, capped so that grid-stride loops take the rest.
+inline unsigned grid_for(std::int64_t n, unsigned threads = 256) {
+  std::int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 65535LL * 32) b = 65535LL * 32;
+  return static_cast<unsigned>(b);
+}
+
+// Storage element <-> fp32 (compute is fp32 on every backend, as on the CPU).
+template <class T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+// Round to nearest even, as the CPU's conversion (core/dtype).
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// Calls f.template operator()<T>() with T the CUDA storage type of dt (float, __nv_bfloat16, __half).
+template <class F>
+void dispatch_float(DType dt, const char* op, F&& f) {
+  switch (dt) {
+    case DType::kF32: f.template operator()<float>(); return;
+    case DType::kBF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::kF16: f.template operator()<__half>(); return;
+    default: throw RuntimeError(std::string("[") + op + "] unsupported dtype " + std::string(dtype_name(dt)));
+  }
+}
+
+}  // namespace scalelab::kernels::cuda

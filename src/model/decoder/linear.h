@@ -1,0 +1,70 @@
+#pragma once
+// The pieces every decoder family is built from (src/model/decoder/): a Linear projection, a norm
+// with its residual forms, the attention block. A family's model (src/model/<family>/model.cpp)
+// binds them to views of the flat parameter and gradient buffers and calls them in its order;
+// the pieces allocate exactly what the family would allocate by hand, with the same labels, so
+// the memory plan and the allocation traces do not depend on the refactoring.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/context.h"
+#include "core/tensor.h"
+#include "model/params.h"
+
+namespace scalelab {
+
+// Where a model's step-local tensors come from: activations and activation gradients in the
+// activation dtype, per-row statistics (norm rstd/mean, log-sum-exp) in fp32.
+struct ActAlloc {
+  DType dtype = DType::kF32;
+  DeviceAllocator* alloc = nullptr;
+  Tensor act(const Shape& s, const char* what) const { return Tensor::empty(s, dtype, *alloc, what); }
+  Tensor f32(const Shape& s, const char* what) const { return Tensor::empty(s, DType::kF32, *alloc, what); }
+};
+
+// An adapter beside a Linear (LoRA attaches here): y += adapter(x) after the base projection,
+// and in backward dx += adapter's input gradient (after the base wrote dx) plus its own
+// parameter gradients. No adapter exists yet; the slot is empty.
+class LinearAdapter {
+ public:
+  virtual ~LinearAdapter() = default;
+  virtual void forward(Tensor& y, const Tensor& x, ExecContext& ctx) = 0;
+  virtual void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) = 0;
+};
+
+// y = x · wᵀ (+ b): kernels::linear_forward / linear_backward over views of the flat buffers.
+// w/dw: [out, in] (a fused projection is a contiguous run of the layout: q/k/v, gate/up);
+// b/db: [out] or undefined.
+struct Linear {
+  Tensor w, dw, b, db;
+  std::shared_ptr<LinearAdapter> adapter;  // empty: no adapter
+  // A frozen projection gets no weight/bias gradient (its input gradient still flows). Until the
+  // kernels take a null weight gradient, backward writes it into a scratch buffer it discards.
+  bool frozen = false;
+
+  bool has_bias() const { return b.defined(); }
+  // y = x·wᵀ (+ b when with_bias; a fused kernel may add the bias itself, e.g. OPT's bias+ReLU).
+  void forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bias = true) const;
+  // dx = dy·w (assigned, or added when accumulate_dx; dx may be null), dw += dyᵀ·x,
+  // db += Σ_rows dy (when with_bias).
+  void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool accumulate_dx = false,
+                bool with_bias = true);
+};
+
+// Views of the flat buffers by HF name.
+Tensor optional_view(const ParamLayout& layout, const Tensor& flat, const std::string& name);
+// The parameters `names`, adjacent in this order in the layout, as one [rows, cols] matrix (cols
+// 0: a vector); RuntimeError when they are not adjacent (a bug in the family's layout).
+Tensor contiguous_view(const ParamLayout& layout, const Tensor& flat, const std::vector<std::string>& names,
+                       std::int64_t cols);
+// A Linear over `weights` (one name, or several adjacent ones fused) and optional `biases` (all
+// present or all absent in the layout).
+Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor& grads,
+                   const std::vector<std::string>& weights, const std::vector<std::string>& biases = {});
+// [begin, end) in the flat buffer of every parameter whose name starts with `prefix` (a layer).
+std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::string& prefix);
+
+}  // namespace scalelab

@@ -1,0 +1,278 @@
+// The Llama decoder (Llama 3.x, and Qwen2 with q/k/v biases): RMSNorm, grouped-query attention
+// with RoPE (llama3 scaling), SwiGLU MLP, tied or untied LM head. Explicit forward and backward
+// per layer over the shared decoder pieces (src/model/decoder/) and the kernels of src/kernels;
+// parameters and gradients are views into the flat buffers. Every allocation below is mirrored,
+// in order, by llama_step() in src/train/memory_plan.cpp: change one, change the other.
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/activation.h"
+#include "kernels/elementwise.h"
+#include "kernels/embedding.h"
+#include "kernels/fused.h"
+#include "kernels/loss.h"
+#include "model/decoder/attention.h"
+#include "model/decoder/norm.h"
+#include "model/family.h"
+#include "model/llama/llama.h"
+
+namespace scalelab {
+
+namespace {
+
+using namespace kernels;
+
+class LlamaModel final : public Model {
+ public:
+  LlamaModel(const ModelConfig& c, const ParamLayout& layout, Tensor& params, Tensor& grads, const ModelOptions& o)
+      : c_(c), opt_(o), rope_(make_rope_table(c.head_dim, c.max_position_embeddings, c.rope_theta, c.rope_scaling)) {
+    H_ = c.hidden_size;
+    I_ = c.intermediate_size;
+    act_.dtype = o.activation_dtype;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const std::string& emb = family_of(c).token_embedding;
+    embed_ = layout.view(params, emb);
+    dembed_ = layout.view(grads, emb);
+    if (family_of(c).embedding_padding_idx && c.pad_token_id) pad_ = *c.pad_token_id;
+    norm_ = bind_norm(NormKind::kRMSNorm, eps, layout, params, grads, "model.norm.weight");
+    const ParamInfo& e = layout.at(emb);
+    embed_range_ = {e.offset, e.offset + e.numel};
+    const ParamInfo& nrm = layout.at("model.norm.weight");
+    head_range_ = {nrm.offset, nrm.offset + nrm.numel};
+    if (c.tie_word_embeddings) {
+      head_.w = embed_;
+      head_.dw = dembed_;
+    } else {
+      head_ = bind_linear(layout, params, grads, {"lm_head.weight"});
+      head_range_.second = layout.at("lm_head.weight").offset + layout.at("lm_head.weight").numel;
+    }
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string p = llama_layer_prefix(l);
+      const std::string a = p + "self_attn.", m = p + "mlp.";
+      Layer w;
+      w.ln1 = bind_norm(NormKind::kRMSNorm, eps, layout, params, grads, p + "input_layernorm.weight");
+      w.attn.qkv = bind_linear(layout, params, grads, {a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"},
+                               {a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"});
+      w.attn.out = bind_linear(layout, params, grads, {a + "o_proj.weight"});
+      w.attn.n_heads = c.num_attention_heads;
+      w.attn.n_kv_heads = c.num_key_value_heads;
+      w.attn.head_dim = c.head_dim;
+      w.attn.rope = &rope_;
+      w.attn.impl = o.attention;
+      w.ln2 = bind_norm(NormKind::kRMSNorm, eps, layout, params, grads, p + "post_attention_layernorm.weight");
+      w.gate_up = bind_linear(layout, params, grads, {m + "gate_proj.weight", m + "up_proj.weight"});
+      w.down = bind_linear(layout, params, grads, {m + "down_proj.weight"});
+      w.range = param_range(layout, p);
+      layers_.push_back(std::move(w));
+    }
+  }
+
+  double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
+    check_batch(b);
+    const std::int64_t T = b.batch * b.seq, L = c_.num_hidden_layers;
+    std::vector<Acts> acts(static_cast<std::size_t>(L));
+    // The parts of the step, for the memory plan's categories (core/allocator.h).
+    AllocRegion region("activations");
+    Tensor x = embed(b, ctx);
+    for (std::int64_t l = 0; l < L; ++l) {
+      Acts& a = acts[static_cast<std::size_t>(l)];
+      Tensor out = act_.act({T, H_}, "residual stream");
+      layer_forward(l, x, out, a, b, ctx);
+      if (opt_.activation_checkpointing) a.drop_all_but_input();
+      x = out;
+    }
+    // Head: final norm, LM head, loss, and at once their backward. Unfused: the [T, vocab]
+    // logits exist (their gradient is written in place); fused: chunk by chunk, never whole.
+    region.set("head buffers");
+    Tensor xf = act_.act({T, H_}, "final norm output");
+    NormStats sf = norm_.new_stats(T, act_, "final norm mean", "final norm rstd");
+    norm_.forward(xf, sf, x, ctx);
+    LossSum ls;
+    Tensor dxf;
+    if (opt_.fused_kernels) {
+      const std::int64_t n = count_target_tokens(b.targets, ctx);
+      SCALELAB_CHECK(n > 0, "[llama] the batch has no target tokens to train on");
+      dxf = act_.act({T, H_}, "final norm gradient");
+      ls = fused_linear_cross_entropy(dxf, head_.dw, xf, head_.w, b.targets, grad_scale / static_cast<float>(n), 0,
+                                      ctx);
+    } else {
+      Tensor logits = act_.act({T, c_.vocab_size}, "logits");
+      head_.forward(logits, xf, ctx);
+      Tensor lse = act_.f32({T}, "loss lse");
+      ls = cross_entropy_forward(lse, logits, b.targets, ctx);
+      SCALELAB_CHECK(ls.count > 0, "[llama] the batch has no target tokens to train on");
+      cross_entropy_backward(logits, logits, lse, b.targets, grad_scale / static_cast<float>(ls.count), ctx);
+      dxf = act_.act({T, H_}, "final norm gradient");
+      head_.backward(&dxf, logits, xf, ctx);
+    }
+    region.set("backward temporaries");
+    Tensor dx = act_.act({T, H_}, "residual gradient");
+    norm_.backward(dx, dxf, x, sf, ctx);
+    dxf = Tensor();
+    xf = Tensor();
+    if (hook_) hook_(head_range_.first, head_range_.second);
+    for (std::int64_t l = L - 1; l >= 0; --l) {
+      Acts& a = acts[static_cast<std::size_t>(l)];
+      if (opt_.activation_checkpointing) {
+        AllocRegion recompute("recomputed layer");
+        Tensor out = act_.act({T, H_}, "recomputed residual");
+        layer_forward(l, a.x, out, a, b, ctx);
+      }
+      layer_backward(l, dx, a, b, ctx);
+      a = Acts();
+      if (hook_) hook_(layers_[static_cast<std::size_t>(l)].range.first, layers_[static_cast<std::size_t>(l)].range.second);
+    }
+    embedding_backward(dembed_, dx, b.inputs, ctx, pad_);
+    if (hook_) hook_(embed_range_.first, embed_range_.second);
+    return ls.sum / static_cast<double>(ls.count);
+  }
+
+  double forward_loss(const Batch& b, ExecContext& ctx, Tensor* logits_out) override {
+    check_batch(b);
+    const std::int64_t T = b.batch * b.seq;
+    Tensor x = embed(b, ctx);
+    for (std::int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      Acts a;
+      Tensor out = act_.act({T, H_}, "residual stream");
+      layer_forward(l, x, out, a, b, ctx);
+      x = out;
+    }
+    Tensor xf = act_.act({T, H_}, "final norm output");
+    NormStats sf = norm_.new_stats(T, act_, "final norm mean", "final norm rstd");
+    norm_.forward(xf, sf, x, ctx);
+    LossSum ls;
+    if (opt_.fused_kernels && logits_out == nullptr) {
+      ls = fused_linear_cross_entropy_forward(xf, head_.w, b.targets, 0, ctx);
+    } else {
+      Tensor logits = act_.act({T, c_.vocab_size}, "logits");
+      head_.forward(logits, xf, ctx);
+      Tensor lse = act_.f32({T}, "loss lse");
+      ls = cross_entropy_forward(lse, logits, b.targets, ctx);
+      if (logits_out) *logits_out = logits;
+    }
+    return ls.count ? ls.sum / static_cast<double>(ls.count) : 0.0;
+  }
+
+ private:
+  struct Layer {
+    Norm ln1, ln2;         // input_layernorm, post_attention_layernorm
+    AttentionBlock attn;   // q/k/v (+ biases: Qwen2), RoPE, o_proj
+    Linear gate_up, down;  // gate_proj and up_proj as one [2I, H] GEMM; down_proj
+    std::pair<std::int64_t, std::int64_t> range;  // the layer's range in the flat buffer
+  };
+  // What a layer keeps from forward for backward.
+  struct Acts {
+    Tensor x;           // layer input (residual stream) [T, H]
+    NormStats n1;       // input_layernorm rstd [T]
+    Tensor y1;          // input_layernorm output [T, H] (fused: rebuilt in backward)
+    AttentionActs att;  // qkv (after RoPE), probabilities or lse, attention output
+    Tensor h;           // residual after attention [T, H]
+    NormStats n2;       // post_attention_layernorm rstd [T]
+    Tensor y2;          // post_attention_layernorm output [T, H] (fused: rebuilt in backward)
+    Tensor gu;          // gate and up projections [T, 2I]
+    Tensor act;         // silu(gate) * up [T, I] (fused: not kept, recomputed in backward)
+    void drop_all_but_input() {
+      Tensor keep = x;
+      *this = Acts();
+      x = keep;
+    }
+  };
+
+  void check_batch(const Batch& b) {
+    SCALELAB_CHECK(b.seq <= c_.max_position_embeddings,
+                   "[llama] sequence length " + std::to_string(b.seq) + " exceeds max_position_embeddings " +
+                       std::to_string(c_.max_position_embeddings));
+  }
+
+  Tensor embed(const Batch& b, ExecContext& ctx) {
+    act_.alloc = ctx.alloc;
+    Tensor x = act_.act({b.batch * b.seq, H_}, "embeddings");
+    embedding_forward(x, b.inputs, embed_, ctx);
+    return x;
+  }
+
+  void layer_forward(std::int64_t l, const Tensor& x, Tensor& out, Acts& a, const Batch& b, ExecContext& ctx) {
+    const Layer& w = layers_[static_cast<std::size_t>(l)];
+    const std::int64_t T = b.batch * b.seq;
+    const bool fused = opt_.fused_kernels;
+    a.x = x;
+    a.n1 = w.ln1.new_stats(T, act_, "rmsnorm mean", "rmsnorm rstd");
+    a.y1 = act_.act({T, H_}, "attention norm output");
+    w.ln1.forward(a.y1, a.n1, x, ctx);
+    // Fused: y1 is dropped once projected and rebuilt from x and the rstd in backward.
+    w.attn.forward(a.att, a.h, a.y1, /*release_in=*/fused, b.batch, b.seq, act_, ctx);
+    a.n2 = w.ln2.new_stats(T, act_, "rmsnorm mean", "rmsnorm rstd");
+    a.y2 = act_.act({T, H_}, "mlp norm output");
+    w.ln2.residual_forward(a.h, a.y2, a.n2, x, fused, ctx);  // h = x + o_proj(attn), y2 = rmsnorm(h)
+    a.gu = act_.act({T, 2 * I_}, "mlp gate/up");
+    w.gate_up.forward(a.gu, a.y2, ctx);
+    if (fused) a.y2 = Tensor();  // rebuilt from h and rstd2 in backward
+    a.act = act_.act({T, I_}, "mlp activation");
+    swiglu_forward(a.act, a.gu, ctx);
+    w.down.forward(out, a.act, ctx);
+    if (fused) a.act = Tensor();  // recomputed in backward
+    add_(out, a.h, ctx);
+  }
+
+  // dx holds the gradient of the layer's output on entry and of its input on return.
+  void layer_backward(std::int64_t l, Tensor& dx, Acts& a, const Batch& b, ExecContext& ctx) {
+    Layer& w = layers_[static_cast<std::size_t>(l)];
+    const std::int64_t T = b.batch * b.seq;
+    const bool fused = opt_.fused_kernels;
+    // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
+    Tensor dgu;
+    if (fused) {
+      // dact, the recomputed activation and dW_down in one kernel; dgu is written over gu.
+      SCALELAB_CHECK(!w.down.adapter && !w.down.frozen, "[llama] the fused SwiGLU/down_proj backward has no "
+                                                        "adapter or frozen form — run without --fused-kernels");
+      swiglu_down_backward_recompute(a.gu, w.down.dw, dx, a.gu, w.down.w, ctx);
+      dgu = a.gu;
+      a.y2 = act_.act({T, H_}, "mlp norm output (recomputed)");
+      w.ln2.recompute(a.y2, a.h, a.n2, ctx);
+    } else {
+      Tensor dact = act_.act({T, I_}, "mlp activation gradient");
+      w.down.backward(&dact, dx, a.act, ctx);
+      a.act = Tensor();
+      dgu = act_.act({T, 2 * I_}, "mlp gate/up gradient");
+      swiglu_backward(dgu, dact, a.gu, ctx);
+    }
+    Tensor dy = act_.act({T, H_}, "norm output gradient");
+    w.gate_up.backward(&dy, dgu, a.y2, ctx);
+    dgu = Tensor();
+    a.gu = Tensor();
+    a.y2 = Tensor();
+    w.ln2.residual_backward(dx, dy, a.h, a.n2, fused, ctx);  // dx is now dh
+    // Attention: h = x + o_proj(attention(rope(qkv(rmsnorm(x))))).
+    Tensor dh = dx;
+    Tensor dqkv = w.attn.backward_to_qkv(dh, a.att, b.batch, b.seq, act_, ctx);
+    if (fused) {
+      a.y1 = act_.act({T, H_}, "attention norm output (recomputed)");
+      w.ln1.recompute(a.y1, a.x, a.n1, ctx);
+    }
+    w.attn.qkv.backward(&dy, dqkv, a.y1, ctx);  // the q/k/v biases' gradients too (Qwen2)
+    a.y1 = Tensor();
+    dqkv = Tensor();
+    w.ln1.residual_backward(dx, dy, a.x, a.n1, fused, ctx);
+  }
+
+  ModelConfig c_;
+  ModelOptions opt_;
+  RopeTable rope_;
+  ActAlloc act_;
+  std::int64_t H_ = 0, I_ = 0;
+  std::int64_t pad_ = -1;  // the padding_idx row that lookups do not train (Qwen2's pad_token_id)
+  Tensor embed_, dembed_;
+  Norm norm_;
+  Linear head_;
+  std::pair<std::int64_t, std::int64_t> embed_range_, head_range_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_llama_model(const ModelConfig& c, const ParamLayout& layout, Tensor& params, Tensor& grads,
+                                        const ModelOptions& o) {
+  return std::make_unique<LlamaModel>(c, layout, params, grads, o);
+}
+
+}  // namespace scalelab
