@@ -2,14 +2,15 @@
 # Packs what a GPU machine needs to run scalelab and its device tests from this build:
 #   scripts/package-device.sh [OUT_DIR] [--build DIR] [--with-cuda-libs] [--bundle-libstdcxx]
 # OUT_DIR (default .device/) receives
-#   bin/scalelab, bin/scalelab_device_ops_tests, bin/scalelab_model_tests (the golden + switch tests),
+#   bin/scalelab; tests/scalelab_device_ops_tests, tests/scalelab_model_tests (the golden + switch
+#         tests; bench/gpu/run.sh check runs every binary in tests/ with SCALELAB_TEST_DEVICE=cuda),
 #   lib/  every shared library they load that is not glibc, libstdc++/libgcc_s or the CUDA driver
 #         (OpenBLAS, libgomp, SQLite, Open MPI and its friends, toml++, ...),
 #   env.sh  sets LD_LIBRARY_PATH (lib/, then the GPU machine's /usr/local/cuda) and
 #           SCALELAB_SOURCE_DIR (the checkout holding tests/golden/data); run a command through it:
 #             .device/env.sh scalelab selftest --device cuda
-#             .device/env.sh scalelab_device_ops_tests
-#             SCALELAB_TEST_DEVICE=cuda .device/env.sh scalelab_model_tests --gtest_filter='*Golden*:*Switches*'
+#             .device/env.sh .device/tests/scalelab_device_ops_tests
+#             SCALELAB_TEST_DEVICE=cuda .device/env.sh .device/tests/scalelab_model_tests --gtest_filter='*Golden*'
 #             .device/env.sh --check      (ldd of every binary: lists anything not found)
 # The CUDA libraries (cudart, cuBLAS, cuBLASLt, NCCL) are left out by default: cuBLASLt alone is
 # ~520 MiB; the GPU machine has its own CUDA 13 in /usr/local/cuda, which env.sh puts on the path.
@@ -42,8 +43,9 @@ for b in "${bins[@]}"; do
 done
 
 rm -rf "$out"
-mkdir -p "$out/bin" "$out/lib"
-for b in "${bins[@]}"; do cp -L "$b" "$out/bin/"; done
+mkdir -p "$out/bin" "$out/tests" "$out/lib"
+cp -L "${bins[0]}" "$out/bin/"
+for b in "${bins[@]:1}"; do cp -L "$b" "$out/tests/"; done
 
 # Which libraries stay on the GPU machine: glibc's, the C++ runtime's (unless bundled), the driver's.
 is_system() {
@@ -97,7 +99,7 @@ if [ -z "${SCALELAB_SOURCE_DIR:-}" ] && [ -d "$here/../tests/golden/data" ]; the
 fi
 if [ "${1:-}" = "--check" ]; then
   status=0
-  for b in "$here"/bin/*; do
+  for b in "$here"/bin/* "$here"/tests/*; do
     missing=$(ldd "$b" | grep "not found" || true)
     if [ -n "$missing" ]; then echo "$(basename "$b"): $missing"; status=1; fi
   done
@@ -110,18 +112,19 @@ ENV
 chmod +x "$out/env.sh"
 
 echo "Packed into $out:"
-for b in "${bins[@]}"; do echo "  bin/$(basename "$b")"; done
+echo "  bin/$(basename "${bins[0]}")"
+for b in "${bins[@]:1}"; do echo "  tests/$(basename "$b")"; done
 for n in "${!copied[@]}"; do echo "  lib/$n  (${copied[$n]})"; done | sort
 if [ ${#left_to_gpu[@]} -gt 0 ]; then
   echo "Left to the GPU machine's CUDA (/usr/local/cuda): $(printf '%s\n' "${left_to_gpu[@]}" | sort -u | tr '\n' ' ')"
 fi
 # What the GPU machine's own glibc / libstdc++ must provide.
-glibc=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
-glibcxx=$(for f in "$out"/bin/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
+glibc=$(for f in "$out"/bin/* "$out"/tests/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+glibcxx=$(for f in "$out"/bin/* "$out"/tests/* "$out"/lib/*; do objdump -T "$f" 2>/dev/null; done | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
 echo "Needs on the GPU machine: ${glibc:-GLIBC ?} or newer${glibcxx:+, libstdc++ with $glibcxx or newer (else --bundle-libstdcxx)}, the NVIDIA driver (libcuda.so.1) and CUDA 13 in /usr/local/cuda"
 # Which files need the newest glibc: a glibc newer than 2.35 is Debian 12's (Ubuntu 22.04 has 2.35).
 if [ -n "$glibc" ]; then
-  needers=$(for f in "$out"/bin/* "$out"/lib/*; do
+  needers=$(for f in "$out"/bin/* "$out"/tests/* "$out"/lib/*; do
                if objdump -T "$f" 2>/dev/null | grep -F "($glibc)" >/dev/null; then basename "$f"; fi
              done | tr '\n' ' ')
   echo "  $glibc is needed by: $needers"

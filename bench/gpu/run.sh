@@ -14,7 +14,7 @@
 #
 # Environment: RUN_BUDGET_S (default 570: a 10-minute call less a margin), TEST_FILTER (a
 # --gtest_filter for the test binaries), TEST_TIMEOUT_S (per binary, default 240),
-# SELFTEST_TIMEOUT_S (default 180), BUILD_TIMEOUT_S (default 420), SCALELAB_NO_BUILD (set: never
+# SELFTEST_TIMEOUT_S (default 180), SANITIZER_TIMEOUT_S (default 100), BUILD_TIMEOUT_S (default 420), SCALELAB_NO_BUILD (set: never
 # try the build), PYTHON (default python3), WHEELS_DIR (default $SCALELAB_DEVICE_DIR/wheels: pure-
 # Python wheels to pip-install --no-deps first, e.g. liger-kernel and accelerate; never in git).
 set -uo pipefail
@@ -182,6 +182,7 @@ run_checks() {
     else
       add "selftest: FAILED (exit $rc; $(grep -ciE 'fail' "$out") failing lines, see selftest.log)"
       STATUS=1
+      isolate_selftest
     fi
   fi
 
@@ -210,6 +211,27 @@ run_checks() {
     add "test $res"
   done
   [ "$n" -eq 0 ] && add "tests: none in $DEV_DIR/tests/"
+}
+
+# After a failed selftest: each op family in its own process (a device fault poisons the CUDA
+# context for every later check of the same process), then compute-sanitizer's memcheck over the
+# whole selftest, so the first faulting kernel is named.
+isolate_selftest() {
+  local fam flog="$OUT/selftest-families.log" rc
+  : >"$flog"
+  for fam in matmul norm elementwise embedding rope dropout attention loss adamw; do
+    [ "$(left)" -lt 60 ] && break
+    timeout 60 "$SL" selftest --device cuda --filter "^$fam/" >>"$flog" 2>&1
+    rc=$?
+    say "selftest family $fam: exit $rc"
+    add "selftest family $fam: exit $rc ($(grep -c 'FAIL' "$flog") FAIL lines so far)"
+  done
+  if command -v compute-sanitizer >/dev/null 2>&1 && [ "$(left)" -gt 150 ]; then
+    say "compute-sanitizer memcheck (at most ${SANITIZER_TIMEOUT_S:-100}s)"
+    timeout "${SANITIZER_TIMEOUT_S:-100}" compute-sanitizer --tool memcheck --print-limit 30 \
+      "$SL" selftest --device cuda --dtype fp32,bf16 >"$OUT/sanitizer.log" 2>&1
+    add "compute-sanitizer: exit $?; $(grep -m1 -E 'Invalid|ERROR SUMMARY' "$OUT/sanitizer.log" | cut -c1-150)"
+  fi
 }
 
 run_bench() {

@@ -90,7 +90,26 @@ int run_selftest(const SelftestOptions& o) {
   DeviceAllocator device(rt.make_memory_backend(), rt.total_memory());
   kernels::selftest::CheckEnv env{&host, &device, o.seed};
 
+  // Rows are printed as they come, so that a check that kills the process (a device fault) is
+  // the line after the last one printed.
+  std::printf("%-12s %-36s %-5s %-10s %11s %11s  %s\n", "family", "check", "dtype", "output", "rel error", "tolerance",
+              "result");
+  std::fflush(stdout);
   std::vector<Row> rows;
+  std::size_t printed = 0;
+  auto print_new_rows = [&] {
+    for (; printed < rows.size(); ++printed) {
+      const Row& r = rows[printed];
+      if (r.error.empty()) {
+        std::printf("%-12s %-36s %-5s %-10s %11s %11s  %s\n", r.family.c_str(), r.check.c_str(), r.dtype.c_str(),
+                    r.output.c_str(), fmt_err(r.rel_error).c_str(), fmt_err(r.tolerance).c_str(), r.ok ? "ok" : "FAIL");
+      } else {
+        std::printf("%-12s %-36s %-5s %-10s %11s %11s  FAIL: %s\n", r.family.c_str(), r.check.c_str(),
+                    r.dtype.c_str(), r.output.c_str(), "-", "-", r.error.c_str());
+      }
+    }
+    std::fflush(stdout);
+  };
   const auto& checks = kernels::selftest::all_op_checks();
   for (const auto& c : checks) {
     if (!o.filter.empty() && !std::regex_search(c.family + "/" + c.name, filter)) continue;
@@ -124,22 +143,12 @@ int run_selftest(const SelftestOptions& o) {
         } catch (...) {
         }
       }
+      print_new_rows();
     }
   }
 
-  std::printf("%-12s %-36s %-5s %-10s %11s %11s  %s\n", "family", "check", "dtype", "output", "rel error", "tolerance",
-              "result");
   int passed = 0, failed = 0;
-  for (const auto& r : rows) {
-    if (r.error.empty()) {
-      std::printf("%-12s %-36s %-5s %-10s %11s %11s  %s\n", r.family.c_str(), r.check.c_str(), r.dtype.c_str(),
-                  r.output.c_str(), fmt_err(r.rel_error).c_str(), fmt_err(r.tolerance).c_str(), r.ok ? "ok" : "FAIL");
-    } else {
-      std::printf("%-12s %-36s %-5s %-10s %11s %11s  FAIL: %s\n", r.family.c_str(), r.check.c_str(), r.dtype.c_str(),
-                  r.output.c_str(), "-", "-", r.error.c_str());
-    }
-    (r.ok ? passed : failed) += 1;
-  }
+  for (const auto& r : rows) (r.ok ? passed : failed) += 1;
   if (checks.empty()) std::printf("(no op checks are registered in this build)\n");
   std::printf("%d passed, %d failed\n", passed, failed);
 
