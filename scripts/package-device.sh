@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what a GPU machine needs to run scalelab and its device tests from this build:
-#   scripts/package-device.sh [OUT_DIR] [--build DIR] [--with-cuda-libs] [--bundle-libstdcxx]
+#   scripts/package-device.sh [OUT_DIR] [--build DIR] [--tar] [--with-cuda-libs] [--bundle-libstdcxx]
 # OUT_DIR (default .device/) receives
 #   bin/scalelab; tests/scalelab_device_ops_tests, tests/scalelab_model_tests (the golden + switch
 #         tests; bench/gpu/run.sh check runs every binary in tests/ with SCALELAB_TEST_DEVICE=cuda),
@@ -15,6 +15,8 @@
 # The CUDA libraries (cudart, cuBLAS, cuBLASLt, NCCL) are left out by default: cuBLASLt alone is
 # ~520 MiB; the GPU machine has its own CUDA 13 in /usr/local/cuda, which env.sh puts on the path.
 # --with-cuda-libs copies them anyway (for a machine without a toolkit; far above 60 MiB).
+# --tar also writes OUT_DIR.tar.xz (about a fifth of the folder: OpenBLAS alone is 35 MiB, over
+# what a call carries with the tree); carry that file and unpack it there first: tar xJf .device.tar.xz
 # --bundle-libstdcxx copies libstdc++/libgcc_s too (for a GPU machine whose libstdc++ is older than
 # the GLIBCXX version this script reports).
 set -euo pipefail
@@ -23,12 +25,14 @@ out=.device
 build=build
 with_cuda=0
 bundle_cxx=0
+make_tar=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="$2"; shift 2 ;;
     --with-cuda-libs) with_cuda=1; shift ;;
+    --tar) make_tar=1; shift ;;
     --bundle-libstdcxx) bundle_cxx=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "package-device.sh: unknown option $1" >&2; exit 2 ;;
     *) out="$1"; shift ;;
   esac
@@ -97,6 +101,15 @@ export PATH="$here/bin:$PATH"
 if [ -z "${SCALELAB_SOURCE_DIR:-}" ] && [ -d "$here/../tests/golden/data" ]; then
   export SCALELAB_SOURCE_DIR="$(cd "$here/.." && pwd)"
 fi
+# A library the package leaves to the machine (NCCL, cuBLASLt) that is not in its CUDA folder: look
+# where Python's CUDA wheels put them (PyTorch's nvidia-* packages) and add that folder.
+missing_libs() { ldd "$here/bin/scalelab" 2>/dev/null | awk '/not found/ {print $1}'; }
+for lib in $(missing_libs); do
+  found=$(find /opt /usr/local /usr/lib /root/.local -name "$lib" 2>/dev/null | head -1)
+  [ -n "$found" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+done
+# Sourced (bench/gpu/run.sh does): the environment above is all it does.
+if [ "${BASH_SOURCE[0]}" != "$0" ]; then return 0; fi
 if [ "${1:-}" = "--check" ]; then
   status=0
   for b in "$here"/bin/* "$here"/tests/*; do
@@ -139,6 +152,9 @@ for l in $(printf '%s\n' "${left_to_gpu[@]}" | sort -u); do
 done
 size=$(du -sb "$out" | cut -f1)
 echo "Total: $(du -sh "$out" | cut -f1) ($size bytes)"
-if [ "$size" -gt $((60 * 1024 * 1024)) ]; then
-  echo "package-device.sh: warning: above 60 MiB (the device machine's transfer limit is 64 MiB)" >&2
+if [ "$make_tar" = 1 ]; then
+  tar cJf "$out.tar.xz" -C "$(dirname "$out")" "$(basename "$out")"
+  echo "Archive: $out.tar.xz ($(du -sh "$out.tar.xz" | cut -f1)); on the GPU machine: tar xJf $out.tar.xz"
+elif [ "$size" -gt $((60 * 1024 * 1024)) ]; then
+  echo "package-device.sh: warning: above 60 MiB (the device machine's transfer limit is 64 MiB): use --tar" >&2
 fi
