@@ -10,6 +10,7 @@ all: build
 
 deps:
 	@scripts/deps.sh
+	@if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then scripts/cudnn-frontend.sh; fi
 
 configure: deps
 	@cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) >/dev/null

@@ -105,6 +105,28 @@ if(SCALELAB_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
   message(STATUS "scalelab: CUDA backend (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, archs ${CMAKE_CUDA_ARCHITECTURES})")
+  # cuDNN's fused SDPA for flash attention: cuDNN from the toolkit, its header-only C++ frontend
+  # from scripts/cudnn-frontend.sh (third_party/cudnn-frontend). Without either, the CUDA backend
+  # uses its own flash kernels.
+  find_path(SCALELAB_CUDNN_FRONTEND_INCLUDE cudnn_frontend.h
+    PATHS ${PROJECT_SOURCE_DIR}/third_party/cudnn-frontend/include NO_DEFAULT_PATH)
+  find_path(SCALELAB_CUDNN_INCLUDE cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(SCALELAB_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/local/cuda/lib)
+  if(SCALELAB_CUDNN_FRONTEND_INCLUDE AND SCALELAB_CUDNN_INCLUDE AND SCALELAB_CUDNN_LIBRARY)
+    set(SCALELAB_CUDNN_DEFAULT ON)
+  else()
+    set(SCALELAB_CUDNN_DEFAULT OFF)
+  endif()
+  option(SCALELAB_WITH_CUDNN "Flash attention through cuDNN's SDPA (needs cuDNN 9 and scripts/cudnn-frontend.sh)"
+    ${SCALELAB_CUDNN_DEFAULT})
+  if(SCALELAB_WITH_CUDNN)
+    if(NOT SCALELAB_CUDNN_DEFAULT)
+      message(FATAL_ERROR "SCALELAB_WITH_CUDNN=ON needs cuDNN (cudnn.h, libcudnn) and the frontend: run scripts/cudnn-frontend.sh")
+    endif()
+    message(STATUS "scalelab: cuDNN SDPA for flash attention (${SCALELAB_CUDNN_LIBRARY})")
+  else()
+    message(STATUS "scalelab: no cuDNN SDPA (cuDNN or its frontend not found: scripts/cudnn-frontend.sh); own flash kernels")
+  endif()
 else()
   message(STATUS "scalelab: no CUDA backend (toolkit not found or SCALELAB_WITH_CUDA=OFF)")
 endif()

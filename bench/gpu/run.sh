@@ -2,8 +2,10 @@
 # The one script for a call on a lent GPU machine (run from the repository root):
 #
 #   bench/gpu/run.sh check                 # the device, scalelab selftest --device cuda, GPU test binaries
+#   bench/gpu/run.sh profile               # attention alone (PyTorch SDPA backends) and scalelab's
+#                                          # train --profile with cuDNN's and its own flash attention
 #   bench/gpu/run.sh bench [compare args]  # the device, then bench/gpu/compare.py in the time left
-#   bench/gpu/run.sh all   [compare args]  # check, then bench
+#   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
 # env.sh setting LD_LIBRARY_PATH, tests/* GoogleTest binaries; scripts/package-device.sh makes
@@ -22,9 +24,9 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 case "$mode" in
-  check|bench|all) ;;
+  check|profile|bench|all) ;;
   -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-  *) echo "run.sh: unknown mode '$mode' (check | bench [compare args] | all [compare args])" >&2; exit 2 ;;
+  *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | all [compare args])" >&2; exit 2 ;;
 esac
 
 OUT="${OUT:-runs/gpu-$(date +%Y%m%d-%H%M%S)}"
@@ -186,6 +188,15 @@ run_checks() {
     fi
   fi
 
+  if [ -n "$SL" ]; then
+    section "selftest of scalelab's own flash kernels (SCALELAB_CUDA_FLASH=own)"
+    SCALELAB_CUDA_FLASH=own timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/selftest-own-attention.log" 2>&1
+    local orc=$?
+    tail -1 "$OUT/selftest-own-attention.log"
+    add "selftest attention, own kernels: exit $orc: $(tail -1 "$OUT/selftest-own-attention.log")"
+    [ "$orc" -ne 0 ] && STATUS=1
+  fi
+
   section "GPU test binaries ($DEV_DIR/tests/*, SCALELAB_TEST_DEVICE=cuda)"
   local t n=0 name rc res passed failed tlog
   for t in "$DEV_DIR"/tests/*; do
@@ -234,6 +245,26 @@ isolate_selftest() {
   fi
 }
 
+# The attention op alone on PyTorch's SDPA backends, then scalelab's step profile with cuDNN's
+# SDPA and with its own flash kernels (llama-3.2-1b, bf16, flash, fused, micro-batch 8).
+run_profile() {
+  section "attention alone: PyTorch SDPA (bench/gpu/attention_op.py)"
+  timeout 90 "$PY" bench/gpu/attention_op.py 2>&1 | tee "$OUT/attention_op.txt"
+  add "attention op: $(grep -E '^(flash|cudnn) ' "$OUT/attention_op.txt" | awk '{printf "%s fwd %s ms bwd %s ms; ", $1, $2, $4}')"
+  [ -z "$SL" ] && return
+  local impl
+  for impl in cudnn own; do
+    section "scalelab train --profile, flash attention: $impl"
+    [ "$(left)" -lt 90 ] && { add "profile $impl: skipped (time)"; continue; }
+    SCALELAB_CUDA_FLASH=$impl timeout 90 "$SL" train --device cuda --model llama-3.2-1b --seq-len 1024 \
+      --micro-batch-size 8 --model-precision bf16 --attn flash --fused-kernels --max-steps 5 --profile \
+      --json "$OUT/profile-$impl.json" >"$OUT/profile-$impl.log" 2>&1
+    local rc=$?
+    grep -E "Step time|^  [a-z]" "$OUT/profile-$impl.log" | head -16
+    add "profile $impl: exit $rc, $(grep -m1 'Step time' "$OUT/profile-$impl.log"); attention $(awk '$1 == "attention" {printf "%s %s s/%s calls; ", $2, $3, $5}' "$OUT/profile-$impl.log")"
+  done
+}
+
 run_bench() {
   section "compare.py (scalelab vs HF Trainer)"
   local budget=$(( $(left) - 20 ))
@@ -262,8 +293,9 @@ main() {
   find_scalelab
   case "$mode" in
     check) run_checks ;;
+    profile) run_profile ;;
     bench) run_bench "$@" ;;
-    all) run_checks; run_bench "$@" ;;
+    all) run_checks; run_profile; run_bench "$@" ;;
   esac
   section "summary"
   if [ -f "$OUT/compare.md" ] && [ "$mode" != check ]; then

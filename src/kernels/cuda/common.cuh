@@ -16,20 +16,13 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cuda/runtime.h"
 
 namespace scalelab::kernels::cuda {
 
-// Throws RuntimeError "[where] CUDA error <name>: <string>" when e is not cudaSuccess.
-void check(cudaError_t e, const char* where);
-void check_cublas(cublasStatus_t s, const char* where);
 // After a launch: turns a launch failure into an error naming the op.
 inline void check_launch(const char* op) { check(cudaGetLastError(), op); }
 
-// The process's stream and cuBLASLt handle, and a device workspace for cuBLASLt (created once).
-cudaStream_t stream();
-cublasLtHandle_t cublaslt();
-void* cublaslt_workspace(std::size_t* bytes);
-const cudaDeviceProp& device_props();
 
 // Blocks of `threads` covering n items, capped so that grid-stride loops take the rest.
 inline unsigned grid_for(std::int64_t n, unsigned threads = 256) {

@@ -7,6 +7,7 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
+#include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/common.cuh"
 
 namespace scalelab {
@@ -147,7 +148,7 @@ class CudaRuntime final : public DeviceRuntime {
                   st.props.major, st.props.minor, st.props.multiProcessorCount,
                   static_cast<double>(st.props.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), drv / 1000,
                   drv % 1000 / 10, st.device);
-    return buf;
+    return std::string(buf) + "; flash attention: " + cudnn_flash_status();
   }
   void fill_zero(void* dst, std::size_t bytes) override {
     if (bytes) check(cudaMemsetAsync(dst, 0, bytes, ready("fill_zero").stream), "fill_zero");
