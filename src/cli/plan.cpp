@@ -36,6 +36,11 @@ Subcommand add_plan_command(CLI::App& root) {
             const MemoryPlan plan = plan_memory(in);
             std::printf("Memory plan: %s, micro-batch %lld, seq-len %lld\n", in.config.name.c_str(),
                         static_cast<long long>(o.micro_batch_size), static_cast<long long>(o.seq_len));
+            if (plan.frozen_params > 0) {
+              std::printf("Parameters: %lld (%lld trainable, %lld frozen by --freeze '%s')\n",
+                          static_cast<long long>(plan.params), static_cast<long long>(plan.trainable_params),
+                          static_cast<long long>(plan.frozen_params), o.freeze.c_str());
+            }
             std::printf("%s", plan.to_table().c_str());
             if (!o.json.empty()) {
               write_json_file(o.json, plan.to_json());

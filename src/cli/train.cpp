@@ -102,7 +102,7 @@ Subcommand add_train_command(CLI::App& root) {
               r = with_failure_notice(dist.host(), [&] { return run_training(o, dist); });
             } catch (const Error& e) {
               if (leader && !o.json.empty()) {
-                r.status = "error";
+                r.status = RunStatus::kError;
                 r.error = e.what();
                 r.config = o.to_json();
                 r.world_size = dist.world_size();
@@ -112,7 +112,7 @@ Subcommand add_train_command(CLI::App& root) {
               throw;
             }
             if (leader && !o.json.empty()) write_json_file(o.json, r.to_json());
-            if (r.status == "oom") {
+            if (r.status == RunStatus::kOom) {
               std::fprintf(stderr, "scalelab train: out of device memory%s: %s\n",
                            dist.world_size() > 1 ? (" on rank " + std::to_string(dist.rank())).c_str() : "",
                            r.error.c_str());

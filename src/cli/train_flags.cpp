@@ -36,6 +36,9 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--dropout", o.dropout,
                   "OPT residual dropout probability in [0, 1) (default: the model config's \"dropout\")")
       ->check(CLI::Range(0.0, 1.0));
+  app->add_option("--freeze", o.freeze,
+                  "Freeze the parameters whose Hugging Face name matches this regex (ECMAScript, searched), "
+                  "e.g. 'embed_tokens|layers\\.[0-5]\\.': no gradients or optimizer states for them");
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
   app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
   app->add_flag("--allow-tf32", o.allow_tf32,

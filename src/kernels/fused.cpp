@@ -48,7 +48,7 @@ void rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const T
   const char* op = "rmsnorm_residual_backward";
   const std::int64_t rows = check_rms(h, dy, rstd, w, op), H = w.numel();
   require_numel(dh, rows * H, op, "residual gradient");
-  require_numel(dw, H, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, H, op, "weight gradient");  // undefined: frozen, skipped
   backend_for(device_of(op, {&dh, &dw, &dy, &h, &rstd, &w}), op).rmsnorm_residual_backward(dh, dw, dy, h, rstd, w, ctx);
 }
 
@@ -81,7 +81,7 @@ void swiglu_down_backward_recompute(Tensor& dgu, Tensor& dwdown, const Tensor& d
   SCALELAB_CHECK(wdown.rank() == 2, std::string("[") + op + "] down weight must be 2-D, got " + wdown.shape().str());
   const std::int64_t H = wdown.dim(0), I = wdown.dim(1), T = dout.numel() / H;
   require_numel(dout, T * H, op, "output gradient");
-  require_numel(dwdown, H * I, op, "down weight gradient");
+  if (dwdown.defined()) require_numel(dwdown, H * I, op, "down weight gradient");  // undefined: frozen, skipped
   require_numel(gu, T * 2 * I, op, "gate/up");
   require_numel(dgu, T * 2 * I, op, "gate/up gradient");
   backend_for(device_of(op, {&dgu, &dwdown, &dout, &gu, &wdown}), op)

@@ -39,7 +39,7 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
   ProfileScope prof(ctx, "matmul", Phase::kBackward);
   const char* op = "linear_backward";
   const auto d = check_linear(dy, x, w, op);
-  require_numel(dw, d.out * d.in, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, d.out * d.in, op, "weight gradient");  // undefined: frozen, skipped
   if (dx != nullptr) require_numel(*dx, d.tokens * d.in, op, "input gradient");
   if (dbias != nullptr && dbias->defined()) require_numel(*dbias, d.out, op, "bias gradient");
   backend_for(device_of(op, {dx, &dw, dbias, &dy, &x, &w}), op)

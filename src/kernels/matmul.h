@@ -20,7 +20,9 @@ namespace scalelab::kernels {
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, ExecContext& ctx);
 
 // dx may be null (no input gradient needed, e.g. the first layer's input is an embedding that
-// gets its gradient elsewhere). dbias may be null when there is no bias.
+// gets its gradient elsewhere). dbias may be null when there is no bias. dw may be undefined (a
+// frozen weight, --freeze): every backend then skips the weight-gradient GEMM and its workspace
+// (an undefined *dbias skips the bias gradient the same way).
 void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, const Tensor& x, const Tensor& w,
                      ExecContext& ctx, bool accumulate_dx = false);
 

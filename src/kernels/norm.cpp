@@ -23,7 +23,7 @@ void rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x,
   const std::int64_t H = w.numel(), rows = x.numel() / H;
   require_numel(dx, rows * H, op, "input gradient");
   require_numel(dy, rows * H, op, "output gradient");
-  require_numel(dw, H, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, H, op, "weight gradient");  // undefined: frozen, skipped
   backend_for(device_of(op, {&dx, &dw, &dy, &x, &rstd, &w}), op)
       .rmsnorm_backward(dx, dw, dy, x, rstd, w, ctx, accumulate_dx);
 }

@@ -3,7 +3,8 @@
 //
 // RMSNorm (Llama):  y = x * rstd * w,  rstd = 1 / sqrt(mean(x^2) + eps), per row of width H.
 //   rmsnorm_forward saves rstd[rows] for backward.
-//   rmsnorm_backward: dx assigned (or added when accumulate_dx), dw += (parameter gradient).
+//   rmsnorm_backward: dx assigned (or added when accumulate_dx), dw += (parameter gradient);
+//                     an undefined dw (a frozen weight, --freeze) is skipped.
 #include "core/context.h"
 #include "core/tensor.h"
 

@@ -1,5 +1,7 @@
 #include "model/params.h"
 
+#include <regex>
+
 #include "core/error.h"
 #include "model/family.h"
 
@@ -16,6 +18,7 @@ void ParamLayout::add(std::string name, Shape shape, ParamKind kind) {
   p.is_bias = kind == ParamKind::kNormBias || kind == ParamKind::kBias;
   p.is_embedding = kind == ParamKind::kEmbedding;
   total_ += p.numel;
+  trainable_ += p.numel;
   if (kind == ParamKind::kLinear) matmul_numel_ += p.numel;
   params_.push_back(std::move(p));
 }
@@ -24,6 +27,52 @@ ParamLayout ParamLayout::build(const ModelConfig& c) {
   ParamLayout L;
   family_of(c).build_layout(c, L);
   return L;
+}
+
+ParamLayout ParamLayout::build(const ModelConfig& c, const std::string& freeze_regex) {
+  ParamLayout L = build(c);
+  if (!freeze_regex.empty()) L.freeze(freeze_regex);
+  return L;
+}
+
+void ParamLayout::freeze(const std::string& pattern) {
+  std::regex re;
+  try {
+    re = std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    throw InvalidInput("[--freeze] '" + pattern + "' is not a valid regular expression (" + e.what() +
+                       ") — ECMAScript syntax, e.g. 'embed_tokens|layers\\.0\\.'");
+  }
+  std::int64_t matched = 0;
+  for (auto& p : params_) {
+    if (std::regex_search(p.name, re)) {
+      p.trainable = false;
+      ++matched;
+    }
+  }
+  if (matched == 0) {
+    std::string names;
+    for (std::size_t i = 0; i < params_.size() && i < 3; ++i) names += (i ? ", " : "") + params_[i].name;
+    throw InvalidInput("[--freeze] '" + pattern + "' matches no parameter of this model — it is searched in the "
+                       "Hugging Face names (" + names + ", ...)");
+  }
+  // Trainable first, then frozen, each in the family's order.
+  std::int64_t off = 0;
+  for (auto& p : params_)
+    if (p.trainable) {
+      p.offset = off;
+      off += p.numel;
+    }
+  trainable_ = off;
+  for (auto& p : params_)
+    if (!p.trainable) {
+      p.offset = off;
+      off += p.numel;
+    }
+  if (trainable_ == 0) {
+    throw InvalidInput("[--freeze] '" + pattern + "' matches every parameter of this model: nothing would train — "
+                       "freeze fewer");
+  }
 }
 
 const ParamInfo* ParamLayout::find(const std::string& name) const {
@@ -50,5 +99,10 @@ Tensor ParamLayout::view(const Tensor& flat, const ParamInfo& p) const {
 }
 
 Tensor ParamLayout::view(const Tensor& flat, const std::string& name) const { return view(flat, at(name)); }
+
+Tensor ParamLayout::grad_view(const Tensor& grads, const std::string& name) const {
+  const ParamInfo* p = find(name);
+  return p && p->trainable ? view(grads, *p) : Tensor();
+}
 
 }  // namespace scalelab

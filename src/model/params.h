@@ -3,6 +3,18 @@
 // parameter buffer. Gradients, optimizer states and master weights use the same layout, so an
 // optimizer is one loop and a gradient bucket is a slice.
 //
+// Trainable and frozen parameters (--freeze, ParamLayout::freeze): the one parameter buffer is laid
+// out with every trainable parameter first, in the family's order, then every frozen one in the
+// same order. The trainable part [0, trainable_numel()) is the "trainable buffer": gradients,
+// AdamW states (and their ZeRO-1 shards), the fp32 master update, clipping's sum of squares and
+// the DDP buckets are buffers of trainable_numel() elements with the same offsets, so a trainable
+// parameter's offset is its place in all of them; a frozen parameter has no gradient and no state.
+// The frozen part [trainable_numel(), total_numel()) is the "frozen buffer": read by forward and
+// backward, never written after loading. A family's runs stay runs (a layer's trainable
+// parameters are adjacent, fused q/k/v and gate/up stay adjacent when all are frozen or none)
+// because the order within each part is the family's. Without --freeze everything is trainable
+// and the layout is the family's, unchanged.
+//
 // Each family's descriptor builds its layout (ModelFamilySpec::build_layout,
 // src/model/<family>/family.cpp, where the order of each family's buffer is written down); the
 // parameters a fused GEMM reads as one matrix (q/k/v, gate/up) are adjacent.
@@ -24,6 +36,7 @@ struct ParamInfo {
   bool is_norm = false;    // a norm weight/bias: initialized to 1 (weight) or 0 (bias)
   bool is_bias = false;
   bool is_embedding = false;  // token or position embedding table
+  bool trainable = true;      // false: frozen (--freeze): no gradient, no optimizer state
 };
 
 // What a parameter is, which sets its flags: linear weights and embeddings decay, norm weights
@@ -34,6 +47,15 @@ class ParamLayout {
  public:
   // The layout of config.family (its descriptor's build_layout).
   static ParamLayout build(const ModelConfig& config);
+  // The same with the parameters whose name matches `freeze_regex` frozen (freeze()); empty: none.
+  static ParamLayout build(const ModelConfig& config, const std::string& freeze_regex);
+
+  // Freezes every parameter whose Hugging Face name matches `regex` (std::regex ECMAScript,
+  // std::regex_search: a match anywhere in the name, e.g. "embed_tokens" or "layers\.[0-5]\.")
+  // and lays the buffer out again, trainable parameters first (see above). Call it after the
+  // last add(). Throws InvalidInput naming --freeze when the regex is not valid, matches no
+  // parameter, or matches every parameter (nothing would train).
+  void freeze(const std::string& regex);
 
   // Appends a parameter at the end of the buffer (families' build_layout). A kLinear weight
   // counts into matmul_numel().
@@ -43,6 +65,10 @@ class ParamLayout {
 
   const std::vector<ParamInfo>& params() const { return params_; }
   std::int64_t total_numel() const { return total_; }
+  // Parameters that train: the trainable buffer [0, trainable_numel()) of the parameter buffer,
+  // and the size of the gradient buffer and of the optimizer states.
+  std::int64_t trainable_numel() const { return trainable_; }
+  std::int64_t frozen_numel() const { return total_ - trainable_; }
   // nullptr when absent.
   const ParamInfo* find(const std::string& name) const;
   // Throws RuntimeError naming the parameter when absent (a bug in the model code).
@@ -56,10 +82,14 @@ class ParamLayout {
   // A view of one parameter inside a flat buffer of this layout.
   Tensor view(const Tensor& flat, const std::string& name) const;
   Tensor view(const Tensor& flat, const ParamInfo& p) const;
+  // A view of one parameter's gradient inside a gradient buffer of trainable_numel() elements;
+  // undefined for a frozen parameter (or an absent name), which has no gradient.
+  Tensor grad_view(const Tensor& grads, const std::string& name) const;
 
  private:
   std::vector<ParamInfo> params_;
   std::int64_t total_ = 0;
+  std::int64_t trainable_ = 0;
   std::int64_t matmul_numel_ = 0;
 };
 

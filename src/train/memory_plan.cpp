@@ -102,12 +102,12 @@ struct Measure {
 // Data-dependent values are fixed explicitly on meta: every target token counts (the loss's
 // divisor), the loss and the gradient norm are 0. Neither changes what is allocated.
 std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<AllocEvent>* events) {
-  const ParamLayout layout = ParamLayout::build(in.config);
-  const std::int64_t P = layout.total_numel();
+  const ParamLayout layout = build_layout(in);
+  const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel();
   DeviceAllocator alloc(make_meta_backend(), capacity == 0 ? std::numeric_limits<std::size_t>::max() / 4 : capacity);
   alloc.set_trace(events);
   {
-    StepBuffers b = allocate_step_buffers(alloc, in.precision, P, optimizer_state_numel(in, P),
+    StepBuffers b = allocate_step_buffers(alloc, in.precision, P, Pt, optimizer_state_numel(in, Pt),
                                           in.zero_stage == 1 && in.world_size > 1);
     std::unique_ptr<Model> model = make_model(in.config, layout, b.compute_weights, b.grads, in.options);
     const Batch batch = make_batch(in.micro_batch, in.seq_len, alloc);
@@ -135,15 +135,17 @@ std::string describe_labels(const std::map<std::string, std::size_t>& labels, st
 }
 
 std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
-  const ParamLayout layout = ParamLayout::build(in.config);
-  const std::int64_t P = layout.total_numel();
+  const ParamLayout layout = build_layout(in);
+  const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel();
   const PrecisionPlan& pr = in.precision;
   const std::size_t L = static_cast<std::size_t>(std::max<std::int64_t>(1, in.config.num_hidden_layers));
-  const std::int64_t shard = optimizer_state_numel(in, P);
+  const std::int64_t shard = optimizer_state_numel(in, Pt);
   const std::string zero_note = in.zero_stage == 1 && in.world_size > 1
                                     ? ", ZeRO-1 shard of rank " + std::to_string(in.rank) + ": " +
-                                          std::to_string(shard) + " of " + std::to_string(P) + " parameters"
+                                          std::to_string(shard) + " of " + std::to_string(Pt) + " parameters"
                                     : "";
+  const std::string frozen_note =
+      Pt < P ? " (the " + std::to_string(Pt) + " trainable; " + std::to_string(P - Pt) + " frozen have none)" : "";
   auto labels_at_peak = [&](const std::string& cat) {
     auto it = m.labels.find(cat);
     return it == m.labels.end() ? std::map<std::string, std::size_t>{} : it->second;
@@ -153,10 +155,10 @@ std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
       return std::to_string(P) + " parameters, " + std::string(dtype_name(pr.param)) +
              (pr.weight_copy ? " master + " + std::string(dtype_name(pr.compute_weights)) + " compute copy" : "");
     if (cat == "gradients")
-      return std::string(dtype_name(pr.grad)) + ", same layout as the weights" +
+      return std::string(dtype_name(pr.grad)) + ", same layout as the weights" + frozen_note +
              (zero_note.empty() ? "" : " (+ the fp32 reduce-scatter output" + zero_note + ")");
     if (cat == "optimizer states")
-      return "AdamW exp_avg and exp_avg_sq, " + std::string(dtype_name(pr.optim_state)) + zero_note;
+      return "AdamW exp_avg and exp_avg_sq, " + std::string(dtype_name(pr.optim_state)) + frozen_note + zero_note;
     if (cat == "batch") return "input and target token ids";
     if (cat == "activations") {
       const auto l = labels_at_peak(cat);
@@ -195,10 +197,12 @@ bool fits_capacity(const PlanInput& in, std::size_t capacity) {
 
 }  // namespace
 
-std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t total_params) {
-  if (in.zero_stage != 1 || in.world_size <= 1) return total_params;
+ParamLayout build_layout(const PlanInput& in) { return ParamLayout::build(in.config, in.freeze); }
+
+std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t trainable_params) {
+  if (in.zero_stage != 1 || in.world_size <= 1) return trainable_params;
   SCALELAB_CHECK(in.rank >= 0 && in.rank < in.world_size, "[plan] rank outside the world");
-  return ZeroOptimizer::shard_counts(total_params, in.world_size)[static_cast<std::size_t>(in.rank)];
+  return ZeroOptimizer::shard_counts(trainable_params, in.world_size)[static_cast<std::size_t>(in.rank)];
 }
 
 std::size_t plan_total_bytes(const PlanInput& in) { return measure_step(in, 0, nullptr); }
@@ -213,6 +217,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.world_size = in.world_size;
   p.rank = in.rank;
   p.zero_stage = in.zero_stage;
+  {
+    const ParamLayout layout = build_layout(in);
+    p.params = layout.total_numel();
+    p.trainable_params = layout.trainable_numel();
+    p.frozen_params = layout.frozen_numel();
+  }
   // Above the capacity it may still fit: the allocator releases its cached blocks under pressure.
   p.fits = in.capacity == 0 || p.total <= in.capacity || fits_capacity(in, in.capacity);
   if (in.capacity > 0) {
@@ -242,6 +252,9 @@ nlohmann::json MemoryPlan::to_json() const {
   j["capacity_bytes"] = capacity;
   j["fits"] = fits;
   j["max_micro_batch_size"] = max_micro_batch;
+  j["params"] = params;
+  j["trainable_params"] = trainable_params;
+  j["frozen_params"] = frozen_params;
   if (world_size > 1) {
     j["world_size"] = world_size;
     j["rank"] = rank;

@@ -34,10 +34,17 @@ struct PlanInput {
   int world_size = 1;
   int rank = 0;
   int zero_stage = 0;
+  // --freeze: the parameters matching it are frozen (ParamLayout::freeze); gradients and optimizer
+  // states cover the trainable ones only, so the plan shrinks by exactly theirs.
+  std::string freeze;
 };
 
-// Parameters whose optimizer states this rank holds: all of them, or its ZeRO-1 shard.
-std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t total_params);
+// The run's parameter layout: the family's, with in.freeze applied (InvalidInput on a bad regex).
+ParamLayout build_layout(const PlanInput& in);
+
+// Parameters whose optimizer states this rank holds: all trainable ones, or its ZeRO-1 shard of
+// them (trainable_params: the layout's trainable_numel()).
+std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t trainable_params);
 
 struct PlanItem {
   std::string name;
@@ -54,6 +61,7 @@ struct MemoryPlan {
   std::int64_t max_micro_batch = 0;  // largest that fits the capacity (0: none)
   std::int64_t micro_batch = 0;
   int world_size = 1, rank = 0, zero_stage = 0;  // the plan is of this rank
+  std::int64_t params = 0, trainable_params = 0, frozen_params = 0;  // the layout's (--freeze)
   nlohmann::json to_json() const;
   std::string to_table() const;  // a human-readable breakdown
 };

@@ -69,14 +69,32 @@ nlohmann::json TrainOptions::to_json() const {
           {"ddp_bucket_mb", dist.ddp_bucket_mb},
           {"zero", dist.zero},
           {"comm_timeout", dist.comm_timeout_s},
-          {"comm_backend", dist.comm_backend}};
+          {"comm_backend", dist.comm_backend},
+          {"freeze", freeze}};
+}
+
+const char* run_status_name(RunStatus s) {
+  switch (s) {
+    case RunStatus::kOk: return "ok";
+    case RunStatus::kOom: return "oom";
+    case RunStatus::kError: return "error";
+  }
+  return "error";
+}
+
+std::optional<RunStatus> parse_run_status(std::string_view name) {
+  for (RunStatus s : {RunStatus::kOk, RunStatus::kOom, RunStatus::kError})
+    if (name == run_status_name(s)) return s;
+  return std::nullopt;
 }
 
 nlohmann::json TrainResult::to_json() const {
   nlohmann::json j;
-  j["status"] = status;
+  j["status"] = run_status_name(status);
   j["config"] = config;
   j["params"] = params;
+  j["trainable_params"] = trainable_params;
+  j["frozen_params"] = frozen_params;
   j["flops_per_token"] = flops_per_token;
   j["flops_per_token_non_embedding"] = flops_per_token_non_embedding;
   j["tokens_per_s"] = tokens_per_s;
@@ -191,6 +209,21 @@ nlohmann::json profile_json(const Profiler& prof, double total_s) {
   return {{"total_step_seconds", total_s}, {"rows", rows}};
 }
 
+// The AdamW ranges over the trainable parameters (offsets in the trainable buffer), adjacent
+// parameters with the same decay merged.
+std::vector<kernels::ElementRange> optimizer_ranges(const ParamLayout& layout) {
+  std::vector<kernels::ElementRange> ranges;
+  for (const auto& p : layout.params()) {
+    if (!p.trainable) continue;
+    if (!ranges.empty() && ranges.back().decay == p.decay && ranges.back().end == p.offset) {
+      ranges.back().end = p.offset + p.numel;
+    } else {
+      ranges.push_back({p.offset, p.offset + p.numel, p.decay});
+    }
+  }
+  return ranges;
+}
+
 }  // namespace
 
 PlanInput make_plan_input(const TrainOptions& o) {
@@ -213,14 +246,72 @@ PlanInput make_plan_input(const TrainOptions& o) {
   set_num_threads(o.threads);
   in.threads = num_threads();
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
+  in.freeze = o.freeze;
+  build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
 }
 
 namespace {
 
-// One rank's training; dist is null for a single process (the arithmetic is then exactly the
-// single-process trainer's) and otherwise has more than one rank.
-TrainResult train(const TrainOptions& requested, DistContext* dist) {
+// One rank's training in three parts that stand apart: the constructor sets the run up (checks,
+// resolved configuration, device, plan, telemetry), build() allocates the step buffers and builds
+// the model and the data source, step() runs one optimizer step, finish() fills the result.
+// dist is null for a single process (the arithmetic is then exactly the single-process
+// trainer's) and otherwise has more than one rank. build() and step() throw OutOfMemory as any
+// allocation does; train() turns it into a result with status kOom.
+class TrainSession {
+ public:
+  TrainSession(const TrainOptions& requested, DistContext* dist);
+  TrainSession(const TrainSession&) = delete;
+  TrainSession& operator=(const TrainSession&) = delete;
+  ~TrainSession() = default;
+
+  // Buffers, weights (loaded or initialized), model, data source, batch; prints the start line.
+  void build();
+  // Optimizer step `step` (0-based): its micro-steps, gradient sync, clipping, AdamW; returns its
+  // record (grad_norm NaN when fp16 loss scaling skipped it). Throws RuntimeError when the loss
+  // becomes non-finite without loss scaling.
+  StepRecord step(std::int64_t step);
+  // After the last step: throughput, profile, --save; status kOk.
+  void finish_ok();
+  // A run out of device memory: status kOom with the request and the usage.
+  void finish_oom(const OutOfMemory& e);
+  // Always last: telemetry summary, memory peaks, the data-parallel figures; returns the result.
+  TrainResult finish();
+
+  std::int64_t max_steps() const { return o_.max_steps; }
+  void record(const StepRecord& r) { res_.steps.push_back(r); }
+
+ private:
+  const TrainOptions requested_;
+  TrainOptions o_;
+  DistContext* dist_;
+  int world_ = 1;
+  TrainResult res_;
+  PlanInput pin_;
+  TrainDevice dev_;
+  LrSchedule schedule_{};
+  PrecisionPlan prec_;
+  ParamLayout layout_;
+  std::unique_ptr<DataParallelRun> dp_;
+  Profiler profiler_;
+  std::unique_ptr<ExecContext> ctx_;
+  std::int64_t tokens_per_step_ = 0, bench_warmup_ = 0;
+  std::optional<TelemetrySession> tel_;
+  double measured_time_ = 0;
+  std::vector<double> measured_;
+  // Built by build().
+  StepBuffers bufs_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<DataSource> data_;
+  std::optional<StagedBatch> batch_;
+  std::vector<kernels::ElementRange> ranges_;
+  double loss_scale_ = 1.0;
+  std::int64_t good_steps_ = 0;
+};
+
+TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
+    : requested_(requested), o_(requested), dist_(dist) {
   validate_train_options(requested);
   parse_train_device(requested.device);  // meta: the plan's device, refused here (exit 2)
   if (dist && requested.device != "cpu") {
@@ -228,243 +319,259 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
                        " ranks) runs on the CPU only for now: the gradient collectives read host memory — "
                        "use --device cpu, or one rank with --device " + requested.device);
   }
-  TrainOptions o = requested;
   if (dist) {
-    o.threads = threads_for_rank(requested.threads, dist->env());  // --threads 0: this rank's share
-    o.quiet = requested.quiet || dist->rank() != 0;                 // progress from rank 0 only
+    o_.threads = threads_for_rank(requested.threads, dist->env());  // --threads 0: this rank's share
+    o_.quiet = requested.quiet || dist->rank() != 0;                 // progress from rank 0 only
   }
-  const int world = dist ? dist->world_size() : 1;
-  TrainResult res;
-  res.world_size = world;
-  PlanInput pin = make_plan_input(o);
+  const TrainOptions& o = o_;
+  world_ = dist ? dist->world_size() : 1;
+  res_.world_size = world_;
+  pin_ = make_plan_input(o);
   if (dist) {
-    pin.world_size = world;
-    pin.rank = dist->rank();
-    pin.zero_stage = o.dist.zero;
+    pin_.world_size = world_;
+    pin_.rank = dist->rank();
+    pin_.zero_stage = o.dist.zero;
   }
   // The device and its allocator (capacity: --device-memory, else the device's memory); throws
   // RuntimeError (exit 1) with the reason when the device is not available.
-  TrainDevice dev = make_train_device(o.device, o.device_memory);
-  pin.capacity = dev.capacity;
-  const ModelConfig& cfg = pin.config;
-  const std::size_t capacity = pin.capacity;
-  const LrSchedule schedule = parse_lr_schedule(o.lr_scheduler);
-  const ModelOptions& mopt = pin.options;
-  const PrecisionPlan prec = resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
-  res.precision = prec.compute_dtypes();
-  res.precision["mode"] = prec.name;
+  dev_ = make_train_device(o.device, o.device_memory);
+  pin_.capacity = dev_.capacity;
+  const ModelConfig& cfg = pin_.config;
+  schedule_ = parse_lr_schedule(o.lr_scheduler);
+  prec_ = resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
+  res_.precision = prec_.compute_dtypes();
+  res_.precision["mode"] = prec_.name;
 
-  const ParamLayout layout = ParamLayout::build(cfg);
-  res.params = layout.total_numel();
+  layout_ = build_layout(pin_);
+  res_.params = layout_.total_numel();
+  res_.trainable_params = layout_.trainable_numel();
+  res_.frozen_params = layout_.frozen_numel();
   const double attn_flops = 12.0 * static_cast<double>(cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim) *
                             static_cast<double>(o.seq_len);
   // N counts every weight that takes part in a matmul, the LM head included whether tied or not:
   // that GEMM is real work (a third of llama-small's). Kaplan's non-embedding N is recorded too.
-  res.flops_per_token = 6.0 * static_cast<double>(layout.matmul_numel()) + attn_flops;
-  res.flops_per_token_non_embedding = 6.0 * static_cast<double>(layout.non_embedding_numel()) + attn_flops;
-  res.config = o.to_json();
-  res.config["device_memory_bytes"] = capacity;
-  res.config["device_description"] = dev.description;
-  res.config["threads_resolved"] = num_threads();
-  res.config["model_config"] = cfg.to_hf_json();
-  res.config["model_family"] = family_name(cfg.family);
-  res.config["dropout_resolved"] = mopt.dropout;
-  res.config["threads"] = requested.threads;
-  res.config["world_size"] = world;
-  std::unique_ptr<DataParallelRun> dp;
+  res_.flops_per_token = 6.0 * static_cast<double>(layout_.matmul_numel()) + attn_flops;
+  res_.flops_per_token_non_embedding = 6.0 * static_cast<double>(layout_.non_embedding_numel()) + attn_flops;
+  res_.config = o.to_json();
+  res_.config["device_memory_bytes"] = pin_.capacity;
+  res_.config["device_description"] = dev_.description;
+  res_.config["threads_resolved"] = num_threads();
+  res_.config["model_config"] = cfg.to_hf_json();
+  res_.config["model_family"] = family_name(cfg.family);
+  res_.config["dropout_resolved"] = pin_.options.dropout;
+  res_.config["threads"] = requested.threads;
+  res_.config["world_size"] = world_;
   if (dist) {
     // Every rank must run the same configuration; the paths only rank 0 writes and what differs
     // legitimately between machines are left out.
-    check_same_config(dist->host(), res.config,
+    check_same_config(dist->host(), res_.config,
                       {"json", "save", "telemetry_csv", "device_memory_bytes", "device_description", "threads_resolved"});
-    dp = std::make_unique<DataParallelRun>(*dist, o.dist, prec, layout.total_numel());
+    // Gradients, buckets and ZeRO shards cover the trainable parameters only.
+    dp_ = std::make_unique<DataParallelRun>(*dist, o.dist, prec_, layout_.trainable_numel());
   }
 
-  const MemoryPlan plan = plan_memory(pin);
-  res.plan = plan.to_json();
+  res_.plan = plan_memory(pin_).to_json();
 
-  DeviceAllocator& alloc = *dev.alloc;
-  Profiler profiler;
-  ExecContext ctx{&alloc, o.profile ? &profiler : nullptr};
-  ctx.options.allow_tf32 = o.allow_tf32;
-  const std::int64_t tokens_per_step = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
+  DeviceAllocator& alloc = *dev_.alloc;
+  ctx_ = std::make_unique<ExecContext>(ExecContext{&alloc, o.profile ? &profiler_ : nullptr});
+  ctx_->options.allow_tf32 = o.allow_tf32;
+  tokens_per_step_ = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
   // Telemetry samples from before the first step to after the last; a run that throws still
   // stops the sampler (the session's destructor).
-  std::optional<TelemetrySession> tel;
   // With several ranks, one per node samples (its node's devices; the energy is summed over nodes).
   if ((o.telemetry || !o.telemetry_csv.empty()) && (!dist || dist->env().local_rank == 0)) {
     TelemetryOptions topt;
     topt.interval = std::chrono::milliseconds(o.telemetry_interval_ms);
-    topt.engine = {{dev.telemetry_name, [&alloc] { return alloc.stats(); }}};
-    tel.emplace(topt);
-    tel->start();
+    topt.engine = {{dev_.telemetry_name, [&alloc] { return alloc.stats(); }}};
+    tel_.emplace(topt);
+    tel_->start();
   }
-  auto finish_telemetry = [&] {
-    if (!tel) return;
-    tel->stop();
-    res.telemetry = tel->summary(static_cast<double>(tokens_per_step) * static_cast<double>(res.steps.size()));
-    if (!o.telemetry_csv.empty()) tel->write_csv(o.telemetry_csv);
-  };
-  const std::int64_t bench_warmup = std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - 1));
-  double measured_time = 0;
-  try {
-    const std::int64_t P = layout.total_numel();
-    const std::int64_t S = dp ? dp->state_numel() : P;  // ZeRO-1: this rank's shard
-    StepBuffers bufs = allocate_step_buffers(alloc, prec, P, S, dp && dp->zero());
-    Tensor &params = bufs.params, &compute_weights = bufs.compute_weights, &grads = bufs.grads, &m = bufs.m,
-           &v = bufs.v, &zero_recv = bufs.zero_recv;
-    // Initial weights are written on the host (and copied to the device when it is not the host).
-    if (!is_preset(o.model) && has_weights(o.model)) {
-      LoadSummary ls;
-      fill_through_host(params, dev, [&](const Tensor& host) { ls = load_weights(o.model, cfg, layout, host); });
-      if (!o.quiet) {
-        std::fprintf(stderr, "scalelab train: loaded %lld tensors from %s\n", static_cast<long long>(ls.tensors),
-                     o.model.c_str());
-      }
-    } else {
-      fill_through_host(params, dev, [&](const Tensor& host) { init_params(host, layout, cfg, o.seed); });
-    }
-    if (prec.weight_copy) compute_weights.copy_from(params);
-    std::unique_ptr<Model> model = make_model(cfg, layout, compute_weights, grads, mopt);
-    if (dp) dp->attach(params, grads, m, v, zero_recv.defined() ? &zero_recv : nullptr, *model);
-    double loss_scale = prec.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
-    std::int64_t good_steps = 0;
-    DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp ? dp->rank() : 0, world};
-    std::unique_ptr<DataSource> data = with_injected_data_fault(make_data_source(dopt), dopt.rank);
-    // The data source writes host memory; on a device the batch is copied up each micro-step.
-    StagedBatch batch = make_staged_batch(o.micro_batch_size, o.seq_len, dev);
+  bench_warmup_ = std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - 1));
+}
 
-    std::vector<kernels::ElementRange> ranges;
-    for (const auto& p : layout.params()) {
-      if (!ranges.empty() && ranges.back().decay == p.decay && ranges.back().end == p.offset) {
-        ranges.back().end = p.offset + p.numel;
-      } else {
-        ranges.push_back({p.offset, p.offset + p.numel, p.decay});
-      }
-    }
-
+void TrainSession::build() {
+  const TrainOptions& o = o_;
+  const ModelConfig& cfg = pin_.config;
+  DeviceAllocator& alloc = *dev_.alloc;
+  const std::int64_t P = layout_.total_numel(), Pt = layout_.trainable_numel();
+  const std::int64_t S = dp_ ? dp_->state_numel() : Pt;  // ZeRO-1: this rank's shard
+  bufs_ = allocate_step_buffers(alloc, prec_, P, Pt, S, dp_ && dp_->zero());
+  // Initial weights are written on the host (and copied to the device when it is not the host).
+  if (!is_preset(o.model) && has_weights(o.model)) {
+    LoadSummary ls;
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { ls = load_weights(o.model, cfg, layout_, host); });
     if (!o.quiet) {
-      std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads, device %s: %s%s\n",
-                   cfg.name.c_str(), family_name(cfg.family), static_cast<long long>(res.params),
-                   data->describe().c_str(), static_cast<long long>(o.micro_batch_size),
-                   static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum_steps), num_threads(),
-                   dev.name.c_str(), dev.description.c_str(),
-                   dev.type == DeviceType::kCUDA ? (o.allow_tf32 ? ", TF32 on" : ", TF32 off") : "");
+      std::fprintf(stderr, "scalelab train: loaded %lld tensors from %s\n", static_cast<long long>(ls.tensors),
+                   o.model.c_str());
     }
-    std::vector<double> measured;
-    for (std::int64_t step = 0; step < o.max_steps; ++step) {
-      if (step == bench_warmup) profiler.clear();
-      const auto t0 = std::chrono::steady_clock::now();
-      grads.zero_();
-      double loss = 0;
-      for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
-        if (dp) dp->begin_micro_step(micro == o.grad_accum_steps - 1);
-        {
-          ProfileScope p(ctx, "data", Phase::kData);
-          data->next(batch.host);
-          batch.upload();
-        }
-        model->set_step(step * o.grad_accum_steps + micro);
-        // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
-        // data-parallel, by the ranks: the reduction over ranks then only sums.
-        loss += model->forward_backward(
-            batch.device, static_cast<float>(loss_scale / (static_cast<double>(o.grad_accum_steps) * (dp ? world : 1))), ctx);
-      }
-      loss /= static_cast<double>(o.grad_accum_steps);
-      const double lr = o.lr * lr_factor(schedule, step, o.warmup_steps, o.max_steps);
-      // The loss (above) and the gradient norm (below) come back to the host as doubles: on CUDA each
-      // is a synchronization point per micro-step / step. Acceptable for now (the step's other work
-      // queues behind it anyway); reading them a step late would let the host run ahead.
-      // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
-      // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
-      const double sum_sq = dp ? dp->sync_gradients() : kernels::sum_of_squares(grads, ctx);
-      if (dp) loss = dp->mean(loss);
-      if (prec.loss_scaling && !std::isfinite(sum_sq)) {
-        // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
-        // double it after 2000 good steps.
-        loss_scale *= 0.5;
-        good_steps = 0;
-        ++res.skipped_steps;
-        const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        res.steps.push_back({loss, lr, std::nan(""), dt});
-        if (dp) dp->end_step(false);
-        if (!o.quiet) {
-          std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
-                       static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale);
-        }
-        continue;
-      }
-      const double norm = std::sqrt(sum_sq) / loss_scale;
-      const double coef = kernels::clip_coefficient(norm, o.max_grad_norm);
-      kernels::AdamWHyper hp;
-      hp.rounding_seed = o.seed;
-      hp.lr = static_cast<float>(lr);
-      hp.beta1 = static_cast<float>(o.adam_beta1);
-      hp.beta2 = static_cast<float>(o.adam_beta2);
-      hp.eps = static_cast<float>(o.adam_epsilon);
-      hp.weight_decay = static_cast<float>(o.weight_decay);
-      hp.step = step + 1;
-      hp.grad_scale = static_cast<float>(coef / loss_scale);
-      if (dp) dp->update(ranges, hp, ctx);
-      else kernels::adamw_update(params, m, v, grads, ranges, hp, ctx);
-      if (prec.loss_scaling && ++good_steps % 2000 == 0) loss_scale *= 2.0;
-      if (prec.weight_copy) {
-        ProfileScope p(ctx, "adamw", Phase::kOptimizer);
-        compute_weights.copy_from(params);
-      }
-      dev.synchronize();  // an asynchronous device: the step ends when its kernels have run
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      res.steps.push_back({loss, lr, norm, dt});
-      if (step >= bench_warmup) {
-        measured_time += dt;
-        measured.push_back(dt);
-      }
-      if (dp) dp->end_step(step >= bench_warmup);
-      if (!o.quiet) {
-        const auto st = alloc.stats();
-        std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f tokens/s | %.3f s | mem %s reserved\n",
-                     static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss, lr, norm,
-                     static_cast<double>(tokens_per_step * world) / dt, dt, format_bytes(st.reserved).c_str());
-      }
-      if (!std::isfinite(loss) && !prec.loss_scaling) {
-        throw RuntimeError("[train] the loss became " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
-                           " — lower --lr or enable clipping (--max-grad-norm)");
-      }
+  } else {
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { init_params(host, layout_, cfg, o.seed); });
+  }
+  if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
+  model_ = make_model(cfg, layout_, bufs_.compute_weights, bufs_.grads, pin_.options);
+  if (dp_) {
+    dp_->attach(bufs_.trainable, bufs_.grads, bufs_.m, bufs_.v, bufs_.zero_recv.defined() ? &bufs_.zero_recv : nullptr,
+                *model_);
+  }
+  loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
+  DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
+  data_ = with_injected_data_fault(make_data_source(dopt), dopt.rank);
+  // The data source writes host memory; on a device the batch is copied up each micro-step.
+  batch_.emplace(make_staged_batch(o.micro_batch_size, o.seq_len, dev_));
+  ranges_ = optimizer_ranges(layout_);
+
+  if (!o.quiet) {
+    std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters: %lld trainable, %lld frozen), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads, device %s: %s%s\n",
+                 cfg.name.c_str(), family_name(cfg.family), static_cast<long long>(res_.params),
+                 static_cast<long long>(res_.trainable_params), static_cast<long long>(res_.frozen_params),
+                 data_->describe().c_str(), static_cast<long long>(o.micro_batch_size),
+                 static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum_steps), num_threads(),
+                 dev_.name.c_str(), dev_.description.c_str(),
+                 dev_.type == DeviceType::kCUDA ? (o.allow_tf32 ? ", TF32 on" : ", TF32 off") : "");
+  }
+}
+
+StepRecord TrainSession::step(std::int64_t step) {
+  const TrainOptions& o = o_;
+  ExecContext& ctx = *ctx_;
+  if (step == bench_warmup_) profiler_.clear();
+  const auto t0 = std::chrono::steady_clock::now();
+  bufs_.grads.zero_();
+  double loss = 0;
+  for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
+    if (dp_) dp_->begin_micro_step(micro == o.grad_accum_steps - 1);
+    {
+      ProfileScope p(ctx, "data", Phase::kData);
+      data_->next(batch_->host);
+      batch_->upload();
     }
-    res.measured_steps = static_cast<std::int64_t>(measured.size());
-    res.tokens_per_s = measured_time > 0 ? static_cast<double>(tokens_per_step) * res.measured_steps / measured_time : 0;
-    res.tokens_per_s_per_device = res.tokens_per_s;
-    res.step_time_s = median(measured);
-    if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
-    if (o.profile) res.profile = profile_json(profiler, measured_time);
-    if (!o.save.empty() && (!dist || dist->rank() == 0)) {
-      SaveOptions so;
-      so.dtype = o.save_precision.empty() ? prec.param : parse_dtype(o.save_precision, "--save-precision");
-      so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
-      save_checkpoint(o.save, cfg, layout, host_view_of(params, dev), so);
-      if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    model_->set_step(step * o.grad_accum_steps + micro);
+    // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
+    // data-parallel, by the ranks: the reduction over ranks then only sums.
+    loss += model_->forward_backward(
+        batch_->device,
+        static_cast<float>(loss_scale_ / (static_cast<double>(o.grad_accum_steps) * (dp_ ? world_ : 1))), ctx);
+  }
+  loss /= static_cast<double>(o.grad_accum_steps);
+  const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);
+  // The loss (above) and the gradient norm (below) come back to the host as doubles: on CUDA each
+  // is a synchronization point per micro-step / step. Acceptable for now (the step's other work
+  // queues behind it anyway); reading them a step late would let the host run ahead.
+  // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
+  // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
+  const double sum_sq = dp_ ? dp_->sync_gradients() : kernels::sum_of_squares(bufs_.grads, ctx);
+  if (dp_) loss = dp_->mean(loss);
+  if (prec_.loss_scaling && !std::isfinite(sum_sq)) {
+    // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
+    // double it after 2000 good steps.
+    loss_scale_ *= 0.5;
+    good_steps_ = 0;
+    ++res_.skipped_steps;
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (dp_) dp_->end_step(false);
+    if (!o.quiet) {
+      std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
+                   static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale_);
     }
-    res.loss_scale = prec.loss_scaling ? loss_scale : 0.0;
-    res.status = "ok";
+    return {loss, lr, std::nan(""), dt};
+  }
+  const double norm = std::sqrt(sum_sq) / loss_scale_;
+  const double coef = kernels::clip_coefficient(norm, o.max_grad_norm);
+  kernels::AdamWHyper hp;
+  hp.rounding_seed = o.seed;
+  hp.lr = static_cast<float>(lr);
+  hp.beta1 = static_cast<float>(o.adam_beta1);
+  hp.beta2 = static_cast<float>(o.adam_beta2);
+  hp.eps = static_cast<float>(o.adam_epsilon);
+  hp.weight_decay = static_cast<float>(o.weight_decay);
+  hp.step = step + 1;
+  hp.grad_scale = static_cast<float>(coef / loss_scale_);
+  if (dp_) dp_->update(ranges_, hp, ctx);
+  else kernels::adamw_update(bufs_.trainable, bufs_.m, bufs_.v, bufs_.grads, ranges_, hp, ctx);
+  if (prec_.loss_scaling && ++good_steps_ % 2000 == 0) loss_scale_ *= 2.0;
+  if (prec_.weight_copy) {
+    // Only the trainable parameters changed: the frozen part of the compute copy stays as made.
+    ProfileScope p(ctx, "adamw", Phase::kOptimizer);
+    bufs_.compute_trainable.copy_from(bufs_.trainable);
+  }
+  dev_.synchronize();  // an asynchronous device: the step ends when its kernels have run
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (step >= bench_warmup_) {
+    measured_time_ += dt;
+    measured_.push_back(dt);
+  }
+  if (dp_) dp_->end_step(step >= bench_warmup_);
+  if (!o.quiet) {
+    const auto st = dev_.alloc->stats();
+    std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f tokens/s | %.3f s | mem %s reserved\n",
+                 static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss, lr, norm,
+                 static_cast<double>(tokens_per_step_ * world_) / dt, dt, format_bytes(st.reserved).c_str());
+  }
+  if (!std::isfinite(loss) && !prec_.loss_scaling) {
+    throw RuntimeError("[train] the loss became " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
+                       " — lower --lr or enable clipping (--max-grad-norm)");
+  }
+  return {loss, lr, norm, dt};
+}
+
+void TrainSession::finish_ok() {
+  const TrainOptions& o = o_;
+  res_.measured_steps = static_cast<std::int64_t>(measured_.size());
+  res_.tokens_per_s =
+      measured_time_ > 0 ? static_cast<double>(tokens_per_step_) * res_.measured_steps / measured_time_ : 0;
+  res_.tokens_per_s_per_device = res_.tokens_per_s;
+  res_.step_time_s = median(measured_);
+  if (o.peak_tflops > 0) res_.mfu = res_.flops_per_token * res_.tokens_per_s_per_device / (o.peak_tflops * 1e12);
+  if (o.profile) res_.profile = profile_json(profiler_, measured_time_);
+  if (!o.save.empty() && (!dist_ || dist_->rank() == 0)) {
+    SaveOptions so;
+    so.dtype = o.save_precision.empty() ? prec_.param : parse_dtype(o.save_precision, "--save-precision");
+    so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
+    save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
+    if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+  }
+  res_.loss_scale = prec_.loss_scaling ? loss_scale_ : 0.0;
+  res_.status = RunStatus::kOk;
+}
+
+void TrainSession::finish_oom(const OutOfMemory& e) {
+  // The other ranks wait in a collective: tell them, so that they stop naming this rank.
+  if (dist_) dist_->host().notify_failure(std::string("out of device memory: ") + e.what());
+  res_.status = RunStatus::kOom;
+  res_.error = e.what();
+  res_.oom = {{"requested_bytes", e.requested()},
+              {"allocated_bytes", e.allocated()},
+              {"reserved_bytes", e.reserved()},
+              {"capacity_bytes", e.capacity()}};
+}
+
+TrainResult TrainSession::finish() {
+  if (tel_) {
+    tel_->stop();
+    res_.telemetry =
+        tel_->summary(static_cast<double>(tokens_per_step_) * static_cast<double>(res_.steps.size()));
+    if (!o_.telemetry_csv.empty()) tel_->write_csv(o_.telemetry_csv);
+  }
+  const MemoryStats st = dev_.alloc->stats();
+  res_.max_allocated_bytes = st.peak_allocated;
+  res_.max_reserved_bytes = st.peak_reserved;
+  if (dp_ && res_.status == RunStatus::kOk) {
+    dp_->finish(res_, tokens_per_step_, measured_time_, res_.step_time_s);
+    if (o_.peak_tflops > 0) res_.mfu = res_.flops_per_token * res_.tokens_per_s_per_device / (o_.peak_tflops * 1e12);
+  }
+  return std::move(res_);
+}
+
+TrainResult train(const TrainOptions& requested, DistContext* dist) {
+  TrainSession s(requested, dist);
+  try {
+    s.build();
+    for (std::int64_t step = 0; step < s.max_steps(); ++step) s.record(s.step(step));
+    s.finish_ok();
   } catch (const OutOfMemory& e) {
-    // The other ranks wait in a collective: tell them, so that they stop naming this rank.
-    if (dist) dist->host().notify_failure(std::string("out of device memory: ") + e.what());
-    res.status = "oom";
-    res.error = e.what();
-    res.oom = {{"requested_bytes", e.requested()},
-               {"allocated_bytes", e.allocated()},
-               {"reserved_bytes", e.reserved()},
-               {"capacity_bytes", e.capacity()}};
+    s.finish_oom(e);
   }
-  finish_telemetry();
-  const MemoryStats st = alloc.stats();
-  res.max_allocated_bytes = st.peak_allocated;
-  res.max_reserved_bytes = st.peak_reserved;
-  if (dp && res.status == "ok") {
-    dp->finish(res, tokens_per_step, measured_time, res.step_time_s);
-    if (o.peak_tflops > 0) res.mfu = res.flops_per_token * res.tokens_per_s_per_device / (o.peak_tflops * 1e12);
-  }
-  return res;
+  return s.finish();
 }
 
 }  // namespace

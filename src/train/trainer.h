@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -54,6 +55,9 @@ struct TrainOptions {
   int telemetry_interval_ms = 200;
   std::string telemetry_csv;          // time series file (implies telemetry)
   DistFlags dist;                     // --ddp-bucket-mb, --zero, --comm-timeout, --comm-backend
+  // --freeze REGEX: parameters whose Hugging Face name matches (std::regex ECMAScript,
+  // regex_search) are frozen: no gradient, no optimizer state (ParamLayout::freeze). Empty: none.
+  std::string freeze;
 
   nlohmann::json to_json() const;
 };
@@ -62,11 +66,18 @@ struct StepRecord {
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
 };
 
+// How a run ended; the run record writes it as "ok", "oom", "error".
+enum class RunStatus { kOk, kOom, kError };
+const char* run_status_name(RunStatus s);
+// The status named by a run record's "status" text; nullopt for any other text.
+std::optional<RunStatus> parse_run_status(std::string_view name);
+
 struct TrainResult {
-  std::string status = "error";  // "ok", "oom", "error"
+  RunStatus status = RunStatus::kError;
   std::string error;
   nlohmann::json config;        // resolved options and model config
   std::int64_t params = 0;
+  std::int64_t trainable_params = 0, frozen_params = 0;  // params = trainable + frozen (--freeze)
   double flops_per_token = 0;  // 6·N + 12·L·H·Q·T with N = parameters in matmuls (LM head included)
   double flops_per_token_non_embedding = 0;  // the same with Kaplan's non-embedding N (for comparison)
   double tokens_per_s = 0;             // all devices

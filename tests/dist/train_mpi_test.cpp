@@ -234,6 +234,26 @@ TEST_F(TrainMpi, TwoRanksTrainLikeOneRankWithTheDoubleBatch) {
   EXPECT_LT(zero["ranks"][0]["max_allocated_bytes"].get<double>(), two["ranks"][0]["max_allocated_bytes"].get<double>());
 }
 
+// --freeze under DDP and ZeRO-1: buckets and shards cover the trainable buffer only; the job trains
+// like one rank with the double batch, and ZeRO's plan still equals its measured peak.
+TEST_F(TrainMpi, FrozenParametersTrainLikeOneRankUnderDdpAndZero) {
+  const std::string freeze = "--freeze embed_tokens|layers\\.0\\. ";  // no shell: no quotes
+  const nlohmann::json one = train(0, "fone", freeze + "--micro-batch-size 4");
+  const nlohmann::json two = train(2, "ftwo", freeze + "--micro-batch-size 2");
+  const nlohmann::json zero = train(2, "fzero", freeze + "--micro-batch-size 2 --zero 1");
+  ASSERT_FALSE(one.is_null() || two.is_null() || zero.is_null());
+  EXPECT_GT(one["frozen_params"].get<std::int64_t>(), 0);
+  EXPECT_EQ(two["trainable_params"], one["trainable_params"]);
+  expect_same_losses(one, two);
+  expect_same_losses(two, zero);
+  const nlohmann::json init = train(0, "finit", freeze + "--micro-batch-size 4 --lr 0");
+  expect_same_weights("fone", "ftwo", "finit");
+  expect_same_weights("ftwo", "fzero", "finit");
+  EXPECT_LE(zero["ranks"][0]["optimizer_state_elements"].get<std::int64_t>(),
+            one["trainable_params"].get<std::int64_t>() / 2 + 16);
+  EXPECT_EQ(zero["ranks"][0]["max_reserved_bytes"], zero["memory_plan"]["total_bytes"]);
+}
+
 TEST_F(TrainMpi, GradientAccumulationCommunicatesOnceAndMatches) {
   const nlohmann::json one = train(0, "one", "--micro-batch-size 4 --grad-accum-steps 2");
   const nlohmann::json two = train(2, "two", "--micro-batch-size 2 --grad-accum-steps 2");

@@ -30,6 +30,7 @@ Plus one directory, llama_gqa_tied_rope3_bf16_sharded/, the first model saved by
 bf16 and sharded (model.safetensors.index.json), to test the loader on files transformers wrote.
 """
 import argparse
+import re
 import json
 import math
 import os
@@ -178,6 +179,16 @@ CASES = [
         "max_grad_norm": 3.0,  # clips some steps with LR > 0 and not others
     },
     {
+        "name": "llama_untied_freeze",
+        "description": "Llama as llama_untied_accum2 with embed_tokens and layer 0 frozen (requires_grad=False on "
+        "the names scalelab train --freeze 'embed_tokens|layers\\.0\\.' matches)",
+        "config": lambda: llama_config(False, None),
+        "family": "llama",
+        "grad_accum_steps": 2,
+        "max_grad_norm": 2.5,  # clips some steps with LR > 0 and not others
+        "freeze": r"embed_tokens|layers\.0\.",
+    },
+    {
         "name": "opt_tiny",
         "description": "OPT, do_layer_norm_before true, word_embed_proj_dim == hidden_size (opt-125m-like)",
         "config": lambda: opt_config(32, True),
@@ -267,10 +278,20 @@ def make_case(case, out_root):
                 if name.endswith("_proj.bias"):
                     p.normal_(0.0, 0.1)
     model.train()  # dropout is 0 everywhere, so train and eval modes compute the same
+    frozen = []
+    if case.get("freeze"):
+        # --freeze REGEX: std::regex ECMAScript regex_search on the HF names = Python re.search.
+        for name, p in model.named_parameters():
+            if re.search(case["freeze"], name):
+                p.requires_grad_(False)
+                frozen.append(name)
+        assert frozen, f"{case['name']}: freeze matches nothing"
 
     t = dict(COMMON_TRAINING)
     t["grad_accum_steps"] = case["grad_accum_steps"]
     t["max_grad_norm"] = case["max_grad_norm"]
+    if case.get("freeze"):
+        t["freeze"] = case["freeze"]
     mb, seq, steps, accum = t["micro_batch_size"], t["seq_len"], t["max_steps"], t["grad_accum_steps"]
 
     out = os.path.join(out_root, case["name"])
@@ -284,6 +305,7 @@ def make_case(case, out_root):
     write_tokens(os.path.join(out, "tokens.bin"), tokens)
 
     named = dict(model.named_parameters())  # tied weights appear once, under the embedding's name
+    named_trainable = {n: p for n, p in named.items() if p.requires_grad}
     # What the loader must find in model.safetensors, checked from C++ without a safetensors reader
     # of its own: the first values (exact float32, as doubles) and the fp64 sum of every parameter.
     initial_params = {
@@ -292,8 +314,9 @@ def make_case(case, out_root):
         for n, p in named.items()
     }
     nd = no_decay(model)
-    decay_names = [n for n in named if n not in nd]
-    no_decay_names = [n for n in named if n in nd]
+    # The optimizer (and its groups) hold the trainable parameters only; frozen ones get no state.
+    decay_names = [n for n in named_trainable if n not in nd]
+    no_decay_names = [n for n in named_trainable if n in nd]
     optimizer = torch.optim.AdamW(
         [
             {"params": [named[n] for n in decay_names], "weight_decay": t["weight_decay"]},
@@ -321,7 +344,7 @@ def make_case(case, out_root):
             if step == 0 and k == 0:
                 expected["logits"] = logits.detach().clone()
         if step == 0:
-            for n, p in named.items():
+            for n, p in named_trainable.items():  # frozen parameters have no gradient
                 expected["grad." + n] = p.grad.detach().clone()
         lrs.append(optimizer.param_groups[0]["lr"])
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), t["max_grad_norm"])
@@ -405,6 +428,7 @@ def make_case(case, out_root):
         "training": training,
         "decay_params": decay_names,
         "no_decay_params": no_decay_names,
+        "frozen_params": frozen,
         "tied_params": {"lm_head.weight": [n for n in named if n.endswith("embed_tokens.weight")][0]}
         if config.tie_word_embeddings
         else {},

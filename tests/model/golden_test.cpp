@@ -36,7 +36,8 @@ TEST_P(Golden, LogitsLossAndStepOneGradients) {
   const auto& tr = expected["training"];
   const SafetensorsFile ref = SafetensorsFile::open(dir + "/expected.safetensors");
   const ModelConfig cfg = load_config_dir(dir);
-  const ParamLayout layout = ParamLayout::build(cfg);
+  // A case with frozen parameters (training.freeze): their gradients do not exist, here or there.
+  const ParamLayout layout = ParamLayout::build(cfg, tr.value("freeze", ""));
   // The model runs on SCALELAB_TEST_DEVICE (cpu by default): weights load on the host and are
   // copied up; batches likewise; logits and gradients come back for the comparisons.
   DeviceAllocator& alloc = testing::device_alloc();
@@ -44,7 +45,7 @@ TEST_P(Golden, LogitsLossAndStepOneGradients) {
   Tensor host_params = Tensor::empty({layout.total_numel()}, DType::kF32, testing::host_alloc());
   load_weights(dir, cfg, layout, host_params);
   Tensor params = testing::on_test_device(host_params);
-  Tensor grads = Tensor::zeros({layout.total_numel()}, DType::kF32, alloc);
+  Tensor grads = Tensor::zeros({layout.trainable_numel()}, DType::kF32, alloc);
   auto model = make_model(cfg, layout, params, grads, ModelOptions{});
   const std::int64_t mb = tr["micro_batch_size"], seq = tr["seq_len"], accum = tr["grad_accum_steps"];
 
@@ -72,8 +73,13 @@ TEST_P(Golden, LogitsLossAndStepOneGradients) {
     testing::upload_batch(batch, host_batch);
     model->forward_backward(batch, 1.0f / static_cast<float>(accum), ctx);
   }
-  int checked = 0;
+  int checked = 0, trainable = 0;
   for (const ParamInfo& p : layout.params()) {
+    if (!p.trainable) {
+      EXPECT_EQ(ref.find("grad." + p.name), nullptr) << p.name << " is frozen here but has a reference gradient";
+      continue;
+    }
+    ++trainable;
     const auto want = read_f32(ref, "grad." + p.name);
     ASSERT_EQ(static_cast<std::int64_t>(want.size()), p.numel) << p.name;
     const std::vector<float> g = testing::host_f32(layout.view(grads, p));
@@ -86,7 +92,7 @@ TEST_P(Golden, LogitsLossAndStepOneGradients) {
     EXPECT_LT(max_err, 1e-4) << p.name << " (largest gradient " << max_ref << ")";
     ++checked;
   }
-  EXPECT_EQ(checked, static_cast<int>(layout.params().size()));
+  EXPECT_EQ(checked, trainable);
 }
 
 TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
@@ -96,7 +102,7 @@ TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
   o.threads = 1;
   o.device = testing::test_device_name();
   const TrainResult r = run_training(o);
-  ASSERT_EQ(r.status, "ok") << r.error;
+  ASSERT_EQ(r.status, RunStatus::kOk) << r.error;
   ASSERT_EQ(r.steps.size(), expected["losses"].size());
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     const double want = expected["losses"][i], lr = expected["lrs"][i], norm = expected["grad_norms"][i];
@@ -107,6 +113,9 @@ TEST_P(Golden, AdamWTrajectoryWithWarmupDecayAndClipping) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Llama, Golden, ::testing::Values("llama_gqa_tied_rope3", "llama_untied_accum2"));
+// --freeze 'embed_tokens|layers\.0\.' against requires_grad=False on the same names: the frozen
+// parameters get no gradient, no AdamW state and no share of the clipping norm.
+INSTANTIATE_TEST_SUITE_P(LlamaFrozen, Golden, ::testing::Values("llama_untied_freeze"));
 // OPT: opt-125m-like (pre-LN, no projections) and opt-350m-like (project_in/out, post-LN, no final
 // LayerNorm) with gradient accumulation; embed_tokens' padding row (pad_token_id 1) gets no
 // gradient from the lookup, as transformers' nn.Embedding(padding_idx=1).

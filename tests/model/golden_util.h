@@ -31,6 +31,7 @@ inline TrainOptions golden_train_options(const std::string& dir) {
   o.adam_beta2 = tr["adam_beta2"];
   o.adam_epsilon = tr["adam_epsilon"];
   o.max_grad_norm = tr["max_grad_norm"];
+  o.freeze = tr.value("freeze", "");  // requires_grad=False on the matching names
   o.quiet = true;
   o.device = testing::test_device_name();  // SCALELAB_TEST_DEVICE (cpu by default)
   return o;

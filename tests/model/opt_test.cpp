@@ -295,8 +295,8 @@ TEST(Opt, TrainerDropoutFlagAndConfig) {
   const TrainResult off = run_training(o);
   o.dropout = 0.1;
   const TrainResult flag = run_training(o);
-  ASSERT_EQ(none.status, "ok");
-  ASSERT_EQ(cfg.status, "ok") << cfg.error;
+  ASSERT_EQ(none.status, RunStatus::kOk);
+  ASSERT_EQ(cfg.status, RunStatus::kOk) << cfg.error;
   EXPECT_EQ(cfg.config["dropout_resolved"], 0.1);
   EXPECT_EQ(off.config["dropout_resolved"], 0.0);
   for (std::size_t i = 0; i < none.steps.size(); ++i) {
@@ -329,7 +329,7 @@ TEST(Opt, RefusesWhatCannotWork) {
     out << c.to_hf_json().dump(2);
   }
   o = opt_run(dir.str());
-  EXPECT_EQ(run_training(o).status, "ok");
+  EXPECT_EQ(run_training(o).status, RunStatus::kOk);
   o.fused_kernels = true;
   try {
     run_training(o);

@@ -151,7 +151,7 @@ TEST(Qwen2, MemoryPlanPredictsTheMeasuredPeakExactly) {
     o.threads = 2;
     o.quiet = true;
     const TrainResult r = run_training(o);
-    ASSERT_EQ(r.status, "ok") << r.error;
+    ASSERT_EQ(r.status, RunStatus::kOk) << r.error;
     EXPECT_EQ(r.config["model_family"], "qwen2");
     EXPECT_EQ(r.max_reserved_bytes, r.plan["total_bytes"].get<std::size_t>())
         << c.mb << "x" << c.seq << " " << c.attn << (c.fused ? " fused" : "") << (c.ckpt ? " ckpt" : "") << " "

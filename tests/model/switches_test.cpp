@@ -33,7 +33,7 @@ void check_case(const std::string& golden, const Switches& sw) {
   o.fused_kernels = sw.fused;
   o.activation_checkpointing = sw.ckpt;
   const TrainResult r = run_training(o);
-  ASSERT_EQ(r.status, "ok") << sw.name << ": " << r.error;
+  ASSERT_EQ(r.status, RunStatus::kOk) << sw.name << ": " << r.error;
   const double want0 = expected["losses"][0];
   EXPECT_NEAR(r.steps[0].loss, want0, sw.tol * want0) << sw.name << " on " << golden << " (golden batch)";
   // Later steps follow the fp32 trajectory; updates amplify storage rounding, so allow 3x.

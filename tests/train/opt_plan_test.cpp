@@ -81,7 +81,7 @@ TEST(OptMemoryPlan, PredictsMeasuredPeakExactly) {
     o.threads = 2;
     o.quiet = true;
     const TrainResult r = run_training(o);
-    ASSERT_EQ(r.status, "ok") << describe(c) << ": " << r.error;
+    ASSERT_EQ(r.status, RunStatus::kOk) << describe(c) << ": " << r.error;
     const double planned = r.plan["total_bytes"].get<double>();
     const double measured = static_cast<double>(r.max_reserved_bytes);
     EXPECT_NEAR(measured / planned, 1.0, 0.10) << describe(c);

@@ -28,7 +28,7 @@ TrainOptions tiny() {
 TEST(Trainer, SameSeedSameLossesBitForBit) {
   TrainOptions o = tiny();
   const TrainResult a = run_training(o), b = run_training(o);
-  ASSERT_EQ(a.status, "ok");
+  ASSERT_EQ(a.status, RunStatus::kOk);
   ASSERT_EQ(a.steps.size(), 4u);
   for (std::size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << i;
   o.seed = 43;
@@ -72,7 +72,7 @@ TEST(Trainer, LearnsAPeriodicTokenFile) {
   o.lr_scheduler = "constant";
   o.data = path;
   const TrainResult r = run_training(o);
-  ASSERT_EQ(r.status, "ok");
+  ASSERT_EQ(r.status, RunStatus::kOk);
   EXPECT_LT(r.steps.back().loss, r.steps.front().loss - 0.3);
 }
 
@@ -89,7 +89,7 @@ TEST(Trainer, OutOfMemoryIsAResultNotACrash) {
   TrainOptions o = tiny();
   o.device_memory = "300KiB";
   const TrainResult r = run_training(o);
-  EXPECT_EQ(r.status, "oom");
+  EXPECT_EQ(r.status, RunStatus::kOom);
   EXPECT_GT(r.oom["requested_bytes"].get<std::size_t>(), 0u);
   EXPECT_EQ(r.oom["capacity_bytes"].get<std::size_t>(), 300u * 1024);
   EXPECT_FALSE(r.plan["fits"].get<bool>());
@@ -166,7 +166,7 @@ TEST(MemoryPlan, PredictsMeasuredPeakWithin10Percent) {
     o.fused_kernels = c.fused;
     o.max_steps = 2;
     const TrainResult r = run_training(o);
-    ASSERT_EQ(r.status, "ok");
+    ASSERT_EQ(r.status, RunStatus::kOk);
     const double planned = r.plan["total_bytes"].get<double>();
     const double measured = static_cast<double>(r.max_reserved_bytes);
     EXPECT_NEAR(measured / planned, 1.0, 0.10) << c.model << " mb " << c.mb << " seq " << c.seq << " ckpt " << c.ckpt

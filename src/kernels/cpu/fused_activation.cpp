@@ -81,6 +81,7 @@ void CpuBackend::swiglu_down_backward_recompute(Tensor& dgu, Tensor& dwdown, con
     ProfileScope prof(ctx, "activation", Phase::kBackward);
     swiglu_backward_recompute(dgu, scratch, scratch, gu, ctx);  // scratch: dact -> act
   }
+  if (!dwdown.defined()) return;  // a frozen down_proj: no weight gradient
   ProfileScope prof(ctx, "matmul", Phase::kBackward);
   gemm_ex(true, false, H, I, T, 1.0f, dout.raw(), dout.dtype(), H, scratch.raw(), scratch.dtype(), I, 1.0f,
           dwdown.raw(), dwdown.dtype(), I, ctx);

@@ -93,6 +93,7 @@ void CpuBackend::rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor&
       store_row(dr, ddst, dh.dtype(), H);
     }
   });
+  if (!dw.defined()) return;  // a frozen weight: no gradient
   for (int t = 1; t < nt; ++t)
     for (std::int64_t i = 0; i < H; ++i) partial[static_cast<std::size_t>(i)] += partial[static_cast<std::size_t>(t) * H + i];
   float* dwo = inout_row(dw.raw(), dw.dtype(), H, 0);

@@ -213,8 +213,10 @@ void CpuBackend::linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Te
     gemm_ex(false, false, d.tokens, d.in, d.out, 1.0f, dy.raw(), dy.dtype(), d.out, w.raw(), w.dtype(), d.in,
             accumulate_dx ? 1.0f : 0.0f, dx->raw(), dx->dtype(), d.in, ctx);
   }
-  gemm_ex(true, false, d.out, d.in, d.tokens, 1.0f, dy.raw(), dy.dtype(), d.out, x.raw(), x.dtype(), d.in, 1.0f,
-          dw.raw(), dw.dtype(), d.in, ctx);
+  if (dw.defined()) {  // undefined: a frozen weight
+    gemm_ex(true, false, d.out, d.in, d.tokens, 1.0f, dy.raw(), dy.dtype(), d.out, x.raw(), x.dtype(), d.in, 1.0f,
+            dw.raw(), dw.dtype(), d.in, ctx);
+  }
   if (dbias != nullptr && dbias->defined()) {
     // Column sums in fp32, split over columns so threads never share an output.
     float* acc = row_buffer(d.out, 2);

@@ -60,6 +60,7 @@ void CpuBackend::rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, cons
       store_row(dxr, ddst, dx.dtype(), H);
     }
   });
+  if (!dw.defined()) return;  // a frozen weight: no gradient
   for (int t = 1; t < nt; ++t)
     for (std::int64_t i = 0; i < H; ++i) partial[static_cast<std::size_t>(i)] += partial[static_cast<std::size_t>(t) * H + i];
   float* dwo = inout_row(dw.raw(), dw.dtype(), H, 0);

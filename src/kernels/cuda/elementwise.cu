@@ -258,7 +258,7 @@ void CudaBackend::swiglu_down_backward_recompute(Tensor& dgu, Tensor& dwdown, co
   SCALELAB_CHECK(H > 0 && I > 0, std::string("[") + op + "] empty down weight");
   const std::int64_t T = dout.numel() / H;
   require_numel(dout, T * H, op, "output gradient");
-  require_numel(dwdown, H * I, op, "down weight gradient");
+  if (dwdown.defined()) require_numel(dwdown, H * I, op, "down weight gradient");
   require_numel(gu, T * 2 * I, op, "gate/up");
   require_numel(dgu, T * 2 * I, op, "gate/up gradient");
   if (T == 0) return;
@@ -267,6 +267,7 @@ void CudaBackend::swiglu_down_backward_recompute(Tensor& dgu, Tensor& dwdown, co
   gemm_ex(false, false, T, I, H, 1.0f, dout.raw(), dout.dtype(), H, wdown.raw(), wdown.dtype(), I, 0.0f,
           scratch.raw(), scratch.dtype(), I, ctx);  // dact = dout · Wdown
   swiglu_backward_recompute(dgu, scratch, scratch, gu, ctx);  // scratch: dact -> act
+  if (!dwdown.defined()) return;  // a frozen down_proj: no weight gradient
   gemm_ex(true, false, H, I, T, 1.0f, dout.raw(), dout.dtype(), H, scratch.raw(), scratch.dtype(), I, 1.0f,
           dwdown.raw(), dwdown.dtype(), I, ctx);  // dWdown += doutᵀ · act
 }

@@ -417,16 +417,18 @@ void CudaBackend::linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const T
                                   const Tensor& w, ExecContext& ctx, bool accumulate_dx) {
   set_allow_tf32(ctx.options.allow_tf32);  // --allow-tf32, carried by the context
   const auto d = linear_dims(dy, x, w, "linear_backward");
-  require_numel(dw, d.out * d.in, "linear_backward", "weight gradient");
+  if (dw.defined()) require_numel(dw, d.out * d.in, "linear_backward", "weight gradient");
   if (dx != nullptr) {
     require_numel(*dx, d.tokens * d.in, "linear_backward", "input gradient");
     // dx[T, in] = dy[T, out] · w[out, in]
     gemm_ex(false, false, d.tokens, d.in, d.out, 1.0f, dy.raw(), dy.dtype(), d.out, w.raw(), w.dtype(), d.in,
             accumulate_dx ? 1.0f : 0.0f, dx->raw(), dx->dtype(), d.in, ctx);
   }
-  // dw[out, in] += dyᵀ · x
-  gemm_ex(true, false, d.out, d.in, d.tokens, 1.0f, dy.raw(), dy.dtype(), d.out, x.raw(), x.dtype(), d.in, 1.0f,
-          dw.raw(), dw.dtype(), d.in, ctx);
+  // dw[out, in] += dyᵀ · x (undefined dw: a frozen weight, skipped)
+  if (dw.defined()) {
+    gemm_ex(true, false, d.out, d.in, d.tokens, 1.0f, dy.raw(), dy.dtype(), d.out, x.raw(), x.dtype(), d.in, 1.0f,
+            dw.raw(), dw.dtype(), d.in, ctx);
+  }
   if (dbias != nullptr && dbias->defined()) {
     require_numel(*dbias, d.out, "linear_backward", "bias gradient");
     if (d.out == 0) return;

@@ -319,10 +319,10 @@ void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, con
   const std::int64_t rows = rms_rows(x, w, op), H = w.numel();
   require_numel(dx, rows * H, op, "input gradient");
   require_numel(dy, rows * H, op, "output gradient");
-  require_numel(dw, H, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, H, op, "weight gradient");
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
-  column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(x), rstd.f32(), H}, rows, H, ctx, op);
+  if (dw.defined()) column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(x), rstd.f32(), H}, rows, H, ctx, op);
   rms_backward_kernel<false><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
       out_of(dx), in_of(dy), in_of(x), rstd.f32(), in_of(w), rows, H, accumulate_dx);
   check_launch(op);
@@ -349,10 +349,10 @@ void CudaBackend::rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor
   const std::int64_t rows = rms_rows(h, w, op), H = w.numel();
   require_numel(dh, rows * H, op, "residual gradient");
   require_numel(dy, rows * H, op, "output gradient");
-  require_numel(dw, H, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, H, op, "weight gradient");
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
-  column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(h), rstd.f32(), H}, rows, H, ctx, op);
+  if (dw.defined()) column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(h), rstd.f32(), H}, rows, H, ctx, op);
   rms_backward_kernel<true><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
       out_of(dh), in_of(dy), in_of(h), rstd.f32(), in_of(w), rows, H, true);
   check_launch(op);

@@ -90,6 +90,7 @@ void MetaBackend::linear_backward(Tensor* dx, Tensor& dw, Tensor*, const Tensor&
     gemm_ex(false, false, tokens, in, out, 1.0f, nullptr, dy.dtype(), out, nullptr, w.dtype(), in, 0.0f, nullptr,
             dx->dtype(), in, ctx);
   }
+  if (!dw.defined()) return;  // a frozen weight: no GEMM, no workspace
   gemm_ex(true, false, out, in, tokens, 1.0f, nullptr, dy.dtype(), out, nullptr, x.dtype(), in, 1.0f, nullptr,
           dw.dtype(), in, ctx);
 }
@@ -131,6 +132,7 @@ void MetaBackend::swiglu_down_backward_recompute(Tensor&, Tensor& dwdown, const 
   ws.take({T, I}, dout.dtype(), "mlp activation (recomputed)");
   gemm_ex(false, false, T, I, H, 1.0f, nullptr, dout.dtype(), H, nullptr, wdown.dtype(), I, 0.0f, nullptr,
           dout.dtype(), I, ctx);
+  if (!dwdown.defined()) return;  // a frozen down_proj
   gemm_ex(true, false, H, I, T, 1.0f, nullptr, dout.dtype(), H, nullptr, dout.dtype(), I, 1.0f, nullptr,
           dwdown.dtype(), I, ctx);
 }

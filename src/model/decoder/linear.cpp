@@ -1,6 +1,7 @@
 #include "model/decoder/linear.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "core/error.h"
 #include "kernels/matmul.h"
@@ -15,12 +16,7 @@ void Linear::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bia
 void Linear::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool accumulate_dx,
                       bool with_bias) {
   Tensor* dbias = with_bias && db.defined() ? &db : nullptr;
-  if (frozen) {
-    Tensor scratch = Tensor::zeros(w.shape(), DType::kF32, *ctx.alloc, "frozen weight gradient (discarded)");
-    kernels::linear_backward(dx, scratch, nullptr, dy, x, w, ctx, accumulate_dx);
-  } else {
-    kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);
-  }
+  kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
   if (adapter) adapter->backward(dx, dy, x, ctx);
 }
 
@@ -44,27 +40,62 @@ Tensor contiguous_view(const ParamLayout& layout, const Tensor& flat, const std:
   return cols > 0 ? v.view({(end - first.offset) / cols, cols}) : v;
 }
 
+namespace {
+
+// Whether the fused parameters `names` train (all of them) or are frozen (all of them).
+bool trains_together(const ParamLayout& layout, const std::vector<std::string>& names) {
+  const bool first = layout.at(names.front()).trainable;
+  for (const auto& n : names) {
+    if (layout.at(n).trainable != first) {
+      throw InvalidInput("[--freeze] " + names.front() + " and " + n +
+                         " are one fused projection here (one GEMM computes their gradient) — freeze all of " +
+                         std::to_string(names.size()) + " or none");
+    }
+  }
+  return first;
+}
+
+std::pair<std::int64_t, std::int64_t> trainable_run(const ParamLayout& layout,
+                                                    const std::function<bool(const ParamInfo&)>& pick) {
+  std::int64_t begin = layout.trainable_numel(), end = 0, numel = 0;
+  for (const ParamInfo& p : layout.params()) {
+    if (!p.trainable || !pick(p)) continue;
+    begin = std::min(begin, p.offset);
+    end = std::max(end, p.offset + p.numel);
+    numel += p.numel;
+  }
+  if (numel == 0) return {0, 0};
+  SCALELAB_CHECK(end - begin == numel, "[model] the trainable parameters of a grad-ready range are not adjacent in "
+                                       "the layout");
+  return {begin, end};
+}
+
+}  // namespace
+
 Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor& grads,
                    const std::vector<std::string>& weights, const std::vector<std::string>& biases) {
   Linear l;
   const std::int64_t in = layout.at(weights.front()).shape[1];
+  l.frozen = !trains_together(layout, weights);
   l.w = weights.size() == 1 ? layout.view(params, weights.front()) : contiguous_view(layout, params, weights, in);
-  l.dw = weights.size() == 1 ? layout.view(grads, weights.front()) : contiguous_view(layout, grads, weights, in);
+  if (!l.frozen) {
+    l.dw = weights.size() == 1 ? layout.view(grads, weights.front()) : contiguous_view(layout, grads, weights, in);
+  }
   if (!biases.empty() && layout.find(biases.front()) != nullptr) {
+    const bool bias_trains = trains_together(layout, biases);
     l.b = contiguous_view(layout, params, biases, 0);
-    l.db = contiguous_view(layout, grads, biases, 0);
+    if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0);
   }
   return l;
 }
 
 std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::string& prefix) {
-  std::int64_t begin = layout.total_numel(), end = 0;
-  for (const ParamInfo& p : layout.params()) {
-    if (p.name.compare(0, prefix.size(), prefix) != 0) continue;
-    begin = std::min(begin, p.offset);
-    end = std::max(end, p.offset + p.numel);
-  }
-  return {begin, end};
+  return trainable_run(layout, [&](const ParamInfo& p) { return p.name.compare(0, prefix.size(), prefix) == 0; });
+}
+
+std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::vector<std::string>& names) {
+  return trainable_run(layout,
+                       [&](const ParamInfo& p) { return std::find(names.begin(), names.end(), p.name) != names.end(); });
 }
 
 }  // namespace scalelab

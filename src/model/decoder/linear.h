@@ -37,13 +37,13 @@ class LinearAdapter {
 
 // y = x · wᵀ (+ b): kernels::linear_forward / linear_backward over views of the flat buffers.
 // w/dw: [out, in] (a fused projection is a contiguous run of the layout: q/k/v, gate/up);
-// b/db: [out] or undefined.
+// b/db: [out] or undefined. A frozen weight (--freeze) has frozen = true and dw undefined, a
+// frozen bias db undefined: backward passes the undefined gradient to linear_backward, which
+// skips that GEMM / column sum (no workspace either), and the input gradient still flows.
 struct Linear {
   Tensor w, dw, b, db;
   std::shared_ptr<LinearAdapter> adapter;  // empty: no adapter
-  // A frozen projection gets no weight/bias gradient (its input gradient still flows). Until the
-  // kernels take a null weight gradient, backward writes it into a scratch buffer it discards.
-  bool frozen = false;
+  bool frozen = false;  // the weight is frozen: dw is undefined
 
   bool has_bias() const { return b.defined(); }
   // y = x·wᵀ (+ b when with_bias; a fused kernel may add the bias itself, e.g. OPT's bias+ReLU).
@@ -61,10 +61,14 @@ Tensor optional_view(const ParamLayout& layout, const Tensor& flat, const std::s
 Tensor contiguous_view(const ParamLayout& layout, const Tensor& flat, const std::vector<std::string>& names,
                        std::int64_t cols);
 // A Linear over `weights` (one name, or several adjacent ones fused) and optional `biases` (all
-// present or all absent in the layout).
+// present or all absent in the layout). Fused weights (and fused biases) must be all frozen or
+// all trainable: InvalidInput naming --freeze otherwise (one GEMM computes their gradient).
 Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor& grads,
                    const std::vector<std::string>& weights, const std::vector<std::string>& biases = {});
-// [begin, end) in the flat buffer of every parameter whose name starts with `prefix` (a layer).
+// [begin, end) in the gradient buffer of the trainable parameters whose name starts with `prefix`
+// (a layer); {0, 0} when none trains. RuntimeError when they are not one run (a layout bug).
 std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::string& prefix);
+// The same over the trainable ones among `names` (absent names are skipped).
+std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::vector<std::string>& names);
 
 }  // namespace scalelab

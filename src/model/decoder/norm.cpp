@@ -49,7 +49,8 @@ void Norm::backward(Tensor& dx, const Tensor& dy, const Tensor& x, const NormSta
   if (kind == NormKind::kRMSNorm) {
     rmsnorm_backward(dx, dw, dy, x, s.rstd, w, ctx, accumulate_dx);
   } else {
-    layernorm_backward(dx, &dw, &db, dy, x, s.mean, s.rstd, w, ctx, accumulate_dx);
+    layernorm_backward(dx, dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, dy, x, s.mean, s.rstd, w, ctx,
+                       accumulate_dx);
   }
 }
 
@@ -60,7 +61,8 @@ void Norm::residual_backward(Tensor& dh, const Tensor& dy, const Tensor& h, cons
   } else if (kind == NormKind::kRMSNorm) {
     rmsnorm_residual_backward(dh, dw, dy, h, s.rstd, w, ctx);
   } else {
-    layernorm_residual_backward(dh, &dw, &db, dy, h, s.mean, s.rstd, w, ctx);
+    layernorm_residual_backward(dh, dw.defined() ? &dw : nullptr, db.defined() ? &db : nullptr, dy, h, s.mean, s.rstd,
+                                w, ctx);
   }
 }
 
@@ -70,10 +72,10 @@ Norm bind_norm(NormKind kind, float eps, const ParamLayout& layout, const Tensor
   n.kind = kind;
   n.eps = eps;
   n.w = optional_view(layout, params, weight);
-  n.dw = optional_view(layout, grads, weight);
+  n.dw = layout.grad_view(grads, weight);  // undefined when frozen (or absent)
   if (!bias.empty()) {
     n.b = optional_view(layout, params, bias);
-    n.db = optional_view(layout, grads, bias);
+    n.db = layout.grad_view(grads, bias);
   }
   return n;
 }

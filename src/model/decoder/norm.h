@@ -16,6 +16,7 @@ struct NormStats {
 struct Norm {
   NormKind kind = NormKind::kRMSNorm;
   Tensor w, dw, b, db;  // weight [H] and (LayerNorm) bias; undefined without elementwise affine
+                        // (dw, db also undefined when frozen: the kernels skip those gradients)
   float eps = 1e-5f;
 
   // Allocates the statistics for T rows, labelled `<label> mean` / `<label> rstd`: LayerNorm mean

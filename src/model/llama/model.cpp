@@ -1,8 +1,8 @@
 // The Llama decoder (Llama 3.x, and Qwen2 with q/k/v biases): RMSNorm, grouped-query attention
 // with RoPE (llama3 scaling), SwiGLU MLP, tied or untied LM head. Explicit forward and backward
 // per layer over the shared decoder pieces (src/model/decoder/) and the kernels of src/kernels;
-// parameters and gradients are views into the flat buffers. Every allocation below is mirrored,
-// in order, by llama_step() in src/train/memory_plan.cpp: change one, change the other.
+// parameters and gradients are views into the flat buffers (frozen parameters have no gradient
+// view: their weight gradients are skipped).
 #include <vector>
 
 #include "core/error.h"
@@ -32,19 +32,24 @@ class LlamaModel final : public Model {
     const float eps = static_cast<float>(c.rms_norm_eps);
     const std::string& emb = family_of(c).token_embedding;
     embed_ = layout.view(params, emb);
-    dembed_ = layout.view(grads, emb);
+    dembed_ = layout.grad_view(grads, emb);  // undefined when frozen: no embedding backward
     if (family_of(c).embedding_padding_idx && c.pad_token_id) pad_ = *c.pad_token_id;
     norm_ = bind_norm(NormKind::kRMSNorm, eps, layout, params, grads, "model.norm.weight");
-    const ParamInfo& e = layout.at(emb);
-    embed_range_ = {e.offset, e.offset + e.numel};
-    const ParamInfo& nrm = layout.at("model.norm.weight");
-    head_range_ = {nrm.offset, nrm.offset + nrm.numel};
+    // Grad-ready ranges (trainable parameters only; empty when all are frozen).
+    embed_range_ = param_range(layout, std::vector<std::string>{emb});
+    head_range_ = param_range(layout, std::vector<std::string>{"model.norm.weight", "lm_head.weight"});
     if (c.tie_word_embeddings) {
       head_.w = embed_;
       head_.dw = dembed_;
+      head_.frozen = !dembed_.defined();
     } else {
       head_ = bind_linear(layout, params, grads, {"lm_head.weight"});
-      head_range_.second = layout.at("lm_head.weight").offset + layout.at("lm_head.weight").numel;
+    }
+    if (o.fused_kernels && head_.frozen) {
+      throw InvalidInput("[--freeze] the LM head (" + std::string(c.tie_word_embeddings ? emb : "lm_head.weight") +
+                         ") is frozen, and --fused-kernels computes its weight gradient inside the fused "
+                         "linear + cross-entropy, which has no frozen form yet — run without --fused-kernels or "
+                         "keep the head trainable");
     }
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = llama_layer_prefix(l);
@@ -110,7 +115,7 @@ class LlamaModel final : public Model {
     norm_.backward(dx, dxf, x, sf, ctx);
     dxf = Tensor();
     xf = Tensor();
-    if (hook_) hook_(head_range_.first, head_range_.second);
+    if (hook_ && head_range_.second > head_range_.first) hook_(head_range_.first, head_range_.second);
     for (std::int64_t l = L - 1; l >= 0; --l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
       if (opt_.activation_checkpointing) {
@@ -120,10 +125,11 @@ class LlamaModel final : public Model {
       }
       layer_backward(l, dx, a, b, ctx);
       a = Acts();
-      if (hook_) hook_(layers_[static_cast<std::size_t>(l)].range.first, layers_[static_cast<std::size_t>(l)].range.second);
+      const auto& r = layers_[static_cast<std::size_t>(l)].range;
+      if (hook_ && r.second > r.first) hook_(r.first, r.second);
     }
-    embedding_backward(dembed_, dx, b.inputs, ctx, pad_);
-    if (hook_) hook_(embed_range_.first, embed_range_.second);
+    if (dembed_.defined()) embedding_backward(dembed_, dx, b.inputs, ctx, pad_);
+    if (hook_ && embed_range_.second > embed_range_.first) hook_(embed_range_.first, embed_range_.second);
     return ls.sum / static_cast<double>(ls.count);
   }
 
@@ -222,9 +228,10 @@ class LlamaModel final : public Model {
     // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
     Tensor dgu;
     if (fused) {
-      // dact, the recomputed activation and dW_down in one kernel; dgu is written over gu.
-      SCALELAB_CHECK(!w.down.adapter && !w.down.frozen, "[llama] the fused SwiGLU/down_proj backward has no "
-                                                        "adapter or frozen form — run without --fused-kernels");
+      // dact, the recomputed activation and dW_down in one kernel (no dW_down when frozen: the
+      // gradient is undefined); dgu is written over gu.
+      SCALELAB_CHECK(!w.down.adapter, "[llama] the fused SwiGLU/down_proj backward has no adapter form — run "
+                                      "without --fused-kernels");
       swiglu_down_backward_recompute(a.gu, w.down.dw, dx, a.gu, w.down.w, ctx);
       dgu = a.gu;
       a.y2 = act_.act({T, H_}, "mlp norm output (recomputed)");

@@ -59,9 +59,9 @@ class OptModel final : public Model {
     const float eps = static_cast<float>(c.layer_norm_eps);
     const std::string d = "model.decoder.";
     embed_ = layout.view(params, d + "embed_tokens.weight");
-    dembed_ = layout.view(grads, d + "embed_tokens.weight");
+    dembed_ = layout.grad_view(grads, d + "embed_tokens.weight");  // undefined when frozen
     pos_ = layout.view(params, d + "embed_positions.weight");
-    dpos_ = layout.view(grads, d + "embed_positions.weight");
+    dpos_ = layout.grad_view(grads, d + "embed_positions.weight");
     if (layout.find(d + "project_in.weight")) proj_in_ = bind_linear(layout, params, grads, {d + "project_in.weight"});
     if (layout.find(d + "project_out.weight")) {
       proj_out_ = bind_linear(layout, params, grads, {d + "project_out.weight"});
@@ -71,8 +71,14 @@ class OptModel final : public Model {
     if (c.tie_word_embeddings) {
       head_.w = embed_;
       head_.dw = dembed_;
+      head_.frozen = !dembed_.defined();
     } else {
       head_ = bind_linear(layout, params, grads, {"lm_head.weight"});
+    }
+    if (o.fused_kernels && head_.frozen) {
+      throw InvalidInput("[--freeze] the LM head is frozen, and --fused-kernels computes its weight gradient inside "
+                         "the fused linear + cross-entropy, which has no frozen form yet — run without "
+                         "--fused-kernels or keep the head trainable");
     }
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = opt_layer_prefix(l), a = p + "self_attn.";
@@ -94,8 +100,11 @@ class OptModel final : public Model {
     }
     // Flat-buffer ranges for the grad-ready hook: the embeddings (and project_in) come before the
     // layers, the final norm, project_out and an untied head after them.
-    embed_range_ = {0, layers_.empty() ? layout.total_numel() : layers_.front().range.first};
-    head_range_ = {layers_.empty() ? layout.total_numel() : layers_.back().range.second, layout.total_numel()};
+    // (Trainable parameters only, in the gradient buffer; empty when all are frozen.)
+    embed_range_ = param_range(layout, std::vector<std::string>{d + "embed_tokens.weight", d + "embed_positions.weight",
+                                                                d + "project_in.weight"});
+    head_range_ = param_range(layout, std::vector<std::string>{d + "final_layer_norm.weight", d + "final_layer_norm.bias",
+                                                               d + "project_out.weight", "lm_head.weight"});
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
@@ -147,10 +156,11 @@ class OptModel final : public Model {
       }
       layer_backward(l, dx, a, b, ctx);
       a = Acts();
-      if (hook_) hook_(layers_[static_cast<std::size_t>(l)].range.first, layers_[static_cast<std::size_t>(l)].range.second);
+      const auto& r = layers_[static_cast<std::size_t>(l)].range;
+      if (hook_ && r.second > r.first) hook_(r.first, r.second);
     }
     embed_backward(b, emb_in, dx, ctx);
-    if (hook_) hook_(embed_range_.first, embed_range_.second);
+    if (hook_ && embed_range_.second > embed_range_.first) hook_(embed_range_.first, embed_range_.second);
     return ls.sum / static_cast<double>(ls.count);
   }
 
@@ -243,14 +253,16 @@ class OptModel final : public Model {
 
   void embed_backward(const Batch& b, Tensor& emb_in, Tensor& dx, ExecContext& ctx) {
     const std::int64_t skip = c_.pad_token_id ? *c_.pad_token_id : -1;
-    position_embedding_backward(dpos_, dx, b.seq, kPositionOffset, ctx);
+    // Frozen tables (undefined gradients) get no backward; a frozen project_in no weight gradient.
+    if (dpos_.defined()) position_embedding_backward(dpos_, dx, b.seq, kPositionOffset, ctx);
     if (proj_in_.w.defined()) {
-      Tensor de = act_.act({b.batch * b.seq, P_}, "embedding gradient");
-      proj_in_.backward(&de, dx, emb_in, ctx);
+      Tensor de;
+      if (dembed_.defined()) de = act_.act({b.batch * b.seq, P_}, "embedding gradient");
+      proj_in_.backward(dembed_.defined() ? &de : nullptr, dx, emb_in, ctx);
       dx = Tensor();
       emb_in = Tensor();
-      embedding_backward(dembed_, de, b.inputs, ctx, skip);
-    } else {
+      if (dembed_.defined()) embedding_backward(dembed_, de, b.inputs, ctx, skip);
+    } else if (dembed_.defined()) {
       embedding_backward(dembed_, dx, b.inputs, ctx, skip);
     }
   }
@@ -379,7 +391,7 @@ class OptModel final : public Model {
     w.fc2.backward(&dact, dd, a.act, ctx);
     dd = Tensor();
     if (opt_.fused_kernels) {
-      bias_relu_backward(dact, &w.fc1.db, dact, a.act, ctx);
+      bias_relu_backward(dact, w.fc1.db.defined() ? &w.fc1.db : nullptr, dact, a.act, ctx);
       a.act = Tensor();
       Tensor m = act_.act({T, H_}, "recomputed norm output");
       m_norm.recompute(m, m_src, m_stats, ctx);
