@@ -42,6 +42,9 @@ struct DeviceOptions {
   // CUDA: fp32 GEMMs may use TF32 tensor cores (10-bit mantissa inputs, fp32 accumulation), as
   // torch.backends.cuda.matmul.allow_tf32. Off by default: fp32 means fp32. The CPU ignores it.
   bool allow_tf32 = false;
+  // On the meta device (the memory plan): the device whose size choices kernels mirror, where they
+  // differ by device (the fused loss's default chunk). Ignored on real devices.
+  DeviceType planned_device = DeviceType::kCPU;
 };
 
 struct ExecContext {

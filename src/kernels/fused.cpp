@@ -139,6 +139,24 @@ std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab) {
   return c;
 }
 
+std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab, DeviceType device) {
+  if (device != DeviceType::kCUDA) return fused_linear_cross_entropy_default_chunk(vocab);
+  constexpr std::int64_t kGpuChunk = 4096, kGpuMaxChunkBytes = std::int64_t{1} << 30;
+  std::int64_t c = kGpuChunk;
+  while (c > kMinChunk && c * std::max<std::int64_t>(vocab, 1) * 4 > kGpuMaxChunkBytes) c /= 2;
+  return c;
+}
+
+namespace {
+// The chunk a call without one uses: the default of the device the tensors are on (on meta, of
+// the device the plan is for).
+std::int64_t resolve_chunk(std::int64_t chunk_tokens, std::int64_t vocab, const Tensor& w, const ExecContext& ctx) {
+  if (chunk_tokens > 0) return chunk_tokens;
+  const DeviceType d = w.device() == DeviceType::kMeta ? ctx.options.planned_device : w.device();
+  return fused_linear_cross_entropy_default_chunk(vocab, d);
+}
+}  // namespace
+
 std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab) {
   const std::int64_t c = chunk_tokens > 0 ? chunk_tokens : fused_linear_cross_entropy_default_chunk(vocab);
   return std::max<std::int64_t>(1, std::min(c, tokens));
@@ -181,7 +199,8 @@ LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, cons
   if (T == 0) return {};
   ProfileScope prof(ctx, "loss", Phase::kBackward);
   return backend_for(device_of(op, {&dx, &dw, &x, &w, &targets}), op)
-      .fused_linear_cross_entropy(dx, dw, x, w, targets, grad_scale_per_token, chunk_tokens, ctx);
+      .fused_linear_cross_entropy(dx, dw, x, w, targets, grad_scale_per_token, resolve_chunk(chunk_tokens, V, w, ctx),
+                                  ctx);
 }
 
 LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, const Tensor& targets,
@@ -190,7 +209,7 @@ LossSum fused_linear_cross_entropy_forward(const Tensor& x, const Tensor& w, con
   const char* op = "fused_linear_cross_entropy_forward";
   if (check_linear_loss(x, w, targets, op) == 0) return {};
   return backend_for(device_of(op, {&x, &w, &targets}), op)
-      .fused_linear_cross_entropy_forward(x, w, targets, chunk_tokens, ctx);
+      .fused_linear_cross_entropy_forward(x, w, targets, resolve_chunk(chunk_tokens, w.dim(0), w, ctx), ctx);
 }
 
 }  // namespace scalelab::kernels

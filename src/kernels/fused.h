@@ -117,6 +117,13 @@ constexpr const char* kFusedLossChunkLabel = "fused loss chunk";
 // 64 tokens ~0.8x, 128 ~0.85x, 512-1024 at parity with the unfused head). The workspace does not
 // grow with the micro-batch, which is what removes the logits term from the memory plan.
 std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab);
+// The default on `device`. On CUDA: 4096 tokens, halved (not below 128) while the chunk's fp32
+// logits exceed 1 GiB (V = 128256: 2048 tokens, 0.98 GiB; V = 50272: 4096, 0.77 GiB). Each chunk's
+// dW GEMM reads and writes all of dw (0.5 GiB in bf16 for Llama 3's head), so a 256-token chunk
+// spends more time moving dw than multiplying (measured on an H200: llama-3.2-1b, micro-batch 16,
+// the fused loss took ~64 ms per step at 256-token chunks); GPU memory is large enough to amortize
+// it over 2048 tokens. The meta device follows ExecContext::options.planned_device.
+std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab, DeviceType device);
 
 // The rows the kernel processes per chunk: chunk_tokens (the default when <= 0) capped at tokens.
 std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab);

@@ -112,6 +112,7 @@ std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<
     std::unique_ptr<Model> model = make_model(in.config, layout, b.compute_weights, b.grads, in.options);
     const Batch batch = make_batch(in.micro_batch, in.seq_len, alloc);
     ExecContext ctx{&alloc, nullptr};
+    ctx.options.planned_device = in.device;
     for (int step = 0; step < 2; ++step) {
       model->set_step(step);
       model->forward_backward(batch, 1.0f, ctx);

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/allocator.h"
 #include "core/dtype.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -37,6 +38,9 @@ struct PlanInput {
   // --freeze: the parameters matching it are frozen (ParamLayout::freeze); gradients and optimizer
   // states cover the trainable ones only, so the plan shrinks by exactly theirs.
   std::string freeze;
+  // The device the plan is for (--device): the meta run mirrors its kernels' size choices where
+  // they differ from the CPU's (the fused loss's chunk, kernels/fused.h).
+  DeviceType device = DeviceType::kCPU;
 };
 
 // The run's parameter layout: the family's, with in.freeze applied (InvalidInput on a bad regex).

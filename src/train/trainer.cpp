@@ -247,6 +247,7 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.threads = num_threads();
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
+  in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
 }

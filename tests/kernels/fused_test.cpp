@@ -419,5 +419,33 @@ TEST(FusedLinearCrossEntropy, DefaultChunkIsBoundedAndIndependentOfTokens) {
   EXPECT_EQ(kernels::fused_linear_cross_entropy_workspace_bytes(3, 5), DeviceAllocator::kRoundBytes);
 }
 
+TEST(FusedLinearCrossEntropy, GpuDefaultChunkIsLargerAndTheMetaPlanFollowsIt) {
+  using kernels::fused_linear_cross_entropy_default_chunk;
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(128256, DeviceType::kCUDA), 2048);  // 0.98 GiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(50272, DeviceType::kCUDA), 4096);   // 0.77 GiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(128256, DeviceType::kCPU), 256);
+  for (std::int64_t v : {256, 32768, 50272, 128256})
+    EXPECT_LE(fused_linear_cross_entropy_default_chunk(v, DeviceType::kCUDA) * v * 4, std::int64_t{1} << 30) << v;
+  // On meta, the front sizes the chunk for the planned device: the one workspace block of a
+  // fp32 call is [chunk, V] fp32.
+  const std::int64_t T = 8192, H = 16, V = 50272;
+  for (DeviceType planned : {DeviceType::kCPU, DeviceType::kCUDA}) {
+    DeviceAllocator meta(make_meta_backend(), std::size_t{1} << 40);
+    ExecContext ctx{&meta, nullptr};
+    ctx.options.planned_device = planned;
+    Tensor x = Tensor::empty({T, H}, DType::kF32, meta), w = Tensor::empty({V, H}, DType::kF32, meta);
+    Tensor dx = Tensor::empty({T, H}, DType::kF32, meta), dw = Tensor::empty({V, H}, DType::kF32, meta);
+    Tensor tg = Tensor::empty({T}, DType::kI32, meta);
+    const std::size_t before = meta.stats().allocated;
+    kernels::fused_linear_cross_entropy(dx, dw, x, w, tg, 1.0f, 0, ctx);
+    const std::size_t chunk = static_cast<std::size_t>(fused_linear_cross_entropy_default_chunk(V, planned));
+    // The block is the rounded request, or its whole 2 MiB-rounded segment when the remainder is
+    // too small to split off (core/allocator.h).
+    const std::size_t got = meta.stats().peak_allocated - before, want = DeviceAllocator::round_size(chunk * V * 4);
+    EXPECT_GE(got, want) << device_type_name(planned);
+    EXPECT_LT(got, want + DeviceAllocator::kSegmentBytes) << device_type_name(planned);
+  }
+}
+
 }  // namespace
 }  // namespace scalelab
