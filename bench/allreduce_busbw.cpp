@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/mpi_communicator.h"
+#include "distributed/mpi_communicator.h"
 
 #if SCALELAB_HAVE_MPI
 #include <mpi.h>

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "dist/ddp.h"
-#include "dist/mpi_communicator.h"
+#include "distributed/ddp.h"
+#include "distributed/mpi_communicator.h"
 
 using namespace scalelab;
 

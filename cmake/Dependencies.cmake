@@ -31,10 +31,10 @@ target_link_options(scalelab_openblas INTERFACE "-Wl,-rpath,${OPENBLAS_LIB_DIR}"
 message(STATUS "scalelab: OpenBLAS ${OPENBLAS_LIB}")
 
 # Data-parallel communication (src/dist): MPI (OpenMPI) for host memory, NCCL (the CUDA toolkit's
-# libnccl) for device memory. Everything src/dist needs is carried by scalelab_dist_deps, with
+# libnccl) for device memory. Everything src/dist needs is carried by scalelab_distributed_deps, with
 # SCALELAB_HAVE_MPI / SCALELAB_HAVE_NCCL telling the sources which implementation to compile
 # (without them they compile implementations that throw "built without MPI/NCCL").
-add_library(scalelab_dist_deps INTERFACE)
+add_library(scalelab_distributed_deps INTERFACE)
 find_package(MPI COMPONENTS C QUIET)
 option(SCALELAB_WITH_MPI "Build the MPI communicator (OpenMPI)" ${MPI_C_FOUND})
 if(SCALELAB_WITH_MPI)
@@ -42,9 +42,9 @@ if(SCALELAB_WITH_MPI)
     message(FATAL_ERROR "SCALELAB_WITH_MPI=ON but MPI was not found: install libopenmpi-dev "
                         "(scripts/deps.sh) or configure with -DSCALELAB_WITH_MPI=OFF")
   endif()
-  target_link_libraries(scalelab_dist_deps INTERFACE MPI::MPI_C)
+  target_link_libraries(scalelab_distributed_deps INTERFACE MPI::MPI_C)
   # The C API only: the deprecated C++ bindings would need libmpi_cxx.
-  target_compile_definitions(scalelab_dist_deps INTERFACE SCALELAB_HAVE_MPI=1 OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  target_compile_definitions(scalelab_distributed_deps INTERFACE SCALELAB_HAVE_MPI=1 OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   message(STATUS "scalelab: MPI ${MPI_C_VERSION} (${MPIEXEC_EXECUTABLE})")
 endif()
 find_package(CUDAToolkit QUIET)
@@ -69,8 +69,8 @@ if(SCALELAB_WITH_NCCL)
   add_library(scalelab_nccl UNKNOWN IMPORTED)
   set_target_properties(scalelab_nccl PROPERTIES IMPORTED_LOCATION ${NCCL_LIBRARY}
     INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
-  target_link_libraries(scalelab_dist_deps INTERFACE scalelab_nccl CUDA::cudart)
-  target_compile_definitions(scalelab_dist_deps INTERFACE SCALELAB_HAVE_NCCL=1)
+  target_link_libraries(scalelab_distributed_deps INTERFACE scalelab_nccl CUDA::cudart)
+  target_compile_definitions(scalelab_distributed_deps INTERFACE SCALELAB_HAVE_NCCL=1)
   message(STATUS "scalelab: NCCL ${NCCL_LIBRARY} (CUDA ${CUDAToolkit_VERSION})")
 endif()
 

@@ -6,7 +6,7 @@
 
 #include "cli/command.h"
 #include "core/error.h"
-#include "dist/communicator.h"
+#include "distributed/communicator.h"
 
 int main(int argc, char** argv) {
   using namespace scalelab;

@@ -6,8 +6,8 @@
 #include "cli/train_flags.h"
 #include "core/allocator.h"
 #include "core/error.h"
-#include "dist/communicator.h"
-#include "dist/dist_context.h"
+#include "distributed/communicator.h"
+#include "distributed/dist_context.h"
 #include "train/device_setup.h"
 #include "train/trainer.h"
 

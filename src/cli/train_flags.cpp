@@ -1,6 +1,6 @@
 #include "cli/train_flags.h"
 
-#include "dist/dist_flags.h"
+#include "distributed/dist_flags.h"
 
 namespace scalelab::cli {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "kernels/dropout.h"
-#include "model/init.h"
+#include "core/philox.h"
 
 namespace scalelab::kernels {
 

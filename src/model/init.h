@@ -3,6 +3,7 @@
 #include <array>
 #include <cstdint>
 
+#include "core/philox.h"  // philox4x32_10: the generator of the initialization
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/params.h"
@@ -18,9 +19,5 @@ namespace scalelab {
 // Box-Muller), so the result is bit-identical for any thread count and any layout order (a tied
 // and an untied model draw the same embedding).
 void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfig& config, std::uint64_t seed);
-
-// The Philox4x32-10 counter-based generator (Salmon et al., SC'11; the generator of cuRAND and
-// of PyTorch's CUDA RNG): four 32-bit outputs for a 128-bit counter and a 64-bit key.
-std::array<std::uint32_t, 4> philox4x32_10(std::array<std::uint32_t, 4> counter, std::array<std::uint32_t, 2> key);
 
 }  // namespace scalelab

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "core/error.h"
-#include "dist/zero.h"
+#include "distributed/zero.h"
 #include "train/trainer.h"
 
 namespace scalelab {
@@ -157,7 +157,7 @@ CommTimes DataParallelRun::cumulative() const {
   const nlohmann::json s = dp_->summary();
   if (zero_) {
     t.comm_s = s.value("comm_s", 0.0);
-    t.exposed_s = t.comm_s;  // ZeRO-1's collectives are not overlapped (dist/zero.h)
+    t.exposed_s = t.comm_s;  // ZeRO-1's collectives are not overlapped (distributed/zero.h)
     t.blocked_s = t.comm_s;
   } else {
     const DdpStats& d = dp_->ddp_stats();

@@ -27,9 +27,9 @@
 
 #include "core/context.h"
 #include "core/tensor.h"
-#include "dist/data_parallel.h"
-#include "dist/dist_context.h"
-#include "dist/dist_flags.h"
+#include "distributed/data_parallel.h"
+#include "distributed/dist_context.h"
+#include "distributed/dist_flags.h"
 #include "kernels/adamw.h"
 #include "model/model.h"
 #include "train/data.h"

@@ -8,7 +8,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
-#include "dist/zero.h"
+#include "distributed/zero.h"
 #include "kernels/fused.h"
 #include "model/params.h"
 #include "train/data.h"

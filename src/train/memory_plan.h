@@ -29,7 +29,7 @@ struct PlanInput {
   std::int64_t seq_len = 1;
   int threads = 1;
   std::size_t capacity = 0;
-  // Data parallelism (dist/data_parallel.h): the job's ranks and this rank. With zero_stage 1 and
+  // Data parallelism (distributed/data_parallel.h): the job's ranks and this rank. With zero_stage 1 and
   // more than one rank, the optimizer states cover only this rank's shard of the parameters, and
   // the shard's reduce-scatter output is one more buffer (ZeroOptimizer::shard_counts()).
   int world_size = 1;

@@ -18,7 +18,7 @@
 #include "model/checkpoint.h"
 #include "model/init.h"
 #include "scalelab/version.h"
-#include "dist/config_check.h"
+#include "distributed/config_check.h"
 #include "train/data.h"
 #include "train/data_parallel_run.h"
 #include "train/device_setup.h"

@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/context.h"
-#include "dist/dist_flags.h"
+#include "distributed/dist_flags.h"
 
 namespace scalelab {
 

@@ -1,5 +1,5 @@
 // src/lab/slurm: the sbatch script and the submit/collect path, with fake sbatch/srun/scancel
-// scripts (the real cluster is exercised by tests/dist/slurm_localhost_test.sh).
+// scripts (the real cluster is exercised by tests/distributed/slurm_localhost_test.sh).
 #include "lab/slurm.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // The trainer's data-parallel side in one process: what it refuses, the ZeRO-1 memory plan, the
-// per-rank thread count and the data-fault hook. (Runs over MPI: tests/dist/train_mpi_test.cpp.)
+// per-rank thread count and the data-fault hook. (Runs over MPI: tests/distributed/train_mpi_test.cpp.)
 #include "train/data_parallel_run.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "model/params.h"
-#include "dist/zero.h"
+#include "distributed/zero.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
 

@@ -49,7 +49,7 @@ TEST(Trainer, GradientAccumulationMatchesTheLargerBatch) {
   // few ulps inside each row: 1e-5 relative holds on any CPU (an absolute 2e-5 was ~3.6e-6
   // relative at this loss, under that bound). Later steps also carry AdamW's amplification of
   // rounding in elements whose gradient is at rounding level, which moves the loss and the
-  // norm only at second order (tests/dist/train_mpi_test.cpp derives the bound on the weights).
+  // norm only at second order (tests/distributed/train_mpi_test.cpp derives the bound on the weights).
   for (std::size_t i = 0; i < a.steps.size(); ++i) {
     EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-5 * std::fabs(a.steps[i].loss)) << i;
     EXPECT_NEAR(a.steps[i].grad_norm, b.steps[i].grad_norm, 1e-4 * a.steps[i].grad_norm) << i;

@@ -26,7 +26,7 @@ __host__ __device__ __forceinline__ std::uint32_t mulhi32(std::uint32_t a, std::
 #endif
 }
 
-// model/init.cpp philox4x32_10, on the device: the same rounds, constants and key schedule.
+// core/philox.cpp philox4x32_10, on the device: the same rounds, constants and key schedule.
 __host__ __device__ __forceinline__ uint4 philox4x32_10(uint4 c, uint2 k) {
   constexpr std::uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
   for (int round = 0; round < 10; ++round) {

@@ -14,7 +14,6 @@ namespace scalelab::kernels::selftest {
 
 namespace {
 
-const std::vector<DType> kAll = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr Tolerance kExact{0.0, 0.0, 0.0};
 
 std::vector<CheckResult> dropout_check(const CheckEnv& env, DType dt, float p, const DropoutKey& key) {

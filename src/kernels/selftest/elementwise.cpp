@@ -18,21 +18,6 @@ namespace scalelab::kernels::selftest {
 
 namespace {
 
-struct Sides {
-  const CheckEnv& env;
-  ExecContext host;
-  ExecContext dev;
-  explicit Sides(const CheckEnv& e) : env(e), host{e.host, nullptr}, dev{e.device, nullptr} {}
-  Tensor rnd(const Shape& s, DType dt, std::uint64_t k, float lo = -1.0f, float hi = 1.0f) const {
-    return random_tensor(s, dt, *env.host, env.seed * 1000003u + k, lo, hi);
-  }
-  Tensor on_dev(const Tensor& t) const { return to_device(t, *env.device); }
-  Tensor host_copy(const Tensor& t) const { return t.to(*env.host); }
-  Tensor host_out(const Shape& s, DType dt) const { return poisoned(s, dt, *env.host); }
-  Tensor dev_out(const Shape& s, DType dt) const { return poisoned(s, dt, *env.device); }
-};
-
-const std::vector<DType> kAll = {DType::kF32, DType::kBF16, DType::kF16};
 constexpr std::int64_t kT = 64, kI = 96;
 
 // a += b and out = a + b; `bt` the dtype of b (mixed dtypes as the residual stream may have).

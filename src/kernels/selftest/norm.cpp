@@ -20,23 +20,6 @@ namespace {
 
 constexpr float kEps = 1e-5f;
 
-// Host and device contexts of a check, and the tensor makers it uses.
-struct Sides {
-  const CheckEnv& env;
-  ExecContext host;
-  ExecContext dev;
-  explicit Sides(const CheckEnv& e) : env(e), host{e.host, nullptr}, dev{e.device, nullptr} {}
-  // Random values (never all zeros) on the host; k distinguishes the tensors of one check.
-  Tensor rnd(const Shape& s, DType dt, std::uint64_t k, float lo = -1.0f, float hi = 1.0f) const {
-    return random_tensor(s, dt, *env.host, env.seed * 1000003u + k, lo, hi);
-  }
-  Tensor on_dev(const Tensor& t) const { return to_device(t, *env.device); }
-  // An output to be written: NaN-filled on its side, so an unwritten element fails the compare.
-  Tensor host_out(const Shape& s, DType dt) const { return poisoned(s, dt, *env.host); }
-  Tensor dev_out(const Shape& s, DType dt) const { return poisoned(s, dt, *env.device); }
-};
-
-const std::vector<DType> kAll = {DType::kF32, DType::kBF16, DType::kF16};
 
 // --- RMSNorm --------------------------------------------------------------------------------
 

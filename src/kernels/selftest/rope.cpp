@@ -14,7 +14,6 @@ namespace scalelab::kernels::selftest {
 
 namespace {
 
-const std::vector<DType> kAll = {DType::kF32, DType::kBF16, DType::kF16};
 
 // qkv rows of 4 query heads, 2 key heads and 2 value heads of 16; 4 sequences of 16 tokens.
 std::vector<CheckResult> rope_check(const CheckEnv& env, DType dt, bool llama3_scaling) {
