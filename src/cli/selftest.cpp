@@ -1,9 +1,10 @@
 // `scalelab selftest`: every op check of kernels/selftest.h on a device against the CPU reference
 // (a user's first command on a new cluster: `scalelab selftest --device cuda`).
 //
-// Exit status: 0 when every comparison passes, 1 when one fails (or a check throws, or the device
-// is not available), 2 for bad flags. Counted are compared outputs (one per CheckResult); a check
-// that throws, or that compares nothing, counts as one failure with its message.
+// Exit status: 0 when every comparison passes, 1 when one fails (or a check throws), 2 for bad
+// flags or a device that is not available (no GPU, no driver, a driver too old for this build).
+// Counted are compared outputs (one per CheckResult); a check that throws, or that compares
+// nothing, counts as one failure with its message.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -80,7 +81,7 @@ int run_selftest(const SelftestOptions& o) {
   }
   std::string why;
   if (!device_available(dev, &why)) {
-    throw RuntimeError("[--device] " + device_type_name(dev) + " is not available: " + why);
+    throw InvalidInput("[--device] " + device_type_name(dev) + " is not available: " + why);
   }
   DeviceRuntime& rt = device_runtime(dev);
   std::printf("Device: %s (%s)\n", device_type_name(dev).c_str(), rt.describe().c_str());

@@ -76,7 +76,7 @@ DeviceRuntime& device_runtime(DeviceType d) {
     case DeviceType::kCUDA: {
       std::string why;
       DeviceRuntime* r = cuda_runtime_or_null(&why);
-      if (r == nullptr) throw RuntimeError("[device] cuda is not available: " + why);
+      if (r == nullptr) throw InvalidInput("[device] cuda is not available: " + why);
       return *r;
     }
   }

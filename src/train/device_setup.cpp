@@ -24,7 +24,8 @@ TrainDevice make_train_device(const std::string& device, const std::string& devi
   dev.telemetry_name = dev.type == DeviceType::kCUDA ? cuda_device_name(0) : dev.name;
   std::string why;
   if (!device_available(dev.type, &why)) {
-    throw RuntimeError("[--device] " + dev.name + " is not available: " + why);
+    // The user can fix this (another --device, a GPU node, a driver): exit 2, as the CUDA issue asks.
+    throw InvalidInput("[--device] " + dev.name + " is not available: " + why);
   }
   DeviceRuntime& rt = device_runtime(dev.type);
   dev.description = rt.describe();

@@ -334,7 +334,8 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
     pin_.zero_stage = o.dist.zero;
   }
   // The device and its allocator (capacity: --device-memory, else the device's memory); throws
-  // RuntimeError (exit 1) with the reason when the device is not available.
+  // InvalidInput (exit 2) with the reason when the device is not available (no GPU, no driver,
+  // a driver older than this build's CUDA).
   dev_ = make_train_device(o.device, o.device_memory);
   pin_.capacity = dev_.capacity;
   const ModelConfig& cfg = pin_.config;

@@ -1,5 +1,5 @@
 // The binary's device handling: `train --device`, `--allow-tf32` and `selftest`. Without a GPU
-// (or in a build without CUDA) --device cuda must fail with exit 1 and the reason, never crash;
+// (or in a build without CUDA) --device cuda must fail with exit 2 (the user can fix it) and the reason, never crash;
 // with one, the same tests check that it runs.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -38,7 +38,7 @@ bool has(const std::string& s, const std::string& needle) { return s.find(needle
 
 const std::string kTiny = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 2 --threads 1 ";
 
-TEST(DeviceCli, TrainOnCudaRunsOrExitsOneWithTheReason) {
+TEST(DeviceCli, TrainOnCudaRunsOrExitsTwoWithTheReason) {
   const std::string json = testing::TempDir() + "cli_cuda.json";
   const CmdResult r = run(kTiny + "--device cuda --json " + json);
   std::string why;
@@ -48,7 +48,7 @@ TEST(DeviceCli, TrainOnCudaRunsOrExitsOneWithTheReason) {
     EXPECT_EQ(read_json(json)["status"], "ok");
     return;
   }
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "cuda is not available")) << r.output;
   EXPECT_TRUE(has(r.output, why)) << r.output;
   EXPECT_FALSE(has(r.output, "internal error")) << r.output;
@@ -104,11 +104,11 @@ TEST(DeviceCli, SelftestFilterThatMatchesNothingRunsNothing) {
   EXPECT_TRUE(has(r.output, "0 passed, 0 failed")) << r.output;
 }
 
-TEST(DeviceCli, SelftestOnAnAbsentCudaExitsOneWithTheReason) {
+TEST(DeviceCli, SelftestOnAnAbsentCudaExitsTwoWithTheReason) {
   std::string why;
   if (scalelab::device_available(scalelab::DeviceType::kCUDA, &why)) GTEST_SKIP() << "a CUDA device is present";
   const CmdResult r = run("selftest --device cuda");
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(has(r.output, "cuda is not available")) << r.output;
   EXPECT_TRUE(has(r.output, why)) << r.output;
   EXPECT_FALSE(has(r.output, "passed")) << r.output;

@@ -51,13 +51,13 @@ TEST(TrainDevice, CpuUsesTheHostWithoutStagingAndTheGivenCapacity) {
   b.upload();  // nothing to do
 }
 
-TEST(TrainDevice, CudaWithoutAGpuIsARuntimeErrorNamingWhy) {
+TEST(TrainDevice, CudaWithoutAGpuIsInvalidInputNamingWhy) {
   std::string why;
   if (device_available(DeviceType::kCUDA, &why)) GTEST_SKIP() << "a CUDA device is present";
   try {
     make_train_device("cuda", "");
     FAIL() << "cuda accepted without a device";
-  } catch (const RuntimeError& e) {
+  } catch (const InvalidInput& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
     EXPECT_NE(msg.find(why), std::string::npos) << msg;
@@ -106,7 +106,7 @@ TEST(TrainDevice, RunTrainingRefusesMetaAndAnAbsentCuda) {
   EXPECT_THROW(run_training(o), InvalidInput);
   if (!device_available(DeviceType::kCUDA)) {
     o.device = "cuda";
-    EXPECT_THROW(run_training(o), RuntimeError);
+    EXPECT_THROW(run_training(o), InvalidInput);  // exit 2: the user can fix it
   }
 }
 
