@@ -56,7 +56,11 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--bench-warmup-steps", o.bench_warmup_steps,
                   "Steps excluded from throughput (fewer if the run is shorter)")
       ->capture_default_str();
-  app->add_flag("--profile", o.profile, "Print time by op family, forward/backward, optimizer and data");
+  app->add_flag("--profile", o.profile,
+                "Print nsys-style summaries (time by op family, phase, layer, communication) of the measured steps");
+  app->add_option("--trace", o.trace,
+                  "Write the run's timeline (Chrome trace-event JSON for Perfetto / chrome://tracing) to this file; "
+                  "under mpirun one file per rank (FILE.rankN.json)");
   app->add_option("--peak-tflops", o.peak_tflops, "Device peak TFLOP/s for MFU (unknown on CPU unless given)");
   app->add_flag("--quiet", o.quiet, "No per-step progress lines");
   app->add_flag("--telemetry", o.telemetry,

@@ -107,6 +107,12 @@ void DeviceAllocator::set_trace(std::vector<AllocEvent>* sink) {
   trace_ = sink;
 }
 
+void DeviceAllocator::set_usage_observer(UsageObserver fn, void* user) {
+  std::lock_guard<std::mutex> lock(mu_);
+  observer_ = fn;
+  observer_user_ = user;
+}
+
 void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
   const std::size_t req = round_size(std::max<std::size_t>(bytes, 1));
   const bool small = req <= kSmallRequest;
@@ -170,6 +176,7 @@ void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
     trace_->push_back({true, req, what ? what : "", b->ptr, bytes, stats_.reserved, stats_.allocated,
                        region ? region : ""});
   }
+  if (observer_) observer_(observer_user_, stats_.allocated, stats_.reserved);
   return b->ptr;
 }
 
@@ -182,6 +189,7 @@ void DeviceAllocator::deallocate(void* p) {
   live_.erase(it);
   stats_.allocated -= b->size;
   if (trace_) trace_->push_back({false, b->size, "", b->ptr, 0, stats_.reserved, stats_.allocated, ""});
+  if (observer_) observer_(observer_user_, stats_.allocated, stats_.reserved);
   b->free = true;
   // Merge with free neighbours of the same segment.
   if (b->prev && b->prev->free) {

@@ -110,6 +110,11 @@ class DeviceAllocator {
   void set_capacity(std::size_t bytes);
   // Records every allocate/deallocate into `sink` until called with nullptr.
   void set_trace(std::vector<AllocEvent>* sink);
+  // Called under the allocator's lock after every allocation and free with the allocated and
+  // reserved bytes that follow it (the timeline's memory counter); fn null: none. The observer must
+  // not call back into this allocator.
+  using UsageObserver = void (*)(void* user, std::size_t allocated, std::size_t reserved);
+  void set_usage_observer(UsageObserver fn, void* user);
   DeviceType device() const { return backend_->device(); }
 
   static std::size_t round_size(std::size_t bytes) {
@@ -122,6 +127,8 @@ class DeviceAllocator {
   std::unique_ptr<MemoryBackend> backend_;
   std::size_t capacity_;
   mutable std::mutex mu_;
+  UsageObserver observer_ = nullptr;
+  void* observer_user_ = nullptr;
   struct Segment;
   struct Block {
     char* ptr = nullptr;

@@ -1,5 +1,7 @@
 #include "core/context.h"
 
+#include "core/trace.h"
+
 #include <algorithm>
 #include <exception>
 
@@ -31,8 +33,9 @@ std::vector<Profiler::Row> Profiler::rows() const {
 }
 
 ProfileScope::ProfileScope(const ExecContext& ctx, const char* family, Phase phase)
-    : prof_(ctx.profiler), family_(family), phase_(phase) {
-  if (!prof_) return;
+    : prof_(ctx.profiler), tracer_(ctx.tracer), ranges_(ctx.ranges), family_(family), phase_(phase) {
+  if (ranges_) ranges_->range_push(family);
+  if (!prof_ && !tracer_) return;
   if (ctx.alloc != nullptr && ctx.device() == DeviceType::kCUDA) {
     sync_ = &device_runtime(DeviceType::kCUDA);
     // Work queued before this scope must not be counted in it.
@@ -43,7 +46,8 @@ ProfileScope::ProfileScope(const ExecContext& ctx, const char* family, Phase pha
 }
 
 ProfileScope::~ProfileScope() noexcept(false) {
-  if (!prof_) return;
+  if (ranges_) ranges_->range_pop();
+  if (!prof_ && !tracer_) return;
   if (sync_) {
     if (std::uncaught_exceptions() > uncaught_) {
       // Leaving by an exception already: report that one, not a second from the device.
@@ -56,7 +60,31 @@ ProfileScope::~ProfileScope() noexcept(false) {
     sync_->synchronize();  // the scope's kernels are done: now the clock means something
   }
   const auto end = std::chrono::steady_clock::now();
-  prof_->add(family_, phase_, std::chrono::duration<double>(end - start_).count());
+  if (prof_) prof_->add(family_, phase_, std::chrono::duration<double>(end - start_).count());
+  if (tracer_) tracer_->complete(family_, "op", start_, end, phase_name(phase_));
+}
+
+RegionScope::RegionScope(const ExecContext& ctx, const char* name, Phase phase)
+    : tracer_(ctx.tracer), ranges_(ctx.ranges), cat_("phase"), phase_(phase) {
+  if (tracer_ || ranges_) open(name);
+}
+
+RegionScope::RegionScope(const ExecContext& ctx, const char* kind, std::int64_t index, Phase phase)
+    : tracer_(ctx.tracer), ranges_(ctx.ranges), cat_("layer"), phase_(phase), index_(index) {
+  if (tracer_ || ranges_) open(std::string(kind) + " " + std::to_string(index));
+}
+
+void RegionScope::open(std::string name) {
+  name_ = std::move(name);
+  if (ranges_) ranges_->range_push(name_.c_str());
+  if (tracer_) start_ = std::chrono::steady_clock::now();
+}
+
+RegionScope::~RegionScope() {
+  if (ranges_) ranges_->range_pop();
+  if (tracer_) {
+    tracer_->complete(std::move(name_), cat_, start_, std::chrono::steady_clock::now(), phase_name(phase_), index_);
+  }
 }
 
 double Profiler::total_seconds() const {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/device.h"
 
 namespace scalelab {
 
@@ -47,14 +48,24 @@ struct DeviceOptions {
   DeviceType planned_device = DeviceType::kCPU;
 };
 
+class Tracer;
+
 struct ExecContext {
   DeviceAllocator* alloc = nullptr;
   Profiler* profiler = nullptr;  // null: not profiling
   DeviceOptions options{};       // read by kernels: ctx.options.allow_tf32
+  Tracer* tracer = nullptr;      // null: no timeline (core/trace.h)
+  // Where scopes also open named ranges for an external profiler (the CUDA runtime: NVTX, which
+  // nsys shows); null: none. The trainer sets it on CUDA, with or without --profile / --trace.
+  DeviceRuntime* ranges = nullptr;
   DeviceType device() const { return alloc->device(); }
+  // Whether scopes record anything (timing) — ranges alone need no clock.
+  bool timing() const { return profiler != nullptr || tracer != nullptr; }
 };
 
-// Times a scope into ctx.profiler when profiling is on; free otherwise.
+// Times a scope into ctx.profiler (the per-family table) and ctx.tracer (the timeline, as a
+// complete event of category "op" named after the family, args.phase) when either is on, and
+// opens a named range on ctx.ranges (NVTX on CUDA) when set; free otherwise.
 //
 // The clock is the host's wall clock. On an asynchronous device (CUDA) the host returns from a
 // kernel launch before the kernel has run, so when profiling on CUDA the scope synchronizes the
@@ -74,10 +85,37 @@ class ProfileScope {
 
  private:
   Profiler* prof_;
+  Tracer* tracer_;
+  DeviceRuntime* ranges_;
   const char* family_;
   Phase phase_;
-  DeviceRuntime* sync_ = nullptr;  // set when profiling on an asynchronous device
+  DeviceRuntime* sync_ = nullptr;  // set when timing on an asynchronous device
   int uncaught_ = 0;               // std::uncaught_exceptions() at the start
+  std::chrono::steady_clock::time_point start_;
+};
+
+// A named region of the step on the timeline and in external profilers, not in the per-family
+// table: a phase ("forward", "backward", "head", "optimizer", ...; category "phase") or a layer
+// ("layer 3", category "layer", args.index 3). Regions nest around op scopes. Recorded when
+// ctx.tracer is set, ranged when ctx.ranges is set; otherwise nothing is built (the name is
+// formatted only when needed). No device synchronization: a region's time on CUDA is the host's
+// (the ops inside it synchronize when timing).
+class RegionScope {
+ public:
+  RegionScope(const ExecContext& ctx, const char* name, Phase phase);
+  RegionScope(const ExecContext& ctx, const char* kind, std::int64_t index, Phase phase);  // "layer", 3
+  ~RegionScope();
+  RegionScope(const RegionScope&) = delete;
+  RegionScope& operator=(const RegionScope&) = delete;
+
+ private:
+  void open(std::string name);
+  Tracer* tracer_;
+  DeviceRuntime* ranges_;
+  const char* cat_;
+  Phase phase_;
+  std::int64_t index_ = -1;
+  std::string name_;
   std::chrono::steady_clock::time_point start_;
 };
 

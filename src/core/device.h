@@ -46,6 +46,10 @@ class DeviceRuntime {
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
   // Waits until all work queued on this device is done (throws when a kernel failed).
   virtual void synchronize() = 0;
+  // Named ranges for external profilers (CUDA: NVTX push/pop, which Nsight Systems shows on the
+  // thread's timeline); nested as the calls nest on each thread. Default: nothing.
+  virtual void range_push(const char* name) { (void)name; }
+  virtual void range_pop() {}
 };
 
 // The runtime of a device; throws RuntimeError (exit 1) naming what is missing when the device is

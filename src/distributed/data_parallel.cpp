@@ -36,6 +36,10 @@ void DataParallel::mark_ready(std::int64_t begin, std::int64_t end) {
   if (reducer_) reducer_->mark_ready(begin, end);
 }
 
+void DataParallel::set_tracer(Tracer* tracer) {
+  if (reducer_) reducer_->set_tracer(tracer);
+}
+
 double DataParallel::end_backward() {
   SCALELAB_CHECK(last_micro_, "[dist] end_backward after a micro-step that was not the last of the step — "
                               "call begin_micro_step(true) on the last micro-step");

@@ -59,6 +59,8 @@ class DataParallel {
   // For the run record: world size, mode, bucket size and the communication times (this rank).
   nlohmann::json summary() const;
   const DdpStats& ddp_stats() const;
+  // DDP: the bucket launches, waits and all-reduces on a timeline (GradReducer::set_tracer).
+  void set_tracer(Tracer* tracer);
 
  private:
   Communicator& comm_;

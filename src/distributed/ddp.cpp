@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace scalelab {
 namespace {
@@ -139,7 +140,12 @@ void GradReducer::launch_ready_buckets(bool from_finish) {
   while (next_launch_ < static_cast<int>(buckets_.size()) &&
          ready_[static_cast<std::size_t>(next_launch_)] == buckets_[static_cast<std::size_t>(next_launch_)].numel()) {
     const GradBucket& b = buckets_[static_cast<std::size_t>(next_launch_)];
+    const auto t0 = tracer_ ? CommClock::now() : CommClock::time_point{};
     work_[static_cast<std::size_t>(b.index)] = comm_.all_reduce_async(grads_ + b.begin, b.numel(), CommDType::kF32, op);
+    if (tracer_) {
+      tracer_->complete("all_reduce launch", "comm", t0, CommClock::now(), "comm", b.index,
+                        b.numel() * static_cast<std::int64_t>(sizeof(float)));
+    }
     record({DdpEvent::Kind::kLaunch, b.index, b.begin, b.end});
     ++last_.buckets;
     if (!from_finish) ++last_.launched_early;
@@ -190,6 +196,14 @@ void GradReducer::finish() {
   }
   const auto t1 = CommClock::now();
   record({DdpEvent::Kind::kFinishEnd});
+  if (tracer_) {
+    tracer_->complete("ddp wait", "comm", t0, t1, "comm");
+    for (std::size_t i = 0; i < work_.size(); ++i) {
+      tracer_->complete("all_reduce", "comm", work_[i]->started(), work_[i]->finished(), "comm",
+                        static_cast<std::int64_t>(i), buckets_[i].numel() * static_cast<std::int64_t>(sizeof(float)),
+                        Tracer::kCommTid);
+    }
+  }
   for (auto& w : work_) {
     last_.comm_s += w->seconds();
     last_.exposed_s += overlap_s(w->started(), w->finished(), t0, t1);

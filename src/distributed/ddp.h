@@ -33,6 +33,8 @@
 
 namespace scalelab {
 
+class Tracer;  // core/trace.h
+
 struct GradBucket {
   int index = 0;
   std::int64_t begin = 0;  // elements of the flat buffer, [begin, end)
@@ -104,6 +106,12 @@ class GradReducer {
   const DdpStats& total() const { return total_; }
   std::vector<DdpEvent> events() const;
 
+  // Puts the step's communication on a timeline (core/trace.h) from now on; null: none. Each
+  // launch is a complete event "all_reduce launch" (category "comm", args.index the bucket,
+  // args.bytes) on the launching thread, finish()'s wait is "ddp wait" there, and each bucket's
+  // all-reduce, as the communication engine ran it, is "all_reduce" on the communication track.
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+
  private:
   void launch_ready_buckets(bool from_finish);
   void record(DdpEvent e);
@@ -123,6 +131,7 @@ class GradReducer {
   std::vector<bool> done_;
 
   DdpStats last_, total_;
+  Tracer* tracer_ = nullptr;
   mutable std::mutex events_mu_;
   std::vector<DdpEvent> events_;
 };

@@ -134,6 +134,8 @@ void DataParallelRun::attach(Tensor& params, Tensor& grads, Tensor& m, Tensor& v
 
 void DataParallelRun::begin_micro_step(bool last) { dp_->begin_micro_step(last); }
 
+void DataParallelRun::set_tracer(Tracer* tracer) { dp_->set_tracer(tracer); }
+
 double DataParallelRun::sync_gradients() {
   const double norm = dp_->end_backward();
   return norm * norm;

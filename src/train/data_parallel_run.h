@@ -78,6 +78,8 @@ class DataParallelRun {
   void attach(Tensor& params, Tensor& grads, Tensor& m, Tensor& v, Tensor* zero_recv, Model& model);
 
   void begin_micro_step(bool last);
+  // The communication on the run's timeline (DataParallel::set_tracer); null: none.
+  void set_tracer(Tracer* tracer);
   // After the last micro-step's backward: the gradients become their average over the ranks;
   // returns their sum of squares (inf/NaN when any is), the same on every rank.
   double sync_gradients();

@@ -12,6 +12,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/trace.h"
 #include "kernels/adamw.h"
 #include "model/model.h"
 #include "model/params.h"
@@ -27,6 +28,7 @@
 #include "train/step_buffers.h"
 #include "telemetry/session.h"
 #include "train/precision.h"
+#include "profile/readers.h"
 
 namespace scalelab {
 
@@ -62,6 +64,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"max_shard_size", max_shard_size},
           {"bench_warmup_steps", bench_warmup_steps},
           {"profile", profile},
+          {"trace", trace},
           {"peak_tflops", peak_tflops},
           {"telemetry", telemetry || !telemetry_csv.empty()},
           {"telemetry_interval_ms", telemetry_interval_ms},
@@ -123,6 +126,7 @@ nlohmann::json TrainResult::to_json() const {
   if (!oom.is_null()) j["oom"] = oom;
   if (!plan.is_null()) j["memory_plan"] = plan;
   if (!profile.is_null()) j["profile"] = profile;
+  if (!trace_file.empty()) j["trace_file"] = trace_file;
   if (!precision.is_null()) j["precision"] = precision;
   if (!telemetry.is_null()) j["telemetry"] = telemetry;
   j["skipped_steps"] = skipped_steps;
@@ -254,6 +258,32 @@ PlanInput make_plan_input(const TrainOptions& o) {
 
 namespace {
 
+// A step on the timeline (category "step", args.index the step): ended by end(), or by the
+// destructor when the step is left early (a skipped fp16 step, an out-of-memory).
+class StepSpan {
+ public:
+  StepSpan(Tracer* t, std::int64_t step, Tracer::Clock::time_point start) : t_(t), step_(step), start_(start) {}
+  void end(Tracer::Clock::time_point at) {
+    if (!t_) return;
+    t_->complete("step " + std::to_string(step_), "step", start_, at, nullptr, step_);
+    t_ = nullptr;
+  }
+  ~StepSpan() {
+    try {
+      end(Tracer::Clock::now());
+    } catch (...) {
+    }
+  }
+  StepSpan(const StepSpan&) = delete;
+  StepSpan& operator=(const StepSpan&) = delete;
+
+ private:
+  Tracer* t_;
+  std::int64_t step_;
+  Tracer::Clock::time_point start_;
+};
+
+
 // One rank's training in three parts that stand apart: the constructor sets the run up (checks,
 // resolved configuration, device, plan, telemetry), build() allocates the step buffers and builds
 // the model and the data source, step() runs one optimizer step, finish() fills the result.
@@ -296,8 +326,9 @@ class TrainSession {
   ParamLayout layout_;
   std::unique_ptr<DataParallelRun> dp_;
   Profiler profiler_;
+  std::unique_ptr<Tracer> tracer_;  // --trace or --profile
   std::unique_ptr<ExecContext> ctx_;
-  std::int64_t tokens_per_step_ = 0, bench_warmup_ = 0;
+  std::int64_t tokens_per_step_ = 0, bench_warmup_ = 0, tokens_done_ = 0;
   std::optional<TelemetrySession> tel_;
   double measured_time_ = 0;
   std::vector<double> measured_;
@@ -377,6 +408,31 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
   DeviceAllocator& alloc = *dev_.alloc;
   ctx_ = std::make_unique<ExecContext>(ExecContext{&alloc, o.profile ? &profiler_ : nullptr});
   ctx_->options.allow_tf32 = o.allow_tf32;
+  // NVTX ranges on CUDA for nsys users, whether or not scalelab profiles itself.
+  if (dev_.type == DeviceType::kCUDA) ctx_->ranges = &device_runtime(DeviceType::kCUDA);
+  if (!o.trace.empty() || o.profile) {
+    TraceMeta meta;
+    meta.rank = dist ? dist->rank() : 0;
+    meta.world_size = world_;
+    meta.device = dev_.name;
+    meta.description = dev_.description;
+    meta.extra = {{"model", cfg.name},
+                  {"micro_batch_size", o.micro_batch_size},
+                  {"seq_len", o.seq_len},
+                  {"grad_accum_steps", o.grad_accum_steps},
+                  {"tokens_per_step", o.micro_batch_size * o.seq_len * o.grad_accum_steps},
+                  {"config", res_.config}};
+    tracer_ = std::make_unique<Tracer>(std::move(meta));
+    ctx_->tracer = tracer_.get();
+    alloc.set_usage_observer(
+        [](void* user, std::size_t allocated, std::size_t reserved) {
+          auto* t = static_cast<Tracer*>(user);
+          const auto now = Tracer::Clock::now();
+          t->counter("allocated memory", now, "bytes", static_cast<double>(allocated));
+          t->counter("reserved memory", now, "bytes", static_cast<double>(reserved));
+        },
+        tracer_.get());
+  }
   tokens_per_step_ = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
   // Telemetry samples from before the first step to after the last; a run that throws still
   // stops the sampler (the session's destructor).
@@ -414,6 +470,7 @@ void TrainSession::build() {
   if (dp_) {
     dp_->attach(bufs_.trainable, bufs_.grads, bufs_.m, bufs_.v, bufs_.zero_recv.defined() ? &bufs_.zero_recv : nullptr,
                 *model_);
+    dp_->set_tracer(tracer_.get());
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
@@ -438,6 +495,8 @@ StepRecord TrainSession::step(std::int64_t step) {
   ExecContext& ctx = *ctx_;
   if (step == bench_warmup_) profiler_.clear();
   const auto t0 = std::chrono::steady_clock::now();
+  if (tracer_ && step == bench_warmup_) tracer_->set_other("measured_from_us", tracer_->us(t0));
+  StepSpan span(tracer_.get(), step, t0);
   bufs_.grads.zero_();
   double loss = 0;
   for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
@@ -461,7 +520,11 @@ StepRecord TrainSession::step(std::int64_t step) {
   // queues behind it anyway); reading them a step late would let the host run ahead.
   // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
   // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
-  const double sum_sq = dp_ ? dp_->sync_gradients() : kernels::sum_of_squares(bufs_.grads, ctx);
+  double sum_sq = 0;
+  {
+    RegionScope r(ctx, "gradient sync", Phase::kComm);
+    sum_sq = dp_ ? dp_->sync_gradients() : kernels::sum_of_squares(bufs_.grads, ctx);
+  }
   if (dp_) loss = dp_->mean(loss);
   if (prec_.loss_scaling && !std::isfinite(sum_sq)) {
     // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
@@ -488,16 +551,26 @@ StepRecord TrainSession::step(std::int64_t step) {
   hp.weight_decay = static_cast<float>(o.weight_decay);
   hp.step = step + 1;
   hp.grad_scale = static_cast<float>(coef / loss_scale_);
-  if (dp_) dp_->update(ranges_, hp, ctx);
-  else kernels::adamw_update(bufs_.trainable, bufs_.m, bufs_.v, bufs_.grads, ranges_, hp, ctx);
-  if (prec_.loss_scaling && ++good_steps_ % 2000 == 0) loss_scale_ *= 2.0;
-  if (prec_.weight_copy) {
-    // Only the trainable parameters changed: the frozen part of the compute copy stays as made.
-    ProfileScope p(ctx, "adamw", Phase::kOptimizer);
-    bufs_.compute_trainable.copy_from(bufs_.trainable);
+  {
+    RegionScope r(ctx, "optimizer", Phase::kOptimizer);
+    if (dp_) dp_->update(ranges_, hp, ctx);
+    else kernels::adamw_update(bufs_.trainable, bufs_.m, bufs_.v, bufs_.grads, ranges_, hp, ctx);
+    if (prec_.weight_copy) {
+      // Only the trainable parameters changed: the frozen part of the compute copy stays as made.
+      ProfileScope p(ctx, "adamw", Phase::kOptimizer);
+      bufs_.compute_trainable.copy_from(bufs_.trainable);
+    }
   }
+  if (prec_.loss_scaling && ++good_steps_ % 2000 == 0) loss_scale_ *= 2.0;
   dev_.synchronize();  // an asynchronous device: the step ends when its kernels have run
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto t_end = std::chrono::steady_clock::now();
+  const double dt = std::chrono::duration<double>(t_end - t0).count();
+  if (tracer_) {
+    span.end(t_end);
+    tokens_done_ += tokens_per_step_;
+    tracer_->counter("tokens", t_end, "total", static_cast<double>(tokens_done_), "per_s",
+                     static_cast<double>(tokens_per_step_) / dt);
+  }
   if (step >= bench_warmup_) {
     measured_time_ += dt;
     measured_.push_back(dt);
@@ -524,7 +597,11 @@ void TrainSession::finish_ok() {
   res_.tokens_per_s_per_device = res_.tokens_per_s;
   res_.step_time_s = median(measured_);
   if (o.peak_tflops > 0) res_.mfu = res_.flops_per_token * res_.tokens_per_s_per_device / (o.peak_tflops * 1e12);
-  if (o.profile) res_.profile = profile_json(profiler_, measured_time_);
+  if (o.profile) {
+    res_.profile = profile_json(profiler_, measured_time_);
+    // The nsys-shaped tables, from the timeline of the same (measured) steps.
+    res_.profile["summary"] = profile::to_json(profile::summarize_scalelab_trace(tracer_->to_json()));
+  }
   if (!o.save.empty() && (!dist_ || dist_->rank() == 0)) {
     SaveOptions so;
     so.dtype = o.save_precision.empty() ? prec_.param : parse_dtype(o.save_precision, "--save-precision");
@@ -548,6 +625,14 @@ void TrainSession::finish_oom(const OutOfMemory& e) {
 }
 
 TrainResult TrainSession::finish() {
+  if (tracer_ && !o_.trace.empty()) {
+    // Also after an out-of-memory: the timeline up to it is what explains it.
+    const std::string path = trace_path_for_rank(o_.trace, dist_ ? dist_->rank() : 0, world_);
+    tracer_->set_other("status", run_status_name(res_.status));
+    tracer_->write(path);
+    res_.trace_file = path;
+  }
+  if (tracer_) dev_.alloc->set_usage_observer(nullptr, nullptr);
   if (tel_) {
     tel_->stop();
     res_.telemetry =

@@ -49,6 +49,9 @@ struct TrainOptions {
   std::string json;
   std::int64_t bench_warmup_steps = 2;
   bool profile = false;
+  // --trace FILE: the run's timeline as Chrome trace-event JSON (core/trace.h); with several
+  // ranks each writes FILE with its rank before the extension (trace_path_for_rank).
+  std::string trace;
   double peak_tflops = 0;  // for MFU; 0: unknown on this device (mfu is null)
   bool quiet = false;      // no per-step progress lines
   bool telemetry = false;             // sample devices and the process during the run
@@ -89,7 +92,8 @@ struct TrainResult {
   std::optional<double> mfu;
   nlohmann::json oom;      // request and usage when status is "oom"
   nlohmann::json plan;     // the memory plan (always computed; shown on oom)
-  nlohmann::json profile;  // time by op family and phase when --profile
+  nlohmann::json profile;  // time by op family and phase when --profile; .summary: nsys-shaped tables
+  std::string trace_file;  // this rank's --trace file, once written
   nlohmann::json precision;  // storage and compute dtypes per op family
   nlohmann::json telemetry;  // summary per device and for the process, when sampled
   std::int64_t skipped_steps = 0;  // fp16 loss scaling: steps skipped for inf/NaN gradients

@@ -3,6 +3,7 @@
 // per layer over the shared decoder pieces (src/model/decoder/) and the kernels of src/kernels;
 // parameters and gradients are views into the flat buffers (frozen parameters have no gradient
 // view: their weight gradients are skipped).
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -78,16 +79,22 @@ class LlamaModel final : public Model {
     std::vector<Acts> acts(static_cast<std::size_t>(L));
     // The parts of the step, for the memory plan's categories (core/allocator.h).
     AllocRegion region("activations");
+    std::optional<RegionScope> part(std::in_place, ctx, "forward", Phase::kForward);
     Tensor x = embed(b, ctx);
     for (std::int64_t l = 0; l < L; ++l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
       Tensor out = act_.act({T, H_}, "residual stream");
-      layer_forward(l, x, out, a, b, ctx);
+      {
+        RegionScope layer(ctx, "layer", l, Phase::kForward);
+        layer_forward(l, x, out, a, b, ctx);
+      }
       if (opt_.activation_checkpointing) a.drop_all_but_input();
       x = out;
     }
     // Head: final norm, LM head, loss, and at once their backward. Unfused: the [T, vocab]
     // logits exist (their gradient is written in place); fused: chunk by chunk, never whole.
+    part.reset();
+    part.emplace(ctx, "head", Phase::kForward);  // final norm, LM head and loss, then their backward
     region.set("head buffers");
     Tensor xf = act_.act({T, H_}, "final norm output");
     NormStats sf = norm_.new_stats(T, act_, "final norm mean", "final norm rstd");
@@ -115,9 +122,12 @@ class LlamaModel final : public Model {
     norm_.backward(dx, dxf, x, sf, ctx);
     dxf = Tensor();
     xf = Tensor();
+    part.reset();
+    part.emplace(ctx, "backward", Phase::kBackward);
     if (hook_ && head_range_.second > head_range_.first) hook_(head_range_.first, head_range_.second);
     for (std::int64_t l = L - 1; l >= 0; --l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
+      RegionScope layer(ctx, "layer", l, Phase::kBackward);
       if (opt_.activation_checkpointing) {
         AllocRegion recompute("recomputed layer");
         Tensor out = act_.act({T, H_}, "recomputed residual");

@@ -21,6 +21,7 @@
 // after forward and rebuilt in backward from the saved statistics (layernorm_recompute); and the
 // LM head + cross-entropy run chunk by chunk (fused_linear_cross_entropy), so the [tokens, vocab]
 // logits never exist.
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -114,15 +115,21 @@ class OptModel final : public Model {
     // The parts of the step, for the memory plan's categories (core/allocator.h).
     AllocRegion region("activations");
     Tensor emb_in;  // token embeddings before project_in (kept for its weight gradient)
+    std::optional<RegionScope> part(std::in_place, ctx, "forward", Phase::kForward);
     Tensor x = embed(b, emb_in, ctx);
     for (std::int64_t l = 0; l < L; ++l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
       Tensor out = act_.act({T, H_}, "residual stream");
-      layer_forward(l, x, out, a, b, /*training=*/true, ctx);
+      {
+        RegionScope layer(ctx, "layer", l, Phase::kForward);
+        layer_forward(l, x, out, a, b, /*training=*/true, ctx);
+      }
       if (opt_.activation_checkpointing) a.drop_all_but_input();
       x = out;
     }
     // Head: final LayerNorm, project_out, LM head and loss; then their backward.
+    part.reset();
+    part.emplace(ctx, "head", Phase::kForward);  // final norm, LM head and loss, then their backward
     region.set("head buffers");
     HeadActs h = head_forward(x, ctx);
     Tensor dxp = act_.act({T, P_}, "head input gradient");
@@ -146,9 +153,12 @@ class OptModel final : public Model {
     dxp = Tensor();
     h = HeadActs();
     x = Tensor();
+    part.reset();
+    part.emplace(ctx, "backward", Phase::kBackward);
     if (hook_ && head_range_.second > head_range_.first) hook_(head_range_.first, head_range_.second);
     for (std::int64_t l = L - 1; l >= 0; --l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
+      RegionScope layer(ctx, "layer", l, Phase::kBackward);
       if (opt_.activation_checkpointing) {
         AllocRegion recompute("recomputed layer");
         Tensor out = act_.act({T, H_}, "recomputed residual");
