@@ -23,5 +23,7 @@ Subcommand add_ladder_command(CLI::App& root);
 Subcommand add_results_command(CLI::App& root);
 Subcommand add_scale_command(CLI::App& root);
 Subcommand add_selftest_command(CLI::App& root);
+Subcommand add_profile_summary_command(CLI::App& root);
+Subcommand add_trace_merge_command(CLI::App& root);
 
 }  // namespace scalelab::cli

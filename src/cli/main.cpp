@@ -25,6 +25,8 @@ int main(int argc, char** argv) {
       cli::add_results_command(app),
       cli::add_scale_command(app),
       cli::add_selftest_command(app),
+      cli::add_profile_summary_command(app),
+      cli::add_trace_merge_command(app),
   };
 
   try {

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "distributed/communicator.h"
 #include "distributed/dist_context.h"
+#include "profile/summary.h"
 #include "train/device_setup.h"
 #include "train/trainer.h"
 
@@ -72,13 +73,14 @@ void print_summary(const TrainResult& r) {
   if (!r.telemetry.is_null()) print_telemetry(r.telemetry);
   if (!r.profile.is_null()) {
     std::printf("\nProfile (measured steps, %.3f s in all):\n", r.profile["total_step_seconds"].get<double>());
-    std::printf("  %-14s %-10s %10s %7s %8s\n", "op family", "phase", "seconds", "%", "calls");
-    for (const auto& row : r.profile["rows"]) {
-      std::printf("  %-14s %-10s %10.3f %6.1f%% %8lld\n", row["family"].get<std::string>().c_str(),
-                  row["phase"].get<std::string>().c_str(), row["seconds"].get<double>(), row["percent"].get<double>(),
-                  static_cast<long long>(row["calls"].get<std::int64_t>()));
+    if (r.profile.contains("summary")) {
+      profile::Report rep = profile::report_from_json(r.profile["summary"]);
+      rep.file = "this run";
+      const std::string text = profile::render_markdown(rep);
+      std::fwrite(text.data(), 1, text.size(), stdout);
     }
   }
+  if (!r.trace_file.empty()) std::printf("Trace: %s (open in https://ui.perfetto.dev or chrome://tracing)\n", r.trace_file.c_str());
 }
 
 }  // namespace
