@@ -345,6 +345,51 @@ TEST_F(TrainMpi, ScaleRecordsEachRankCountAndResultsReproducesTheTable) {
   EXPECT_EQ(resumed.output.find("running"), std::string::npos) << resumed.output;
 }
 
+// --trace under mpirun: a file per rank, the bucket all-reduces on the communication track, their
+// launches inside the backward span (the overlap is visible), and one timeline after trace-merge.
+TEST_F(TrainMpi, TraceWritesAFilePerRankWithLaunchesInsideBackward) {
+  const std::string trace = path("run.trace.json");
+  const SubprocessResult r = scalelab(2, "train " + kCommon + "--micro-batch-size 2 --trace " + trace);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string file = path("run.trace.rank" + std::to_string(rank) + ".json");
+    std::ifstream in(file);
+    ASSERT_TRUE(in) << file;
+    const nlohmann::json t = nlohmann::json::parse(in);
+    EXPECT_EQ(t["otherData"]["rank"], rank);
+    EXPECT_EQ(t["otherData"]["world_size"], 2);
+    std::vector<std::pair<double, double>> backward;
+    std::vector<double> launches;
+    int allreduce = 0;
+    for (const auto& e : t["traceEvents"]) {
+      if (e["ph"] != "X") continue;
+      EXPECT_EQ(e["pid"], rank);
+      const double ts = e["ts"].get<double>(), end = ts + e["dur"].get<double>();
+      if (e["cat"] == "phase" && e["name"] == "backward") backward.emplace_back(ts, end);
+      if (e["name"] == "all_reduce launch") launches.push_back(ts);
+      if (e["name"] == "all_reduce") {
+        ++allreduce;
+        EXPECT_EQ(e["tid"], 1) << "the communication track";
+        EXPECT_GT(e["args"]["bytes"].get<double>(), 0);
+      }
+    }
+    EXPECT_EQ(backward.size(), 4u) << "one backward per step";
+    EXPECT_GT(allreduce, 4) << "several buckets per step";
+    int inside = 0;
+    for (double l : launches)
+      for (const auto& [b, e] : backward)
+        if (l >= b && l <= e) ++inside;
+    EXPECT_GT(inside, 0) << "bucket launches overlap backward";
+  }
+  const SubprocessResult m = scalelab(0, "trace-merge -o " + path("merged.json") + " " + path("run.trace.rank0.json") +
+                                             " " + path("run.trace.rank1.json"));
+  ASSERT_TRUE(m.ok()) << m.output;
+  const SubprocessResult s = scalelab(0, "profile-summary " + path("merged.json"));
+  ASSERT_TRUE(s.ok()) << s.output;
+  EXPECT_NE(s.output.find("all_reduce"), std::string::npos) << s.output;
+  EXPECT_NE(s.output.find("comm_hidden_fraction"), std::string::npos) << s.output;
+}
+
 TEST_F(TrainMpi, ScaleDryRunPrintsTheLaunchesWithoutRunning) {
   const std::string db = path("dry.db");
   const SubprocessResult local =

@@ -1,0 +1,196 @@
+// `train --trace` / `--profile`, `profile-summary` and `trace-merge` end to end through the binary.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "../profile/trace_check.h"
+
+namespace {
+
+using nlohmann::json;
+
+struct CmdResult {
+  int code;
+  std::string output;  // stdout and stderr
+};
+
+CmdResult run(const std::string& args) {
+  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+const std::string kData = std::string(SCALELAB_SOURCE_DIR) + "/tests/profile/data/";
+const std::string kTiny =
+    "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 3 --threads 1 --bench-warmup-steps 1 "
+    "--quiet ";
+
+struct Counts {
+  std::map<std::string, int> cats;           // complete events per category
+  std::map<std::string, int> layer_phases;   // layer events per phase
+  std::map<std::string, double> counter_max;  // largest value of each counter's first series
+  double last_tokens = 0;
+  std::string process_name;
+};
+
+Counts count(const json& t) {
+  Counts c;
+  for (const auto& e : t["traceEvents"]) {
+    const std::string ph = e["ph"];
+    if (ph == "X") {
+      ++c.cats[e["cat"].get<std::string>()];
+      if (e["cat"] == "layer") ++c.layer_phases[e["args"]["phase"].get<std::string>()];
+    } else if (ph == "C") {
+      const std::string name = e["name"];
+      const double v = e["args"].begin().value().get<double>();
+      c.counter_max[name] = std::max(c.counter_max[name], v);
+      if (name == "tokens") c.last_tokens = e["args"]["total"].get<double>();
+    } else if (ph == "M" && e["name"] == "process_name") {
+      c.process_name = e["args"]["name"];
+    }
+  }
+  return c;
+}
+
+TEST(ProfileCli, TraceIsAValidNestedTimelineWithCountersAndMetadata) {
+  const std::string trace = testing::TempDir() + "prof_llama.trace.json", rec = testing::TempDir() + "prof_llama.json";
+  const CmdResult r = run(kTiny + "--trace " + trace + " --json " + rec);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Trace: " + trace), std::string::npos) << r.output;
+  const json t = read_json(trace);
+  const json record = read_json(rec);
+  EXPECT_EQ(record["trace_file"], trace);
+  EXPECT_EQ(scalelab::testing_trace::nesting_error(t), "");
+  const Counts c = count(t);
+  const int layers = record["config"]["model_config"]["num_hidden_layers"].get<int>();
+  ASSERT_GT(layers, 0);
+  EXPECT_EQ(c.cats.at("step"), 3);
+  EXPECT_GT(c.cats.at("op"), 0);
+  EXPECT_EQ(c.layer_phases.at("forward"), 3 * layers);
+  EXPECT_EQ(c.layer_phases.at("backward"), 3 * layers);
+  EXPECT_GE(c.cats.at("phase"), 3 * 5);  // forward, head, backward, gradient sync, optimizer per step
+  // The memory counter reaches the run's peak exactly; the tokens counter counts every step.
+  EXPECT_EQ(c.counter_max.at("allocated memory"), record["max_allocated_bytes"].get<double>());
+  EXPECT_EQ(c.counter_max.at("reserved memory"), record["max_reserved_bytes"].get<double>());
+  EXPECT_EQ(c.last_tokens, 3 * 2 * 16);
+  EXPECT_EQ(c.process_name.rfind("rank 0 \xC2\xB7 cpu", 0), 0u) << c.process_name;
+  EXPECT_EQ(t["otherData"]["status"], "ok");
+  EXPECT_EQ(t["otherData"]["world_size"], 1);
+  EXPECT_GT(t["otherData"]["measured_from_us"].get<double>(), 0);
+}
+
+TEST(ProfileCli, TraceTotalsEqualProfileTotalsPerFamily) {
+  const std::string trace = testing::TempDir() + "prof_eq.trace.json", rec = testing::TempDir() + "prof_eq.json";
+  const CmdResult r = run(kTiny + "--profile --trace " + trace + " --json " + rec);
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const char* s : {"Op families", "Time (%)", "StdDev (ns)", "matmul", "Steps and phases", "layer 0 (backward)"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  // --profile's table: seconds per (family, phase) over the measured steps.
+  std::map<std::string, double> profile_s;
+  const json record = read_json(rec);
+  for (const auto& row : record["profile"]["rows"]) profile_s[row["family"]] += row["seconds"].get<double>();
+  ASSERT_FALSE(profile_s.empty());
+  // profile-summary of the trace file: the same steps by default.
+  const std::string out = testing::TempDir() + "prof_eq.summary.json";
+  const CmdResult s = run("profile-summary " + trace + " --format json -o " + out);
+  ASSERT_EQ(s.code, 0) << s.output;
+  const json sum = read_json(out);
+  EXPECT_EQ(sum["source"], "scalelab");
+  std::map<std::string, double> trace_s;
+  for (const auto& t : sum["tables"])
+    if (t["id"] == "op_families")
+      for (const auto& row : t["rows"]) trace_s[row["name"]] = row["total"].get<double>() * 1e-9;
+  ASSERT_EQ(trace_s.size(), profile_s.size());
+  for (const auto& [family, seconds] : profile_s) {
+    ASSERT_TRUE(trace_s.count(family)) << family;
+    EXPECT_NEAR(trace_s[family], seconds, 0.01 * seconds + 1e-6) << family;
+  }
+  EXPECT_EQ(sum["derived"]["steps"], 2);  // the measured steps (3 minus 1 warm-up)
+  // The run record holds the same summary.
+  EXPECT_EQ(record["profile"]["summary"]["derived"]["steps"], 2);
+}
+
+TEST(ProfileCli, OptAndTheMemorySaversNestToo) {
+  for (const std::string& flags : std::vector<std::string>
+       {"--model opt-tiny --seq-len 16 --micro-batch-size 2 --max-steps 2 --threads 1 --quiet",
+        "--model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 2 --threads 1 --quiet --fused-kernels "
+        "--activation-checkpointing --attn flash --mixed-precision bf16"}) {
+    const std::string trace = testing::TempDir() + "prof_var.trace.json";
+    const CmdResult r = run("train " + flags + " --trace " + trace);
+    ASSERT_EQ(r.code, 0) << flags << "\n" << r.output;
+    const json t = read_json(trace);
+    EXPECT_EQ(scalelab::testing_trace::nesting_error(t), "") << flags;
+    Counts c = count(t);
+    EXPECT_GT(c.layer_phases["forward"], 0) << flags;
+    EXPECT_EQ(c.layer_phases["forward"], c.layer_phases["backward"]) << flags;
+  }
+}
+
+TEST(ProfileCli, SummaryOfEachSourceInEachFormat) {
+  for (const std::string& file : std::vector<std::string>{"nsys_stats.csv", "torch_cpu_trace.json", "torch_gpu_trace.json"}) {
+    const CmdResult md = run("profile-summary " + kData + file);
+    ASSERT_EQ(md.code, 0) << file << "\n" << md.output;
+    EXPECT_NE(md.output.find("| Time (%) |"), std::string::npos) << md.output;
+    const CmdResult csv = run("profile-summary " + kData + file + " --format csv");
+    ASSERT_EQ(csv.code, 0) << csv.output;
+    EXPECT_EQ(csv.output.rfind("Table,Unit,Time (%),Total,Instances,Avg,Med,Min,Max,StdDev,Name", 0), 0u);
+    const CmdResult j = run("profile-summary " + kData + file + " --format json");
+    ASSERT_EQ(j.code, 0) << j.output;
+    EXPECT_FALSE(json::parse(j.output)["tables"].empty());
+  }
+  const CmdResult nsys = run("profile-summary " + kData + "nsys_stats.csv");
+  EXPECT_NE(nsys.output.find("| 62.5 | 5,000,000 | 4 | 1,250,000 | 1,100,000 | 900,000 | 2,000,000 | 500,000 | "
+                             "cudaStreamSynchronize |"),
+            std::string::npos)
+      << nsys.output;
+}
+
+TEST(ProfileCli, BadInputsExitTwo) {
+  for (const std::string& args : {std::string("profile-summary /nonexistent/trace.json"), std::string("profile-summary run.nsys-rep"),
+                                 "profile-summary " + kData + "nsys_stats.csv --format xml",
+                                 "trace-merge -o /tmp/x.json " + kData + "torch_gpu_trace.json"}) {
+    const CmdResult r = run(args);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.output;
+  }
+}
+
+TEST(ProfileCli, MergeGivesOneProcessPerRank) {
+  const std::string a = testing::TempDir() + "merge_r0.json", b = testing::TempDir() + "merge_r1.json",
+                    m = testing::TempDir() + "merged.json";
+  ASSERT_EQ(run(kTiny + "--max-steps 1 --trace " + a).code, 0);
+  // A second "rank": the same file renumbered.
+  json t = read_json(a);
+  t["otherData"]["rank"] = 1;
+  for (auto& e : t["traceEvents"]) e["pid"] = 1;
+  std::ofstream(b) << t.dump();
+  const CmdResult r = run("trace-merge -o " + m + " " + a + " " + b);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json merged = read_json(m);
+  std::map<int, int> per_pid;
+  for (const auto& e : merged["traceEvents"]) ++per_pid[e["pid"].get<int>()];
+  ASSERT_EQ(per_pid.size(), 2u);
+  EXPECT_EQ(per_pid[0], per_pid[1]);
+  EXPECT_EQ(scalelab::testing_trace::nesting_error(merged), "");
+  EXPECT_EQ(run("trace-merge -o " + m + " " + a + " " + a).code, 2);  // the same rank twice
+  const CmdResult s = run("profile-summary " + m);
+  EXPECT_EQ(s.code, 0) << s.output;
+  EXPECT_NE(s.output.find("every rank"), std::string::npos) << s.output;
+}
+
+}  // namespace
