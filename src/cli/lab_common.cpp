@@ -46,6 +46,9 @@ void add_lab_flags(CLI::App* app, LabFlags& f) {
   app->add_option("--telemetry-interval", f.telemetry_interval_ms, "Telemetry sampling interval of trials, in ms")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app->add_flag("--profile", f.profile,
+                "Profile every native trial: its op-family summaries are stored with it (`scalelab results "
+                "--view profile`), its timeline is <log-dir>/<sweep>/<trial>.trace.json");
 }
 
 std::string resolve_engine(const std::string& flag) {
@@ -70,6 +73,7 @@ lab::LabOptions lab_options(const LabFlags& f, const std::atomic<bool>* cancel) 
   o.retry_failed = f.retry_failed;
   o.rerun = f.rerun;
   o.wait_for_lock = f.wait;
+  o.profile = f.profile;
   o.cancel = cancel;
   if (!f.no_telemetry) o.monitor = lab::telemetry_monitor_factory(std::chrono::milliseconds(f.telemetry_interval_ms));
   return o;

@@ -28,6 +28,7 @@ struct LabFlags {
   bool rerun = false;
   bool no_telemetry = false;       // every trial is sampled unless --no-telemetry
   int telemetry_interval_ms = 200;
+  bool profile = false;            // native trials run with --profile and --trace
 };
 void add_lab_flags(CLI::App* app, LabFlags& flags);
 

@@ -26,9 +26,9 @@ Subcommand add_results_command(CLI::App& root) {
   app->add_option("--view", f->view,
                   "auto (the sweep's own table), sweeps, summary (one row per configuration, repeats as "
                   "median/min/max), trials, oom, ladder, scale (a scaling study's table and recommendations), "
-                  "telemetry (samples, long format)")
+                  "telemetry (samples, long format), profile (trials run with --profile: op families side by side)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry"}));
+      ->check(CLI::IsMember({"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry", "profile"}));
   app->add_option("--format", f->format, "md, csv or json")->capture_default_str();
   app->add_option("--where", f->where,
                   "Keep rows where KEY OP VALUE (OP: = != < <= > >=), e.g. status=ok or micro_batch_size>=4; "
@@ -79,6 +79,7 @@ Subcommand add_results_command(CLI::App& root) {
             else if (view == "summary") table = sweep ? lab::sweep_summary_table(*sweep, store, filters)
                                                       : lab::summary_table(store.trials(), filters);
             else if (view == "trials") table = lab::trials_table(store.trials(id, f->all), filters, order);
+            else if (view == "profile") table = lab::profile_table(store.trials(id, false), filters, order);
             else if (view == "oom") table = lab::oom_search_table(*sweep, store, filters);
             else if (view == "ladder") table = lab::ladder_sweep_table(*sweep, store, filters);
             else if (view == "scale") {

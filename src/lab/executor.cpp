@@ -67,6 +67,11 @@ TrialExecutor::TrialExecutor(ResultsStore& store, std::int64_t sweep_id, std::st
       workload_(std::move(workload)),
       options_(std::move(options)),
       progress_(progress) {
+  if (options_.profile && !workload_.is_native()) {
+    throw InvalidInput("[--profile] profiles the native engine's trials; for an external command, profile it "
+                       "with its own tools (torch.profiler, nsys) and read the result with `scalelab "
+                       "profile-summary FILE`");
+  }
   if (workload_.is_native() && find_executable(options_.engine).empty()) {
     throw InvalidInput("[lab] the engine '" + options_.engine +
                        "' is not an executable file — pass --engine PATH or set SCALELAB_ENGINE");
@@ -115,6 +120,7 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   }
   ctx.log_path = (fs::path(dir_) / (ctx.key + ".log")).string();
   ctx.record_path = (fs::path(dir_) / (ctx.key + ".json")).string();
+  ctx.profile = options_.profile;
 
   Launch launch = options_.launcher ? options_.launcher->launch(workload_, options_.engine, params, ctx)
                                    : build_launch(workload_, options_.engine, params, ctx);

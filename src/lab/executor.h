@@ -57,6 +57,7 @@ struct LabOptions {
   bool retry_failed = false;  // re-run trials recorded as error or timeout
   bool rerun = false;         // re-run every trial, superseding earlier rows
   bool wait_for_lock = false; // queue behind another runner instead of refusing
+  bool profile = false;       // native trials: --profile and --trace (TrialContext::profile)
   const std::atomic<bool>* cancel = nullptr;  // Ctrl-C: kill the running trial, throw Interrupted
   TrialMonitorFactory monitor;                // empty: no per-trial telemetry
   std::shared_ptr<const TrialLauncher> launcher;  // null: a plain child process

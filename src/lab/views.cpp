@@ -330,6 +330,69 @@ Table ladder_sweep_table(const SweepRow& sweep, const ResultsStore& store, const
   return t;
 }
 
+Table profile_table(const std::vector<TrialRow>& rows_in, const std::vector<Filter>& filters,
+                    const std::vector<std::string>& param_order) {
+  std::vector<Json> objects;
+  for (const auto& r : rows_in) objects.push_back(flatten_trial(r));
+  objects = apply_filters(objects, filters);
+  std::set<std::int64_t> ids;
+  for (const auto& o : objects) ids.insert(o["trial_id"].get<std::int64_t>());
+
+  // The op-family table of each profiled trial, and the families' totals over all of them.
+  std::map<std::string, double> family_total;
+  std::vector<std::pair<const TrialRow*, const Json*>> profiled;
+  std::size_t without = 0;
+  for (const auto& r : rows_in) {
+    if (!ids.count(r.trial_id)) continue;
+    const Json* fams = nullptr;  // points into r.record (not into a copy)
+    if (r.record.is_object() && r.record.contains("profile") && r.record.at("profile").is_object() &&
+        r.record.at("profile").contains("summary")) {
+      const Json& summary = r.record.at("profile").at("summary");
+      if (summary.contains("tables") && summary.at("tables").is_array())
+        for (const auto& tb : summary.at("tables"))
+          if (tb.is_object() && tb.value("id", "") == "op_families") fams = &tb;
+    }
+    if (fams == nullptr) {
+      ++without;
+      continue;
+    }
+    for (const auto& row : fams->value("rows", Json::array()))
+      family_total[row.value("name", "")] += row.value("total", 0.0);
+    profiled.emplace_back(&r, fams);
+  }
+  std::vector<std::string> families;
+  for (const auto& [name, total] : family_total) families.push_back(name);
+  std::stable_sort(families.begin(), families.end(),
+                   [&](const std::string& a, const std::string& b) { return family_total[a] > family_total[b]; });
+
+  Table t;
+  t.columns = {{"trial_id", "trial", CellFormat::kInt}, {"status", "status"}};
+  for (const auto& p : varying_params(rows_in, param_order)) t.columns.push_back({p, p});
+  t.columns.push_back({"step_time_s", "step s (median)", CellFormat::kFixed3});
+  t.columns.push_back({"op_time_fraction", "in ops %", CellFormat::kFixed1});
+  for (const auto& f : families) t.columns.push_back({"pct_" + f, f + " %", CellFormat::kFixed1});
+  for (const auto& [r, fams] : profiled) {
+    Json row = Json::object();
+    const Json flat = flatten_trial(*r);
+    row["trial_id"] = r->trial_id;
+    row["status"] = flat.value("status", "");
+    for (const auto& c : t.columns)
+      if (!row.contains(c.key) && flat.contains(c.key)) row[c.key] = flat[c.key];
+    const Json derived = r->record.at("profile").at("summary").value("derived", Json::object());
+    if (derived.contains("step_time_median_s")) row["step_time_s"] = derived["step_time_median_s"];
+    if (derived.contains("op_time_fraction_of_steps"))
+      row["op_time_fraction"] = 100.0 * derived["op_time_fraction_of_steps"].get<double>();
+    for (const auto& fr : fams->value("rows", Json::array()))
+      row["pct_" + fr.value("name", "")] = fr.value("time_percent", 0.0);
+    t.rows.push_back(std::move(row));
+  }
+  if (without > 0) {
+    t.notes.push_back(std::to_string(without) + " trial(s) without a profile (run with --profile to record one)");
+  }
+  t.notes.push_back("each family's share of the op time of the measured steps (Time % as nsys stats prints it)");
+  return t;
+}
+
 Table telemetry_table(const std::vector<TelemetrySample>& samples) {
   Table t;
   t.columns = {{"trial_id", "trial", CellFormat::kInt}, {"t_s", "t s", CellFormat::kFixed3}, {"source", "source"},

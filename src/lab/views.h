@@ -46,5 +46,11 @@ Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const s
 // A ladder sweep's rungs (lab/ladder.h), filtered by rung columns.
 Table ladder_sweep_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);
 Table telemetry_table(const std::vector<TelemetrySample>& samples);
+// One row per trial run with `--profile` (its record holds the engine's op-family summary): the
+// varying parameters, the median step time and each op family's share of the measured steps, the
+// families in columns ordered by their total time over the trials, so trials compare side by side.
+// A note counts the trials without a profile.
+Table profile_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
+                    const std::vector<std::string>& param_order);
 
 }  // namespace scalelab::lab

@@ -137,6 +137,10 @@ Launch build_launch(const Workload& workload, const std::string& engine, const P
     for (auto& f : params_to_flags(params)) launch.argv.push_back(std::move(f));
     launch.argv.push_back("--json");
     launch.argv.push_back(ctx.record_path);
+    if (ctx.profile) {
+      for (const char* a : {"--profile", "--trace"}) launch.argv.emplace_back(a);
+      launch.argv.push_back(ctx.trace_path());
+    }
     launch.display = join_display(launch.argv);
     return launch;
   }

@@ -91,6 +91,10 @@ struct TrialContext {
   std::string dir;          // the sweep's log directory
   std::string log_path;     // <dir>/<key>.log
   std::string record_path;  // <dir>/<key>.json (native run record)
+  // Native trials under `--profile`: the engine also runs with --profile (op-family summaries in
+  // the run record, hence in the database) and --trace <dir>/<key>.trace.json (its timeline).
+  bool profile = false;
+  std::string trace_path() const { return dir + "/" + key + ".trace.json"; }
 };
 
 struct Launch {

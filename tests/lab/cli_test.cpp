@@ -570,5 +570,65 @@ micro_batch_size = [1]
   EXPECT_EQ(std::count(none.out.begin(), none.out.end(), '\n'), 1) << none.out;  // the header only
 }
 
+// --profile: each native trial runs the real engine with --profile and --trace; its op-family
+// summary is stored with it and `results --view profile` shows the trials side by side; an
+// external workload is refused (exit 2) before anything runs.
+TEST(CliSweep, ProfiledTrialsStoreTheirSummariesAndTimelines) {
+  Lab lab;
+  const std::string spec = lab.spec("prof.toml", R"(
+name = "prof"
+[parameters]
+model = "llama-tiny"
+seq_len = 16
+max_steps = 3
+threads = 1
+attn = ["eager", "flash"]
+)");
+  CliResult r = lab.run({"sweep", spec, "--db", lab.db, "--engine", SCALELAB_EXE, "--profile", "--no-telemetry"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  {
+    ResultsStore s(lab.db, ResultsStore::Mode::kReadOnly);
+    const auto rows = s.trials(s.find_sweep("prof").value().sweep_id);
+    ASSERT_EQ(rows.size(), 2u);
+    for (const auto& row : rows) {
+      EXPECT_THAT(row.command, HasSubstr("--profile --trace"));
+      ASSERT_TRUE(row.record.contains("profile")) << row.record.dump();
+      EXPECT_TRUE(row.record["profile"].contains("summary"));
+      const std::string trace = (fs::path(row.log_path).parent_path() /
+                                 (fs::path(row.log_path).stem().string() + ".trace.json")).string();
+      ASSERT_TRUE(fs::exists(trace)) << trace;
+      EXPECT_TRUE(Json::parse(read_text(trace)).contains("traceEvents"));
+    }
+  }
+  CliResult view = lab.run({"results", "--db", lab.db, "--sweep", "prof", "--view", "profile", "--format", "json"});
+  ASSERT_EQ(view.code, 0) << view.err;
+  const Json rows = Json::parse(view.out);
+  ASSERT_EQ(rows.size(), 2u);
+  std::set<std::string> attns;
+  for (const auto& row : rows) {
+    attns.insert(row["attn"].get<std::string>());
+    EXPECT_GT(row["step_time_s"].get<double>(), 0.0);
+    ASSERT_TRUE(row.contains("pct_matmul")) << row.dump();
+    ASSERT_TRUE(row.contains("pct_attention")) << row.dump();
+    double sum = 0;
+    for (const auto& [k, v] : row.items())
+      if (k.rfind("pct_", 0) == 0) sum += v.get<double>();
+    EXPECT_NEAR(sum, 100.0, 1e-6) << row.dump();  // the shares of one trial's op families
+  }
+  EXPECT_EQ(attns, (std::set<std::string>{"eager", "flash"}));
+  CliResult md = lab.run({"results", "--db", lab.db, "--sweep", "prof", "--view", "profile"});
+  EXPECT_THAT(md.out, HasSubstr("matmul %"));
+
+  // An unprofiled sweep's trials are counted as such; an external workload refuses --profile.
+  const std::string plain = lab.spec("plain.toml", "name = \"plain\"\n[parameters]\nmodel = \"llama-small\"\n");
+  ASSERT_EQ(lab.run({"sweep", plain, "--db", lab.db, "--engine", lab.engine, "--no-telemetry"}).code, 0);
+  CliResult none = lab.run({"results", "--db", lab.db, "--sweep", "plain", "--view", "profile"});
+  EXPECT_THAT(none.out + none.err, HasSubstr("1 trial(s) without a profile"));
+  const std::string ext = lab.spec("ext.toml", "name = \"ext\"\n[parameters]\na = [1]\n[workload]\ntype = \"external\"\ncommand = \"true {a}\"\n");
+  CliResult refused = lab.run({"sweep", ext, "--db", lab.db, "--profile"});
+  EXPECT_EQ(refused.code, 2) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr("profile-summary"));
+}
+
 }  // namespace
 }  // namespace scalelab::lab
