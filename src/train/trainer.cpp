@@ -295,7 +295,14 @@ class TrainSession {
   TrainSession(const TrainOptions& requested, DistContext* dist);
   TrainSession(const TrainSession&) = delete;
   TrainSession& operator=(const TrainSession&) = delete;
-  ~TrainSession() = default;
+  // A data-parallel run that did not end cleanly (an exception, or out of memory) may leave
+  // collectives in flight: the communicator abandons them, but MPI can still read or write their
+  // buffers (the gradients, ZeRO's shards, the parameters) until the process exits, and a freed
+  // buffer is then a crash in the communication thread. So their memory is never returned: the
+  // device allocator is leaked with every block in it (the process ends right after such a run).
+  ~TrainSession() {
+    if (dp_ && (std::uncaught_exceptions() > 0 || res_.status != RunStatus::kOk)) (void)dev_.alloc.release();
+  }
 
   // Buffers, weights (loaded or initialized), model, data source, batch; prints the start line.
   void build();

@@ -32,12 +32,14 @@ int main(int argc, char** argv) {
   options.timeout_s = timeout_s;
   std::unique_ptr<MpiCommunicator> comm;
   int rank = -1;
+  // The gradients outlive the failure path: a collective the communicator abandons may still be
+  // read or written by MPI until the process exits (as the trainer keeps its buffers, trainer.cpp).
+  const std::int64_t n = 1 << 20;
+  std::vector<float> grads(static_cast<std::size_t>(n), 1.0f);
   try {
     comm = MpiCommunicator::create(options);
     rank = comm->rank();
     with_failure_notice(*comm, [&] {
-      const std::int64_t n = 1 << 20;
-      std::vector<float> grads(static_cast<std::size_t>(n), 1.0f);
       GradReducer red(*comm, grads.data(), n, DdpOptions{1.0, 0.25, true});
       for (int step = 0; step < 3; ++step) {
         red.begin_step(true);
