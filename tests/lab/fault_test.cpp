@@ -3,7 +3,7 @@
 // disk filling up (a file-size limit on the runner) while results are written. Each asserts what
 // the lab promises: nothing recorded is lost, nothing is recorded twice, the database passes
 // PRAGMA integrity_check, and the message says what happened.
-// (Elsewhere: two runners on one database, tests/lab/cli_test.cpp TwoRunnersOnOneDatabase; a
+// (Elsewhere: a second runner refused or waiting, tests/lab/cli_test.cpp TwoRunnersOnOneDatabase; a
 // runner killed while a trial hangs, KilledRunnerLosesAtMostTheRunningTrial; a rank killed under
 // mpirun, tests/distributed/mpi_launch_test.cpp MpiJob.RankThatIsKilledEndsTheJob.)
 #include <fcntl.h>
@@ -222,6 +222,23 @@ case = ["killed", "hung", "flood", "fine"]
   }
   EXPECT_EQ(integrity(lab.db), "ok");
   EXPECT_FALSE(process_mentions({"while :; do sleep 1; done"}));
+}
+
+TEST(Faults, TwoRunnersStartedTogetherOnOneSweepRunEachTrialOnce) {
+  // Both wait for the lock: one runs the sweep, the other then finds every trial recorded.
+  Lab lab;
+  const std::string spec = lab.spec("quick.toml", kQuick);
+  const std::vector<std::string> args = {"sweep",  spec,           "--db",   lab.db, "--engine", lab.engine,
+                                         "--wait", "--no-telemetry"};
+  const pid_t a = start_scalelab(args, lab.dir.path(), lab.env(), lab.dir / "a.out", lab.dir / "a.err");
+  const pid_t b = start_scalelab(args, lab.dir.path(), lab.env(), lab.dir / "b.out", lab.dir / "b.err");
+  EXPECT_EQ(wait_exit(a), 0) << read_text(lab.dir / "a.err");
+  EXPECT_EQ(wait_exit(b), 0) << read_text(lab.dir / "b.err");
+  EXPECT_EQ(count_calls(lab.calls), 8);
+  EXPECT_EQ(integrity(lab.db), "ok");
+  EXPECT_EQ(snapshot(lab.db).size(), 8u);
+  const std::string errs = read_text(lab.dir / "a.err") + read_text(lab.dir / "b.err");
+  EXPECT_THAT(errs, HasSubstr("8 of 8 trials already in"));
 }
 
 // The disk fills up while the runner records results: the runner's files may not grow past a
