@@ -339,6 +339,14 @@ void ResultsStore::create_or_check_schema() {
 
   if (mode_ == Mode::kReadOnly) {
     if (!table_exists("schema_version")) {
+      Stmt count(db_, "SELECT count(*) FROM sqlite_master");
+      count.step();
+      if (count.i64(0) == 0) {
+        // A runner killed while it created the file (found by the fault-injection tests): the next
+        // runner creates the schema; a reader has nothing to read yet.
+        throw InvalidInput("[results] " + path_ + " holds no results yet (its runner was stopped before writing any)" +
+                           " — run a sweep into it, or pass --db with another database");
+      }
       throw InvalidInput("[results] " + path_ + " is not a scalelab results database (no schema_version table)" +
                          " — pass --db with a database written by scalelab");
     }

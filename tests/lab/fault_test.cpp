@@ -18,6 +18,7 @@
 #include <set>
 #include <tuple>
 
+#include "core/error.h"
 #include "lab/store.h"
 #include "lab_test_util.h"
 
@@ -47,6 +48,13 @@ using Snapshot = std::map<std::int64_t, std::tuple<std::string, int, std::string
 Snapshot snapshot(const std::string& db_path) {
   Snapshot s;
   if (!fs::exists(db_path)) return s;
+  try {
+    ResultsStore probe(db_path, ResultsStore::Mode::kReadOnly);
+  } catch (const InvalidInput& e) {
+    // Killed while creating the file: no schema yet, nothing recorded (the next runner creates it).
+    if (std::string(e.what()).find("holds no results yet") != std::string::npos) return s;
+    throw;
+  }
   ResultsStore store(db_path, ResultsStore::Mode::kReadOnly);
   for (const TrialRow& t : store.trials(0, true)) {
     s[t.trial_id] = {t.config_hash, t.repeat, std::string(status_name(t.status)), t.metrics.dump(), t.log_path};
