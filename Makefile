@@ -46,7 +46,7 @@ sanitize:
 	@scripts/deps.sh clang libclang-rt-dev libomp-dev
 	@CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_DIR) $(HARDEN_CMAKE) -DSCALELAB_SANITIZE=ON -DSCALELAB_BENCH=OFF >/dev/null
 	@cmake --build $(SANITIZE_DIR) -j $(JOBS)
-	@cd $(SANITIZE_DIR) && $(CURDIR)/tests/sanitize/env.sh ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@cd $(SANITIZE_DIR) && $(CURDIR)/tests/sanitize/run.sh -j $(JOBS) $(CTEST_ARGS)
 
 # libFuzzer harnesses (tests/fuzz/), each run FUZZ_SECONDS on its committed corpus and dictionary;
 # what they find lands in $(FUZZ_DIR)/fuzz/<target>/ (new corpus) and crash-* files there.
