@@ -57,6 +57,11 @@ TEST(FuzzFindings, SweepWithTooManyCombinationsIsRefused) {
   EXPECT_THAT(rejection("sweep_spec", "found-combinations-1e8-oom"), HasSubstr("more than 100000 combinations"));
 }
 
+TEST(FuzzFindings, RegexWithAHugeBackReferenceIsRefused) {
+  // A metric pattern with "\\2222...": libstdc++'s regex compiler overflowed a signed integer (UBSan).
+  EXPECT_THAT(rejection("sweep_spec", "crash-regex-repeat-count-overflow"), HasSubstr("at most 5 digits"));
+}
+
 // Through the binary: exit 2, the file named on stderr.
 struct Cli {
   int code;
