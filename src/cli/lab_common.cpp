@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/allocator.h"  // parse_bytes
 #include "core/error.h"
 #include "lab/spec.h"
 #include "lab/trial_telemetry.h"
@@ -37,6 +38,10 @@ void add_lab_flags(CLI::App* app, LabFlags& f) {
   app->add_option("--kill-grace", f.kill_grace_s, "Seconds between SIGTERM and SIGKILL when a trial is stopped")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--max-log-size", f.max_log_size,
+                  "Largest log a trial may write (its stdout and stderr) before it is stopped as an error, e.g. "
+                  "512MiB; 0 for no limit")
+      ->capture_default_str();
   app->add_flag("--wait", f.wait, "If another runner uses the database, wait for it instead of refusing");
   app->add_flag("--retry-failed", f.retry_failed, "Run again trials recorded as error or timeout");
   app->add_flag("--rerun", f.rerun, "Run every trial again, even those already recorded");
@@ -70,6 +75,7 @@ lab::LabOptions lab_options(const LabFlags& f, const std::atomic<bool>* cancel) 
   o.engine = resolve_engine(f.engine);
   o.timeout_s = f.timeout_s;
   o.kill_grace_s = f.kill_grace_s;
+  o.max_log_bytes = f.max_log_size == "0" ? 0 : parse_bytes(f.max_log_size, "--max-log-size");
   o.retry_failed = f.retry_failed;
   o.rerun = f.rerun;
   o.wait_for_lock = f.wait;

@@ -23,6 +23,7 @@ struct LabFlags {
   std::string engine;
   double timeout_s = 1800;
   double kill_grace_s = 5;
+  std::string max_log_size = "1GiB";
   bool wait = false;
   bool retry_failed = false;
   bool rerun = false;

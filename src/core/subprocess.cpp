@@ -17,6 +17,8 @@
 #include <cstring>
 #include <thread>
 
+#include "core/allocator.h"  // format_bytes
+
 extern char** environ;
 
 namespace scalelab {
@@ -305,6 +307,10 @@ std::string SubprocessResult::describe() const {
     return buf;
   }
   if (cancelled) return "cancelled (its process group was killed)";
+  if (log_overflow) {
+    return "its log passed " + format_bytes(max_log_bytes) +
+           " (the limit on a trial's output, --max-log-size) and its process group was killed";
+  }
   return status.describe();
 }
 
@@ -312,6 +318,7 @@ SubprocessResult run_subprocess(const SubprocessSpec& spec, const std::atomic<bo
                                 const std::function<void()>& tick) {
   SubprocessResult res;
   res.timeout_s = spec.timeout_s;
+  res.max_log_bytes = spec.max_log_bytes;
   const auto t0 = Clock::now();
   Subprocess p;
   try {
@@ -357,7 +364,13 @@ SubprocessResult run_subprocess(const SubprocessSpec& spec, const std::atomic<bo
     if (stage == 0) {
       if (cancel && cancel->load()) res.cancelled = true;
       else if (spec.timeout_s > 0 && seconds_since(t0) >= spec.timeout_s) res.timed_out = true;
-      if (res.cancelled || res.timed_out) {
+      else if (spec.max_log_bytes > 0 && !spec.log_path.empty()) {
+        struct stat st {};
+        if (::stat(spec.log_path.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) > spec.max_log_bytes) {
+          res.log_overflow = true;
+        }
+      }
+      if (res.cancelled || res.timed_out || res.log_overflow) {
         p.signal(SIGTERM);
         stage = 1;
         term_at = seconds_since(t0);

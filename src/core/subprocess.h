@@ -49,6 +49,9 @@ struct SubprocessSpec {
   // run_subprocess only.
   double timeout_s = 0;     // 0: none
   double kill_grace_s = 5;  // after SIGTERM (timeout or cancel), this long before SIGKILL
+  // With a log_path: the most bytes the log may grow to (0: no limit). A child whose log passes
+  // it is ended as on a timeout (a runaway loop printing must not fill the disk).
+  std::uint64_t max_log_bytes = 0;
   // Called once the child runs (exec succeeded) with its pid, which is its process-group id when
   // own_process_group (e.g. to sample its process tree).
   std::function<void(pid_t pid)> on_start;
@@ -123,6 +126,8 @@ struct SubprocessResult {
   ExitStatus status;        // when started
   bool timed_out = false;   // the timeout expired and the child (group) was killed
   bool cancelled = false;   // *cancel became true and the child (group) was killed
+  bool log_overflow = false;  // its log passed max_log_bytes and the child (group) was killed
+  std::uint64_t max_log_bytes = 0;  // the spec's, for describe()
   double wall_s = 0;
   double timeout_s = 0;     // the spec's, for describe()
   std::string output;       // stdout and stderr as written (the last max_output bytes); pipe mode
@@ -130,9 +135,9 @@ struct SubprocessResult {
   bool exited() const { return started && status.exited; }
   int exit_code() const { return exited() ? status.code : -1; }
   int term_signal() const { return started && !status.exited ? status.signal : 0; }
-  bool ok() const { return exited() && status.code == 0 && !timed_out && !cancelled; }
+  bool ok() const { return exited() && status.code == 0 && !timed_out && !cancelled && !log_overflow; }
   // "exit code 3", "killed by signal 9 (Killed)", "timed out after 2.0 s (its process group was
-  // killed)", "cancelled (...)", "did not start: ...".
+  // killed)", "cancelled (...)", "its log passed ...", "did not start: ...".
   std::string describe() const;
 };
 

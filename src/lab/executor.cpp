@@ -141,6 +141,7 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
                   std::to_string(repeat) + ")\n# $ " + launch.display + "\n";
   ps.timeout_s = options_.timeout_s;
   ps.kill_grace_s = options_.kill_grace_s;
+  ps.max_log_bytes = options_.max_log_bytes;
 
   std::unique_ptr<TrialMonitor> monitor = options_.monitor ? options_.monitor() : nullptr;
   if (monitor) ps.on_start = [&monitor](pid_t pid) { monitor->start(static_cast<int>(pid)); };

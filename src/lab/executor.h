@@ -54,6 +54,7 @@ struct LabOptions {
   std::string engine;         // the native engine executable (`<engine> train ...`)
   double timeout_s = 1800;    // per trial
   double kill_grace_s = 5;    // SIGTERM, then SIGKILL this much later
+  std::uint64_t max_log_bytes = std::uint64_t{1} << 30;  // a trial whose log passes it is ended (0: no limit)
   bool retry_failed = false;  // re-run trials recorded as error or timeout
   bool rerun = false;         // re-run every trial, superseding earlier rows
   bool wait_for_lock = false; // queue behind another runner instead of refusing

@@ -93,7 +93,7 @@ static std::string describe_end(const SubprocessResult& proc, double timeout_s) 
 TrialOutcome classify_native(const SubprocessResult& proc, double timeout_s, const std::string& record_path,
                              const std::string& log_text) {
   TrialOutcome out;
-  if (!proc.started) {
+  if (!proc.started || proc.log_overflow) {
     out.reason = describe_end(proc, timeout_s);
     return out;
   }
@@ -158,7 +158,7 @@ TrialOutcome classify_native(const SubprocessResult& proc, double timeout_s, con
 TrialOutcome classify_external(const Workload& workload, const SubprocessResult& proc, double timeout_s,
                                const std::string& log_text) {
   TrialOutcome out;
-  if (!proc.started) {
+  if (!proc.started || proc.log_overflow) {
     out.reason = describe_end(proc, timeout_s);
     return out;
   }

@@ -383,6 +383,17 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
       }
     }
   }
+  // The combinations are expanded in memory: refuse a product no one means to run before it
+  // exhausts memory (found by fuzzing: 8 lists of 10 values).
+  std::uint64_t combinations = 1;
+  for (const auto& [name, values] : spec.parameters) {
+    combinations *= std::max<std::uint64_t>(values.size(), 1);
+    if (combinations > kMaxSweepCombinations) {
+      throw InvalidInput("[" + source + "] the parameter lists make more than " +
+                         std::to_string(kMaxSweepCombinations) +
+                         " combinations — split the sweep into several specs, or use fewer values");
+    }
+  }
   if (spec.expand().empty()) {
     throw InvalidInput("[" + source + "] the exclude rules remove every combination — nothing would run");
   }

@@ -29,6 +29,7 @@
 //   micro_batch_size = [4, 8]
 //
 // Every malformed input is an InvalidInput naming file:line:column.
+#include <cstdint>
 #include <optional>
 #include <set>
 #include <string>
@@ -39,6 +40,9 @@
 #include "lab/workload.h"
 
 namespace scalelab::lab {
+
+// The most combinations (before `exclude`, without repeats) a spec may expand to.
+inline constexpr std::uint64_t kMaxSweepCombinations = 100000;
 
 struct ExcludeRule {
   std::vector<std::pair<std::string, std::vector<Json>>> match;  // every key must equal one of its values

@@ -3,8 +3,10 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 
@@ -70,6 +72,25 @@ const char* const kTrialColumns =
     "t.exit_code, t.signal, t.metrics, t.record, t.command, t.log_path, t.host, t.started_at, "
     "t.ended_at, t.duration_s, t.scalelab_version, t.git_rev, t.telemetry_summary, t.current";
 
+// The message of a failed statement: SQLite's, the database file, the system error behind it, and
+// for a full disk (ENOSPC, a quota, a file-size limit) what to do. Rows committed before stay.
+std::string sql_failure(sqlite3* db, int rc, const std::string& what) {
+  std::string msg = "[results] " + what + " failed (" + sqlite3_errmsg(db) + ")";
+  const char* file = sqlite3_db_filename(db, "main");
+  if (file != nullptr && *file != '\0') msg += " on " + std::string(file);
+  // SQLite keeps the system error of some failures only (not of a failed WAL write at COMMIT).
+  const int sys = sqlite3_system_errno(db);
+  if (sys != 0) msg += ": " + std::string(std::strerror(sys));
+  const int extended = sqlite3_extended_errcode(db);
+  if ((rc & 0xff) == SQLITE_FULL || extended == SQLITE_FULL || extended == SQLITE_IOERR_WRITE ||
+      extended == SQLITE_IOERR_FSYNC || extended == SQLITE_IOERR_TRUNCATE || sys == ENOSPC || sys == EFBIG ||
+      sys == EDQUOT) {
+    msg += " — the disk is full or a file-size limit was reached; free space and run the same command again "
+           "(trials recorded before are kept)";
+  }
+  return msg;
+}
+
 // A prepared statement that finalizes itself.
 class Stmt {
  public:
@@ -110,7 +131,7 @@ class Stmt {
     int rc = sqlite3_step(stmt_);
     if (rc == SQLITE_ROW) return true;
     if (rc == SQLITE_DONE) return false;
-    throw RuntimeError(std::string("[results] SQL failed (") + sqlite3_errmsg(db_) + ")");
+    throw RuntimeError(sql_failure(db_, rc, "SQL"));
   }
   void reset() {
     sqlite3_reset(stmt_);
@@ -201,11 +222,8 @@ class Transaction {
 
  private:
   void run(const char* sql) {
-    char* err = nullptr;
-    if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-      std::string msg = err ? err : "?";
-      sqlite3_free(err);
-      throw RuntimeError(std::string("[results] ") + sql + " failed (" + msg + ")");
+    if (const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr); rc != SQLITE_OK) {
+      throw RuntimeError(sql_failure(db_, rc, sql));
     }
   }
   sqlite3* db_;
@@ -293,11 +311,8 @@ ResultsStore::~ResultsStore() {
 }
 
 void ResultsStore::exec(const char* sql) const {
-  char* err = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
-    std::string msg = err ? err : sqlite3_errmsg(db_);
-    sqlite3_free(err);
-    throw RuntimeError(std::string("[results] ") + msg);
+  if (const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr); rc != SQLITE_OK) {
+    throw RuntimeError(sql_failure(db_, rc, sql));
   }
 }
 
@@ -324,6 +339,14 @@ void ResultsStore::create_or_check_schema() {
 
   if (mode_ == Mode::kReadOnly) {
     if (!table_exists("schema_version")) {
+      Stmt count(db_, "SELECT count(*) FROM sqlite_master");
+      count.step();
+      if (count.i64(0) == 0) {
+        // A runner killed while it created the file (found by the fault-injection tests): the next
+        // runner creates the schema; a reader has nothing to read yet.
+        throw InvalidInput("[results] " + path_ + " holds no results yet (its runner was stopped before writing any)" +
+                           " — run a sweep into it, or pass --db with another database");
+      }
       throw InvalidInput("[results] " + path_ + " is not a scalelab results database (no schema_version table)" +
                          " — pass --db with a database written by scalelab");
     }

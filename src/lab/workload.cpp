@@ -15,6 +15,20 @@ const std::vector<std::string> kBuiltinPlaceholders = {"sweep", "repeat", "trial
                                                        "trial_dir"};
 
 std::regex compile_pattern(const std::string& pattern, const std::string& where, bool need_group) {
+  // libstdc++'s regex compiler accumulates a number in a signed integer without checking it:
+  // a back-reference "\\2222222222222222222" (found by fuzzing sweep specs) or a repeat count
+  // "{2222222222222222222}" overflows it (undefined behaviour). Refuse numbers of more than 5
+  // digits after '\\', '{' or ',' before compiling.
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] != '\\' && pattern[i] != '{' && pattern[i] != ',') continue;
+    std::size_t j = i + 1;
+    while (j < pattern.size() && pattern[j] >= '0' && pattern[j] <= '9') ++j;
+    if (j - i - 1 > 5) {
+      throw InvalidInput("[" + where + "] the regular expression '" + pattern + "' has a number of " +
+                         std::to_string(j - i - 1) + " digits after '" + pattern[i] +
+                         "' (a back-reference or repeat count) — at most 5 digits");
+    }
+  }
   std::regex re;
   try {
     re = std::regex(pattern, std::regex::ECMAScript | std::regex::icase);

@@ -58,6 +58,24 @@ void ModelConfig::validate(const std::string& source) const {
   positive(head_dim, "head_dim");
   positive(vocab_size, "vocab_size");
   positive(max_position_embeddings, "max_position_embeddings");
+  // Upper bounds far above any published model (Llama 3.1 405B: hidden 16384, intermediate 53248,
+  // 126 layers, 128 heads, a vocabulary of 128256, 131072 positions), so that every size derived
+  // from them (parameter counts, tensor sizes, the plan's bytes) fits in 64 bits, and an absurd
+  // config.json is refused rather than overflowing or allocating without bound (found by fuzzing).
+  auto at_most = [&](std::int64_t v, std::int64_t limit, const std::string& field) {
+    if (v > limit) {
+      fail(field + " " + std::to_string(v) + " is above the largest scalelab accepts (" + std::to_string(limit) +
+           ") — the config.json is corrupt or not a language model's");
+    }
+  };
+  at_most(hidden_size, kMaxModelWidth, "hidden_size");
+  at_most(intermediate_size, kMaxModelWidth, f.intermediate_key);
+  at_most(num_hidden_layers, kMaxModelLayers, "num_hidden_layers");
+  at_most(num_attention_heads, kMaxModelHeads, "num_attention_heads");
+  at_most(num_key_value_heads, kMaxModelHeads, "num_key_value_heads");
+  at_most(head_dim, kMaxModelWidth, "head_dim");
+  at_most(vocab_size, kMaxModelVocab, "vocab_size");
+  at_most(max_position_embeddings, kMaxModelPositions, "max_position_embeddings");
   if (!f.explicit_head_dim || head_dim * num_attention_heads == hidden_size) {
     if (hidden_size % num_attention_heads != 0) {
       fail("num_attention_heads (" + std::to_string(num_attention_heads) + ") does not divide hidden_size (" +
@@ -117,7 +135,8 @@ ModelConfig load_config_dir(const std::string& dir) {
   json j;
   try {
     j = json::parse(in);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number beyond double's range ("1e999").
     throw InvalidInput("[config] " + path.string() + " is not valid JSON: " + e.what());
   }
   ModelConfig c = config_from_hf_json(j, path.string());

@@ -26,6 +26,14 @@ struct RopeScaling {
   std::int64_t original_max_position_embeddings = 8192;
 };
 
+// The largest sizes a config may have (ModelConfig::validate refuses more): far above any
+// published model, low enough that every product the engine forms fits in 64 bits.
+inline constexpr std::int64_t kMaxModelWidth = std::int64_t{1} << 20;      // hidden, intermediate, head_dim, projections
+inline constexpr std::int64_t kMaxModelLayers = std::int64_t{1} << 12;
+inline constexpr std::int64_t kMaxModelHeads = std::int64_t{1} << 14;
+inline constexpr std::int64_t kMaxModelVocab = std::int64_t{1} << 24;
+inline constexpr std::int64_t kMaxModelPositions = std::int64_t{1} << 24;
+
 struct ModelConfig {
   ModelFamily family = ModelFamily::kLlama;
   std::string name;  // preset name or the directory it came from

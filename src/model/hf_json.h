@@ -3,6 +3,7 @@
 // the families' config_from_hf (src/model/<family>/family.cpp).
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -17,6 +18,13 @@ std::int64_t require_int(const nlohmann::json& j, const char* key, const std::st
 template <class T>
 T get_or(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  // nlohmann converts a float to an integer with a cast, undefined beyond the integer's range
+  // (found by fuzzing config.json: "num_key_value_heads": 1e300).
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!j.at(key).is_number_integer()) {
+      throw InvalidInput("[config] " + source + ": \"" + key + "\" must be an integer, got " + j.at(key).dump());
+    }
+  }
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {

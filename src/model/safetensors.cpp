@@ -347,11 +347,16 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsSou
       put(buf.data(), k * dtype_size(t->file_dtype));
     }
   }
-  const int err = good ? 0 : errno;
-  if (std::fclose(out) != 0) good = false;
+  int err = good ? 0 : errno;
+  if (std::fclose(out) != 0) {
+    // A buffered write that fails only when flushed reports its errno here.
+    if (good) err = errno;
+    good = false;
+  }
   if (!good) {
     std::remove(tmp.c_str());
-    throw RuntimeError(w + "write failed (" + std::strerror(err ? err : EIO) + ") — check free disk space");
+    throw RuntimeError(w + "write failed (" + std::strerror(err ? err : EIO) +
+                       ") — check free disk space and file-size limits (ulimit -f); the file was not replaced");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

@@ -140,7 +140,11 @@ TEST(NcclCommunicator, TimeoutAbortsAndSaysSo) {
 
 TEST(NcclCommunicator, PeerFailureOverTheHostChannelNamesTheRank) {
   std::string error;
+  // Both communicators exist before rank 1 fails (else rank 0's init may see the failure first:
+  // a race the slower sanitizer build exposed).
+  std::barrier sync(2);
   with_nccl(2, 1, 30, [&](int r, NcclCommunicator& c, FakeNccl& api) {
+    sync.arrive_and_wait();
     if (r == 1) {
       c.notify_failure("out of memory in layer 3");
       return;

@@ -83,7 +83,10 @@ TEST(DataParallel, DdpAndZeroGiveTheSameParameters) {
   const Reference ref = reference(world_n, n, steps, 1.0f);
   // average = false is the trainer's way: each rank's gradient arrives already divided by the
   // world size (its backward seeded with 1/N) and the collectives only sum.
-  for (const auto& [stage, average] : {std::pair{0, true}, std::pair{1, true}, std::pair{0, false}, std::pair{1, false}}) {
+  for (const auto& case_ : {std::pair{0, true}, std::pair{1, true}, std::pair{0, false}, std::pair{1, false}}) {
+    // Plain variables, not structured bindings: clang before 16 cannot capture those in a lambda.
+    const int stage = case_.first;
+    const bool average = case_.second;
     testing::ThreadWorld world(world_n);
     world.run([&](int r, Communicator& c) {
       std::vector<float> params(static_cast<std::size_t>(n)), grads(static_cast<std::size_t>(n));

@@ -431,10 +431,12 @@ TEST(MetaBackend, GemmAndLinearAllocateAsTheCpu) {
     Tensor a, b, c;
   };
   const std::int64_t m = 70, n = 45, k = 33;
-  for (auto [at, bt, ct] : {std::tuple{DType::kBF16, DType::kF32, DType::kBF16},
+  for (const auto& types : {std::tuple{DType::kBF16, DType::kF32, DType::kBF16},
                             std::tuple{DType::kF16, DType::kF16, DType::kF16},
                             std::tuple{DType::kF32, DType::kBF16, DType::kF32},
                             std::tuple{DType::kF32, DType::kF32, DType::kF32}}) {
+    // Plain variables, not structured bindings: clang before 16 cannot capture those in a lambda.
+    const DType at = std::get<0>(types), bt = std::get<1>(types), ct = std::get<2>(types);
     expect_same_allocations<Mats>(
         [&](Dev& d) { return Mats{d.rand({m, k}, at, 1), d.rand({k, n}, bt, 2), d.rand({m, n}, ct, 3)}; },
         [&](Dev& d, Mats& s) {

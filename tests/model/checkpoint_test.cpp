@@ -1,5 +1,10 @@
 #include "model/checkpoint.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -406,6 +411,56 @@ TEST(CheckpointBadInput, UnwritableSaveDirectory) {
   } catch (const InvalidInput& e) {
     EXPECT_THAT(e.what(), HasSubstr("file/sub"));
   }
+}
+
+}  // namespace
+}  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// The disk fills up while a checkpoint is saved over an earlier one (a file-size limit in a
+// child process stands for it): the error says so, and the earlier checkpoint still loads.
+TEST(CheckpointFaults, DiskFullWhileSavingKeepsTheEarlierCheckpoint) {
+  ScratchDir dir;
+  const ModelConfig c = tiny_llama(true);
+  const ParamLayout L = ParamLayout::build(c);
+  const Tensor first = initialized(c, L, DType::kF32, 1);
+  save_checkpoint(dir.str(), c, L, first);
+  const auto weights = fs::path(dir.str()) / "model.safetensors";
+  const auto limit = static_cast<rlim_t>(fs::file_size(weights) / 2);
+  const Tensor second = initialized(c, L, DType::kF32, 2);
+  int pipe_fd[2];
+  ASSERT_EQ(::pipe(pipe_fd), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipe_fd[0]);
+    struct rlimit rl {limit, limit};
+    ::setrlimit(RLIMIT_FSIZE, &rl);
+    ::signal(SIGXFSZ, SIG_IGN);
+    std::string msg = "saved without an error";
+    try {
+      save_checkpoint(dir.str(), c, L, second);
+    } catch (const std::exception& e) {
+      msg = e.what();
+    }
+    (void)!::write(pipe_fd[1], msg.data(), msg.size());
+    ::_exit(0);
+  }
+  ::close(pipe_fd[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = ::read(pipe_fd[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<std::size_t>(n));
+  ::close(pipe_fd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_THAT(msg, HasSubstr(weights.string()));
+  EXPECT_THAT(msg, HasSubstr("File too large"));
+  EXPECT_THAT(msg, HasSubstr("disk"));
+  EXPECT_FALSE(fs::exists(weights.string() + ".tmp"));
+  Tensor back = Tensor::zeros({L.total_numel()}, DType::kF32, host_alloc());
+  load_weights(dir.str(), c, L, back);
+  EXPECT_TRUE(same_bytes(back, first));
 }
 
 }  // namespace

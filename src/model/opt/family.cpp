@@ -108,8 +108,9 @@ void to_hf(const ModelConfig& c, json& j) {
 }
 
 void validate(const ModelConfig& c, const std::function<void(const std::string&)>& fail) {
-  if (c.word_embed_proj_dim <= 0) {
-    fail("word_embed_proj_dim must be positive, got " + std::to_string(c.word_embed_proj_dim));
+  if (c.word_embed_proj_dim <= 0 || c.word_embed_proj_dim > kMaxModelWidth) {
+    fail("word_embed_proj_dim must be in [1, " + std::to_string(kMaxModelWidth) + "], got " +
+         std::to_string(c.word_embed_proj_dim));
   }
   if (c.activation_function != "relu" && c.activation_function != "gelu") {
     fail("activation_function '" + c.activation_function + "' is not supported — use relu or gelu");

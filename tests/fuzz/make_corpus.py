@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Writes the seed corpora of the fuzz targets (tests/fuzz/corpus/<target>/seed-*): small valid
+inputs of every parser, so that libFuzzer starts from the formats' structure. Deterministic;
+regenerate with `python3 tests/fuzz/make_corpus.py` (inputs a fuzzer found live beside them as
+crash-*/found-* and are never rewritten here)."""
+import json
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORPUS = os.path.join(HERE, "corpus")
+
+
+def put(target, name, data):
+    d = os.path.join(CORPUS, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+SIZES = {"F32": 4, "BF16": 2, "F16": 2, "I32": 4, "I64": 8, "U8": 1}
+
+
+def safetensors(tensors, metadata=None):
+    """tensors: [(name, dtype, shape)]; data bytes are a counting pattern."""
+    header, blobs, off = {}, [], 0
+    for name, dt, shape in tensors:
+        n = 1
+        for s in shape:
+            n *= s
+        nbytes = n * SIZES[dt]
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + nbytes]}
+        blobs.append(bytes((off + i) % 251 for i in range(nbytes)))
+        off += nbytes
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":"))
+    text += " " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text.encode() + b"".join(blobs)
+
+
+# The tiny Llama of targets.cpp: hidden 8, intermediate 16, 1 layer, 2 heads, 1 KV head, vocab 16, tied.
+TINY = [("model.embed_tokens.weight", [16, 8]),
+        ("model.layers.0.input_layernorm.weight", [8]),
+        ("model.layers.0.self_attn.q_proj.weight", [8, 8]),
+        ("model.layers.0.self_attn.k_proj.weight", [4, 8]),
+        ("model.layers.0.self_attn.v_proj.weight", [4, 8]),
+        ("model.layers.0.self_attn.o_proj.weight", [8, 8]),
+        ("model.layers.0.post_attention_layernorm.weight", [8]),
+        ("model.layers.0.mlp.gate_proj.weight", [16, 8]),
+        ("model.layers.0.mlp.up_proj.weight", [16, 8]),
+        ("model.layers.0.mlp.down_proj.weight", [8, 16]),
+        ("model.norm.weight", [8])]
+
+
+def main():
+    shutil.rmtree(CORPUS, ignore_errors=True) if os.environ.get("CLEAN") else None
+    # safetensors
+    put("safetensors", "f32-bf16", safetensors([("a", "F32", [2, 3]), ("b", "BF16", [4])], {"format": "pt"}))
+    put("safetensors", "f16-i32", safetensors([("w", "F16", [3]), ("ids", "I32", [2, 2])]))
+    put("safetensors", "scalar-empty", safetensors([("s", "F32", []), ("e", "F32", [0, 4]), ("x", "I64", [1])]))
+    put("safetensors", "empty-header", safetensors([]))
+    # checkpoint: the tiny Llama in F32 and BF16, base-model names, a tied lm_head
+    put("checkpoint", "tiny-f32", safetensors([(n, "F32", s) for n, s in TINY], {"format": "pt"}))
+    put("checkpoint", "tiny-bf16", safetensors([(n, "BF16", s) for n, s in TINY]))
+    put("checkpoint", "tiny-base-names", safetensors([(n.removeprefix("model."), "F16", s) for n, s in TINY]))
+    # checkpoint_index: the shards targets.cpp writes (save_checkpoint, 512-byte shards) are named
+    # model-0000k-of-0000N.safetensors; a right index is found by the fuzzer from these.
+    wm = {n: "model-%05d-of-00004.safetensors" % (1 + i * 4 // len(TINY)) for i, (n, _) in enumerate(TINY)}
+    put("checkpoint_index", "four-shards", json.dumps({"metadata": {"total_size": 2304}, "weight_map": wm}, indent=2))
+    put("checkpoint_index", "one-shard", json.dumps({"weight_map": {n: "model-00001-of-00001.safetensors" for n, _ in TINY}}))
+    # config.json of each family
+    put("config", "llama", json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 128,
+        "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": True,
+        "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 8192}}, indent=2))
+    put("config", "llama-head-dim", json.dumps({
+        "model_type": "llama", "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 1,
+        "num_attention_heads": 4, "head_dim": 16, "vocab_size": 100, "tie_word_embeddings": False}))
+    put("config", "opt", json.dumps({
+        "model_type": "opt", "hidden_size": 64, "ffn_dim": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 300, "max_position_embeddings": 128, "word_embed_proj_dim": 32, "do_layer_norm_before": True,
+        "activation_function": "relu", "enable_bias": True, "layer_norm_elementwise_affine": True,
+        "dropout": 0.1, "pad_token_id": 1, "_remove_final_layer_norm": False}, indent=2))
+    put("config", "qwen2", json.dumps({
+        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256,
+        "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "use_sliding_window": False,
+        "sliding_window": 4096, "max_window_layers": 2, "pad_token_id": 0}, indent=2))
+    # sweep specs: the examples and an exclude-heavy one
+    ex = os.path.join(HERE, "..", "..", "examples")
+    for f in sorted(os.listdir(ex)):
+        if f.endswith(".toml"):
+            with open(os.path.join(ex, f), "rb") as src:
+                put("sweep_spec", f[:-5], src.read())
+    put("sweep_spec", "exclude-env", """name = "x"
+repeats = 2
+[workload]
+type = "external"
+command = ["python3", "w.py", "--b", "{micro_batch_size}", "--a", "{attn}"]
+oom_pattern = "out of memory"
+required_metrics = ["tokens_per_s_per_device"]
+[workload.metrics]
+tokens_per_s_per_device = 'tps: ([0-9.]+)'
+[workload.env]
+B = "{micro_batch_size}"
+[parameters]
+micro_batch_size = [1, 2, 4]
+attn = ["eager", "flash"]
+lr = 1e-3
+fused = [true, false]
+[[exclude]]
+attn = "eager"
+micro_batch_size = [2, 4]
+""")
+    # token files: 4 option bytes (seq-len, micro-batch, vocab lo/hi + world bit), then uint32 ids
+    put("token_file", "seq8", bytes([7, 1, 100, 0]) + b"".join(struct.pack("<I", i % 100) for i in range(40)))
+    put("token_file", "two-ranks", bytes([3, 2, 16, 0x80]) + b"".join(struct.pack("<I", i % 16) for i in range(64)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+// Regression tests of the fuzz findings (docs/reliability.md, "Findings"): each input that made a
+// parser crash, hit undefined behaviour or exhaust memory is committed under
+// tests/fuzz/corpus/<target>/ (crash-*: found by libFuzzer; found-*: found by hand through the
+// harness) and must now be refused with InvalidInput naming the file — and, through the binary,
+// with exit 2.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "fuzz/targets.h"
+
+namespace scalelab::fuzz {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::vector<std::uint8_t> corpus_input(const std::string& target, const std::string& file) {
+  std::ifstream in(fs::path(SCALELAB_SOURCE_DIR) / "tests/fuzz/corpus" / target / file, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Runs the target on the committed input; returns the rejection message ("" when accepted).
+std::string rejection(const std::string& target_name, const std::string& file) {
+  const auto bytes = corpus_input(target_name, file);
+  EXPECT_FALSE(bytes.empty()) << file;
+  const Outcome o = target(target_name).run(bytes.data(), bytes.size());
+  return o == Outcome::kRejected ? last_rejection() : std::string();
+}
+
+TEST(FuzzFindings, ConfigNumberBeyondDoubleIsInvalidJson) {
+  // nlohmann throws out_of_range (not parse_error) for 1e308-like overflows; it escaped as a crash.
+  EXPECT_THAT(rejection("config", "crash-number-overflow-1e308"), HasSubstr("is not valid JSON"));
+}
+
+TEST(FuzzFindings, ConfigFloatWhereAnIntegerBelongs) {
+  // "num_key_value_heads": 1e300 was cast to int64 (undefined behaviour).
+  EXPECT_THAT(rejection("config", "found-float-for-integer-1e300"),
+              HasSubstr("\"num_key_value_heads\" must be an integer, got 1e+300"));
+}
+
+TEST(FuzzFindings, ConfigSizesThatOverflowAreRefused) {
+  // hidden_size 2^62 overflowed the parameter count (signed overflow in the tensor's numel).
+  EXPECT_THAT(rejection("config", "found-size-overflow-2e62"), HasSubstr("hidden_size 4611686018427387904 is above"));
+  // 10^11 layers: the parameter layout tried to allocate gigabytes.
+  EXPECT_THAT(rejection("config", "found-layers-1e11-oom"), HasSubstr("num_hidden_layers 100000000000 is above"));
+}
+
+TEST(FuzzFindings, SweepWithTooManyCombinationsIsRefused) {
+  // Eight lists of ten values: 10^8 combinations expanded in memory.
+  EXPECT_THAT(rejection("sweep_spec", "found-combinations-1e8-oom"), HasSubstr("more than 100000 combinations"));
+}
+
+TEST(FuzzFindings, RegexWithAHugeBackReferenceIsRefused) {
+  // A metric pattern with "\\2222...": libstdc++'s regex compiler overflowed a signed integer (UBSan).
+  EXPECT_THAT(rejection("sweep_spec", "crash-regex-repeat-count-overflow"), HasSubstr("at most 5 digits"));
+}
+
+// Through the binary: exit 2, the file named on stderr.
+struct Cli {
+  int code;
+  std::string err;
+};
+Cli scalelab(const std::string& args, const std::string& dir) {
+  const std::string err = dir + "/err.txt";
+  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " >/dev/null 2>" + err + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  std::ifstream in(err);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+          std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>())};
+}
+
+TEST(FuzzFindings, TheCommandsExitTwoNamingTheFile) {
+  const fs::path dir = fs::temp_directory_path() / ("scalelab-fuzz-cli-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (const char* file : {"crash-number-overflow-1e308", "found-float-for-integer-1e300", "found-size-overflow-2e62",
+                           "found-layers-1e11-oom"}) {
+    SCOPED_TRACE(file);
+    const auto bytes = corpus_input("config", file);
+    std::ofstream(dir / "config.json", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                              static_cast<std::streamsize>(bytes.size()));
+    const Cli r = scalelab("plan --model " + dir.string(), dir.string());
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr((dir / "config.json").string()));
+  }
+  const auto spec = corpus_input("sweep_spec", "found-combinations-1e8-oom");
+  std::ofstream(dir / "big.toml", std::ios::binary).write(reinterpret_cast<const char*>(spec.data()),
+                                                         static_cast<std::streamsize>(spec.size()));
+  const Cli r = scalelab("sweep " + (dir / "big.toml").string() + " --dry-run --db " + (dir / "r.db").string(),
+                         dir.string());
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr((dir / "big.toml").string()));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace scalelab::fuzz

@@ -1,0 +1,203 @@
+#include "fuzz/targets.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/tensor.h"
+#include "lab/spec.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/params.h"
+#include "model/safetensors.h"
+#include "train/data.h"
+
+namespace scalelab::fuzz {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+thread_local std::string g_last_rejection;
+
+// A private scratch directory for the process (removed at exit).
+const fs::path& scratch() {
+  static const fs::path dir = [] {
+    std::string tmpl = (fs::temp_directory_path() / "scalelab-fuzz-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("fuzz: mkdtemp failed");
+    std::atexit([] {
+      std::error_code ec;
+      fs::remove_all(scratch(), ec);
+    });
+    return fs::path(tmpl);
+  }();
+  return dir;
+}
+
+void write_file(const fs::path& path, const std::uint8_t* data, std::size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) throw std::runtime_error("fuzz: cannot write " + path.string());
+}
+
+DeviceAllocator& host() {
+  static DeviceAllocator a(make_host_backend(), std::size_t{1} << 30);
+  return a;
+}
+
+// Runs `body`; an InvalidInput is a rejection, which must name `must_name`.
+template <class F>
+Outcome guarded(const std::string& must_name, F&& body) {
+  try {
+    body();
+    return Outcome::kAccepted;
+  } catch (const InvalidInput& e) {
+    g_last_rejection = e.what();
+    if (g_last_rejection.find(must_name) == std::string::npos) {
+      throw ContractViolation("InvalidInput does not name '" + must_name + "': " + g_last_rejection);
+    }
+    return Outcome::kRejected;
+  }
+}
+
+// The tiny Llama the checkpoint targets load into (GQA, tied embeddings).
+const ModelConfig& tiny_llama() {
+  static const ModelConfig c = [] {
+    nlohmann::json j = {{"model_type", "llama"},      {"hidden_size", 8},       {"intermediate_size", 16},
+                        {"num_hidden_layers", 1},     {"num_attention_heads", 2}, {"num_key_value_heads", 1},
+                        {"vocab_size", 16},           {"max_position_embeddings", 32},
+                        {"tie_word_embeddings", true}};
+    return config_from_hf_json(j, "tiny-llama");
+  }();
+  return c;
+}
+
+// --- safetensors: one file, opened and every readable tensor read -------------------------------
+Outcome run_safetensors(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = scratch() / "fuzz.safetensors";
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    const SafetensorsFile f = SafetensorsFile::open(path.string());
+    for (const auto& t : f.tensors()) {
+      if (f.find(t.name) != &t) throw ContractViolation("find('" + t.name + "') does not return the tensor");
+      if (!t.dtype || t.numel() > (1 << 20)) continue;
+      const DType dst = *t.dtype == DType::kI32 ? DType::kI32 : DType::kF32;
+      std::vector<std::uint8_t> buf(static_cast<std::size_t>(t.numel()) * dtype_size(dst));
+      f.read(t, buf.data(), dst);
+    }
+  });
+}
+
+// --- a checkpoint directory: model.safetensors loaded into the tiny Llama -----------------------
+Outcome run_checkpoint(const std::uint8_t* data, std::size_t size) {
+  const fs::path dir = scratch() / "ckpt";
+  fs::create_directories(dir);
+  write_file(dir / "model.safetensors", data, size);
+  const ParamLayout layout = ParamLayout::build(tiny_llama());
+  Tensor flat = Tensor::zeros({layout.total_numel()}, DType::kF32, host());
+  return guarded(dir.string(), [&] { load_weights(dir.string(), tiny_llama(), layout, flat); });
+}
+
+// --- a sharded checkpoint: the index fuzzed, beside two valid shards of the tiny Llama ---------
+Outcome run_checkpoint_index(const std::uint8_t* data, std::size_t size) {
+  const fs::path dir = scratch() / "sharded";
+  const ParamLayout layout = ParamLayout::build(tiny_llama());
+  static const bool saved = [&] {
+    Tensor w = Tensor::zeros({layout.total_numel()}, DType::kF32, host());
+    SaveOptions o;
+    o.max_shard_bytes = 512;  // several shards
+    save_checkpoint(dir.string(), tiny_llama(), layout, w, o);
+    return true;
+  }();
+  (void)saved;
+  write_file(dir / "model.safetensors.index.json", data, size);
+  Tensor flat = Tensor::zeros({layout.total_numel()}, DType::kF32, host());
+  return guarded(dir.string(), [&] { load_weights(dir.string(), tiny_llama(), layout, flat); });
+}
+
+// --- config.json of any family: parsed, validated, laid out, written back and re-read ----------
+Outcome run_config(const std::uint8_t* data, std::size_t size) {
+  const fs::path dir = scratch() / "model";
+  fs::create_directories(dir);
+  write_file(dir / "config.json", data, size);
+  return guarded((dir / "config.json").string(), [&] {
+    const ModelConfig c = resolve_model(dir.string());
+    const ParamLayout layout = ParamLayout::build(c);
+    (void)layout.total_numel();
+    (void)describe_config(c);
+    // What scalelab writes must read back as the same shapes.
+    const ModelConfig back = config_from_hf_json(c.to_hf_json(), (dir / "config.json").string());
+    const ParamLayout layout2 = ParamLayout::build(back);
+    if (layout2.total_numel() != layout.total_numel() || back.family != c.family) {
+      throw ContractViolation("config.json written back does not describe the same model: " + describe_config(c) +
+                              " vs " + describe_config(back));
+    }
+  });
+}
+
+// --- sweep spec (TOML): parsed, expanded, described ---------------------------------------------
+Outcome run_sweep_spec(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = scratch() / "sweep.toml";
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    const lab::SweepSpec spec = lab::load_sweep_spec(path.string());
+    (void)spec.expand();
+    (void)spec.swept_parameters();
+    (void)spec.to_json().dump();
+  });
+}
+
+// --- token file: the first 4 bytes choose seq-len, micro-batch, vocab and ranks; the rest is the file
+Outcome run_token_file(const std::uint8_t* data, std::size_t size) {
+  if (size < 4) return Outcome::kRejected;
+  DataOptions o;
+  o.seq_len = 1 + data[0] % 64;
+  o.micro_batch = 1 + data[1] % 4;
+  o.vocab_size = 1 + (data[2] | ((data[3] & 0x7f) << 8));
+  o.world = 1 + (data[3] >> 7);
+  o.rank = o.world - 1;
+  o.seed = 1;
+  const fs::path path = scratch() / "tokens.bin";
+  o.spec = path.string();
+  write_file(path, data + 4, size - 4);
+  return guarded(path.string(), [&] {
+    auto src = make_data_source(o);
+    Batch b = make_batch(o.micro_batch, o.seq_len, host());
+    for (int i = 0; i < 3; ++i) {
+      src->next(b);
+      for (std::int64_t k = 0; k < o.micro_batch * o.seq_len; ++k) {
+        const auto v = b.inputs.data<std::int32_t>()[k];
+        const auto t = b.targets.data<std::int32_t>()[k];
+        if (v < 0 || v >= o.vocab_size || t < 0 || t >= o.vocab_size) {
+          throw ContractViolation("a batch holds a token outside the vocabulary");
+        }
+      }
+    }
+    (void)src->describe();
+  });
+}
+
+}  // namespace
+
+const std::vector<Target>& targets() {
+  static const std::vector<Target> t = {
+      {"safetensors", run_safetensors}, {"checkpoint", run_checkpoint}, {"checkpoint_index", run_checkpoint_index},
+      {"config", run_config},           {"sweep_spec", run_sweep_spec}, {"token_file", run_token_file}};
+  return t;
+}
+
+const Target& target(std::string_view name) {
+  for (const auto& t : targets())
+    if (name == t.name) return t;
+  throw std::invalid_argument("fuzz: unknown target '" + std::string(name) + "'");
+}
+
+const std::string& last_rejection() { return g_last_rejection; }
+
+}  // namespace scalelab::fuzz
