@@ -8,27 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_run.h"
+
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string output;  // stdout and stderr
-};
-
-CmdResult run(const std::string& args) {
-  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
+using scalelab::cli_test::CmdResult;
+using scalelab::cli_test::run;
+using scalelab::cli_test::read_json;
 
 const std::string kTiny = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 3 --threads 1 ";
 

@@ -1,6 +1,6 @@
 // The binary's device handling: `train --device`, `--allow-tf32` and `selftest`. Without a GPU
-// (or in a build without CUDA) --device cuda must fail with exit 2 (the user can fix it) and the reason, never crash;
-// with one, the same tests check that it runs.
+// (or in a build without CUDA) --device cuda must fail with exit 2 (the user can fix it) and the
+// reason, never crash; with one, the same tests check that it runs.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -10,29 +10,14 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_run.h"
 #include "core/device.h"
 
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string output;  // stdout and stderr
-};
-
-CmdResult run(const std::string& args) {
-  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
+using scalelab::cli_test::CmdResult;
+using scalelab::cli_test::run;
+using scalelab::cli_test::read_json;
 
 bool has(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 

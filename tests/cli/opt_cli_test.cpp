@@ -9,22 +9,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "cli_run.h"
+
 namespace {
 
-struct CmdResult {
-  int code;
-  std::string output;
-};
-
-CmdResult run_cli(const std::string& args) {
-  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using scalelab::cli_test::CmdResult;
+const auto& run_cli = scalelab::cli_test::run;
 
 const std::string kOptTiny = "train --model opt-tiny --seq-len 32 --micro-batch-size 2 --max-steps 3 --threads 1 ";
 

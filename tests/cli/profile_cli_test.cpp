@@ -12,29 +12,15 @@
 
 #include "../profile/trace_check.h"
 
+#include "cli_run.h"
+
 namespace {
 
 using nlohmann::json;
 
-struct CmdResult {
-  int code;
-  std::string output;  // stdout and stderr
-};
-
-CmdResult run(const std::string& args) {
-  const std::string cmd = std::string(SCALELAB_EXE) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
-  const int status = p ? pclose(p) : -1;
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return json::parse(in);
-}
+using scalelab::cli_test::CmdResult;
+using scalelab::cli_test::run;
+using scalelab::cli_test::read_json;
 
 const std::string kData = std::string(SCALELAB_SOURCE_DIR) + "/tests/profile/data/";
 const std::string kTiny =
