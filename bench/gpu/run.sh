@@ -15,7 +15,8 @@
 # scalelab). Everything is logged to $OUT/run.log (OUT defaults to runs/gpu-<time>/); compare.py
 # writes $OUT/compare.json and $OUT/compare.md. The summary is printed last.
 #
-# Environment: RUN_BUDGET_S (default 570: a 10-minute call less a margin), TEST_FILTER (a
+# Environment: RUN_BUDGET_S (default 570: a 10-minute call less a margin), PROFILE_ATTENTION=0 (profile:
+# skip the PyTorch attention op), PROFILE_MB (profile: micro-batch, default 8), TEST_FILTER (a
 # --gtest_filter for the test binaries), TEST_TIMEOUT_S (per binary, default 240),
 # SELFTEST_TIMEOUT_S (default 180), SANITIZER_TIMEOUT_S (default 100), BUILD_TIMEOUT_S (default 420), SCALELAB_NO_BUILD (set: never
 # try the build), PYTHON (default python3), WHEELS_DIR (default $SCALELAB_DEVICE_DIR/wheels: pure-
@@ -249,9 +250,11 @@ isolate_selftest() {
 # The attention op alone on PyTorch's SDPA backends, then scalelab's step profile with cuDNN's
 # SDPA and with its own flash kernels (llama-3.2-1b, bf16, flash, fused, micro-batch 8).
 run_profile() {
-  section "attention alone: PyTorch SDPA (bench/gpu/attention_op.py)"
-  timeout 90 "$PY" bench/gpu/attention_op.py 2>&1 | tee "$OUT/attention_op.txt"
-  add "attention op: $(grep -E '^(flash|cudnn) ' "$OUT/attention_op.txt" | awk '{printf "%s fwd %s ms bwd %s ms; ", $1, $2, $4}')"
+  if [ "${PROFILE_ATTENTION:-1}" != 0 ]; then
+    section "attention alone: PyTorch SDPA (bench/gpu/attention_op.py)"
+    timeout 90 "$PY" bench/gpu/attention_op.py 2>&1 | tee "$OUT/attention_op.txt"
+    add "attention op: $(grep -E '^(flash|cudnn) ' "$OUT/attention_op.txt" | awk '{printf "%s fwd %s ms bwd %s ms; ", $1, $2, $4}')"
+  fi
   [ -z "$SL" ] && return
   # The same short run four ways: unprofiled; --profile --trace (op scopes timed with CUDA events,
   # CUPTI activity); events without CUPTI; the old synchronized scopes. Step times side by side say
