@@ -500,6 +500,8 @@ Table profile_compare_table(const std::vector<TrialRow>& rows_in, const std::vec
   for (const auto& p : varying_params(kept, param_order)) t.columns.push_back({p, p});
   t.columns.push_back({"tokens_per_s_per_device", "tokens/s/device", CellFormat::kFixed1});
   t.columns.push_back({"profile", "profile"});
+  if (std::any_of(objects.begin(), objects.end(), [](const Json& o) { return o.contains("profile_ranks"); }))
+    t.columns.push_back({"profile_ranks", "reports", CellFormat::kInt});
   for (const auto& [key, how] : known)
     if (present.count(key)) t.columns.push_back({key, how.first, how.second});
   for (const auto& key : present) {
@@ -520,8 +522,9 @@ Table profile_compare_table(const std::vector<TrialRow>& rows_in, const std::vec
     t.notes.push_back(std::to_string(n) + " trial(s) whose profile failed (the reason is in the profile note; the "
                       "trial itself is recorded as it ended)");
   }
-  t.notes.push_back("seconds are totals over the profiled run (nsys: rank 0's report where each rank wrote one); "
-                    "`--format json` has every figure");
+  t.notes.push_back("seconds are totals over the profiled run: over every process in one report (nsys around "
+                    "torchrun), rank 0's where each rank wrote a report (\"reports\" > 1); `--format json` has every "
+                    "figure");
   return t;
 }
 

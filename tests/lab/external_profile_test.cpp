@@ -283,6 +283,20 @@ TEST(ExternalProfile, FailingNsysNeverLosesTheTrial) {
   EXPECT_EQ(f.store.trials(f.sweep).size(), 3u);
 }
 
+TEST(ExternalProfile, TrialKilledAtItsTimeoutUnderNsys) {
+  FakeTools tools;
+  Fixture f;
+  LabOptions o = f.options();
+  o.timeout_s = 0.5;
+  o.kill_grace_s = 0.2;
+  TrialExecutor exec(f.store, f.sweep, "s", workload_of("command = \"sleep {tps}\"\nprofile = \"nsys\""), o,
+                     Progress::silent());
+  auto r = exec.run({{"tps", 30}}, 0, "");
+  EXPECT_EQ(r.row.status, TrialStatus::kTimeout);
+  EXPECT_EQ(r.row.record["profile"]["status"], "failed");
+  EXPECT_THAT(r.row.record["profile"]["reason"].get<std::string>(), HasSubstr("(the trial was stopped: timed out"));
+}
+
 TEST(ExternalProfile, NsysMissing) {
   TempDir empty;
   EnvGuard path("PATH", empty.path() + ":/usr/bin:/bin");
@@ -324,6 +338,11 @@ TEST(ExternalProfile, EachRankBehindALauncherWritesItsReport) {
   EXPECT_NEAR(p["ranks"][1]["derived"]["launch_api_s"].get<double>(), kLaunchS, 1e-15);
   EXPECT_THAT(p["summary"]["file"].get<std::string>(), HasSubstr("profile.rank0.stats.csv"));
   EXPECT_THAT(read_text(tools.calls), HasSubstr("--trace cuda,nvtx,osrt,mpi sh -c"));
+  // The compare view says how many reports a trial's figures come from.
+  Table t = profile_compare_table(f.store.trials(f.sweep), {}, {}, false);
+  ASSERT_EQ(t.rows.size(), 1u);
+  EXPECT_EQ(t.rows[0]["profile_ranks"], 2);
+  EXPECT_TRUE(std::any_of(t.columns.begin(), t.columns.end(), [](const Column& c) { return c.key == "profile_ranks"; }));
 }
 
 TEST(ExternalProfile, TorchTraceWrittenWhereTheLabSays) {
