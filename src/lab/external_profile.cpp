@@ -126,8 +126,8 @@ std::vector<std::string> nsys_profile_words(const Workload& workload, const Tria
     if (env.empty() && launcher == "srun") env = "SLURM_PROCID";
     out += env.empty() ? ".%p" : ".rank%q{" + env + "}";
   }
-  std::vector<std::string> w = {"nsys",    "profile", "-o", out, "--force-overwrite", "true", "--trace",
-                                std::string("cuda,nvtx,osrt") + (is_mpi_launcher(launcher) ? ",mpi" : "")};
+  std::vector<std::string> w = {"nsys",    "profile", "-o", out, "--force-overwrite=true",
+                                std::string("--trace=cuda,nvtx,osrt") + (is_mpi_launcher(launcher) ? ",mpi" : "")};
   w.insert(w.end(), workload.profile.args.begin(), workload.profile.args.end());
   return w;
 }
@@ -186,8 +186,8 @@ Json collect_nsys(const Workload& workload, const TrialContext& ctx, const Subpr
     // stdout (the CSV, with nsys's "Processing ..." lines, which the reader skips) to its own
     // file, stderr to another: interleaved warnings must not land inside a table.
     SubprocessSpec s;
-    s.argv = {"/bin/sh", "-c", "exec \"$@\" 2>" + shell_quote(err), "sh", "nsys", "stats", "--format", "csv",
-              "--report", kNsysStatsReports, rep.string()};
+    s.argv = {"/bin/sh", "-c", "exec \"$@\" 2>" + shell_quote(err), "sh", "nsys", "stats", "--format=csv",
+              std::string("--report=") + kNsysStatsReports, rep.string()};
     s.log_path = csv;
     s.timeout_s = options.timeout_s;
     s.kill_grace_s = options.kill_grace_s;

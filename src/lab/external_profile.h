@@ -4,12 +4,12 @@
 // `scalelab results --view profile|profile-compare` lays them side by side.
 //
 //   nsys   The trial's command runs under
-//            nsys profile -o <dir>/<key>.profile/profile --force-overwrite true
-//                 --trace cuda,nvtx,osrt[,mpi] [profile_args...] <command>
+//            nsys profile -o <dir>/<key>.profile/profile --force-overwrite=true
+//                 --trace=cuda,nvtx,osrt[,mpi] [profile_args...] <command>
 //          (the whole command; with a launcher in front — mpirun, mpiexec, srun — the spec puts
 //          {profiler} where each rank's program begins and every rank writes its own report,
 //          profile.rank<N>.nsys-rep, with `mpi` traced under mpirun/mpiexec). After the trial,
-//          `nsys stats --format csv --report <kNsysStatsReports> <report>` summarizes each report
+//          `nsys stats --format=csv --report=<kNsysStatsReports> <report>` summarizes each report
 //          (profile/readers.h). Rank 0's (the first report's) summary is the trial's; every
 //          rank's derived figures are kept too.
 //   torch  The lab sets SCALELAB_TORCH_TRACE=<dir>/<key>.profile/torch_trace.json for the trial;

@@ -150,14 +150,14 @@ TEST(ExternalProfile, WrapsTheWholeCommandOrEachRank) {
   ctx.nsys = true;
   const ParamMap params{{"tps", 5}};
   const std::vector<std::string> head = {"nsys", "profile", "-o", "/logs/s/abc-r0.profile/profile",
-                                         "--force-overwrite", "true", "--trace", "cuda,nvtx,osrt"};
+                                         "--force-overwrite=true", "--trace=cuda,nvtx,osrt"};
 
   // A shell command: nsys runs the shell, which runs the command (nsys follows its children).
   Launch l = build_launch(workload_of("command = \"torchrun x.py --bs {tps}\"\nprofile = \"nsys\""), "", params, ctx);
   std::vector<std::string> want = head;
   want.insert(want.end(), {"/bin/sh", "-c", "torchrun x.py --bs 5"});
   EXPECT_EQ(l.argv, want);
-  EXPECT_THAT(l.display, StartsWith("nsys profile -o /logs/s/abc-r0.profile/profile --force-overwrite true"));
+  EXPECT_THAT(l.display, StartsWith("nsys profile -o /logs/s/abc-r0.profile/profile --force-overwrite=true"));
 
   // A list command, with more nsys options.
   l = build_launch(workload_of("command = [\"python3\", \"x.py\"]\nprofile = \"nsys\"\nprofile_args = [\"--sample=none\"]"),
@@ -171,17 +171,17 @@ TEST(ExternalProfile, WrapsTheWholeCommandOrEachRank) {
   EXPECT_EQ(l.argv[0], "/bin/sh");
   EXPECT_EQ(l.argv[2],
             "mpirun -np 2 nsys profile -o '/logs/s/abc-r0.profile/profile.rank%q{OMPI_COMM_WORLD_RANK}' "
-            "--force-overwrite true --trace cuda,nvtx,osrt,mpi python3 x.py");
+            "--force-overwrite=true --trace=cuda,nvtx,osrt,mpi python3 x.py");
   l = build_launch(workload_of("command = [\"srun\", \"{profiler}\", \"python3\"]\nprofile = \"nsys\""), "", params, ctx);
   want = {"srun", "nsys", "profile", "-o", "/logs/s/abc-r0.profile/profile.rank%q{SLURM_PROCID}",
-          "--force-overwrite", "true", "--trace", "cuda,nvtx,osrt", "python3"};
+          "--force-overwrite=true", "--trace=cuda,nvtx,osrt", "python3"};
   EXPECT_EQ(l.argv, want);
   l = build_launch(workload_of("command = \"mpirun {profiler} a\"\nprofile = \"nsys\"\nprofile_rank_env = \"PMI_RANK\""),
                    "", params, ctx);
   EXPECT_THAT(l.argv[2], HasSubstr("profile.rank%q{PMI_RANK}'"));
   // Another launcher of the user's: reports named by process id.
   l = build_launch(workload_of("command = \"my-launcher {profiler} a\"\nprofile = \"nsys\""), "", params, ctx);
-  EXPECT_THAT(l.argv[2], HasSubstr("/profile.%p --force-overwrite"));
+  EXPECT_THAT(l.argv[2], HasSubstr("/profile.%p --force-overwrite=true"));
 
   // Not under nsys ("nsys?" without nsys, or no profile): {profiler} is empty, nothing wraps.
   ctx.nsys = false;
@@ -227,7 +227,7 @@ TEST(ExternalProfile, NsysSummariesAreStoredWithTheTrial) {
                                            "cuda_gpu_mem_size_sum"}));
   // nsys stats was asked for exactly the reports the study reads.
   EXPECT_THAT(read_text(tools.calls),
-              HasSubstr("stats --format csv --report cuda_gpu_kern_sum,cuda_api_sum,cuda_gpu_mem_time_sum,"
+              HasSubstr("stats --format=csv --report=cuda_gpu_kern_sum,cuda_api_sum,cuda_gpu_mem_time_sum,"
                         "cuda_gpu_mem_size_sum,nvtx_sum " + dir + "/profile.nsys-rep"));
   // The record survives the database round trip (what `results` reads).
   EXPECT_EQ(f.store.trial(r.row.trial_id)->record["profile"]["summary"], s);
@@ -337,7 +337,7 @@ TEST(ExternalProfile, EachRankBehindALauncherWritesItsReport) {
   EXPECT_EQ(p["ranks"][1]["rank"], 1);
   EXPECT_NEAR(p["ranks"][1]["derived"]["launch_api_s"].get<double>(), kLaunchS, 1e-15);
   EXPECT_THAT(p["summary"]["file"].get<std::string>(), HasSubstr("profile.rank0.stats.csv"));
-  EXPECT_THAT(read_text(tools.calls), HasSubstr("--trace cuda,nvtx,osrt,mpi sh -c"));
+  EXPECT_THAT(read_text(tools.calls), HasSubstr("--trace=cuda,nvtx,osrt,mpi sh -c"));
   // The compare view says how many reports a trial's figures come from.
   Table t = profile_compare_table(f.store.trials(f.sweep), {}, {}, false);
   ASSERT_EQ(t.rows.size(), 1u);
@@ -415,7 +415,7 @@ TEST(ExternalProfileCli, SweepUnderNsysAndCompareView) {
 
   testing::CliResult dry = testing::run_scalelab({"sweep", dir / "a.toml", "--dry-run"}, dir.path(), env);
   ASSERT_EQ(dry.code, 0) << dry.err;
-  EXPECT_THAT(dry.out, HasSubstr("nsys profile -o '<log-dir>/<trial>.profile/profile' --force-overwrite true"));
+  EXPECT_THAT(dry.out, HasSubstr("nsys profile -o '<log-dir>/<trial>.profile/profile' --force-overwrite=true"));
 
   for (const char* name : {"a.toml", "b.toml"}) {
     testing::CliResult r =
