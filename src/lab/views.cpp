@@ -456,6 +456,8 @@ Table profile_compare_table(const std::vector<TrialRow>& rows_in, const std::vec
       {"launch_api_s", {"launch API s", CellFormat::kSig4}},
       {"sync_api_s", {"sync API s", CellFormat::kSig4}},
       {"memcpy_htod_s", {"memcpy HtoD s", CellFormat::kSig4}},
+      {"memcpy_htod_mb", {"memcpy HtoD MB", CellFormat::kSig4}},
+      {"memcpy_htod_gb_per_s", {"HtoD GB/s", CellFormat::kSig4}},
       {"nccl_kernel_s", {"NCCL kernels s", CellFormat::kSig4}},
       {"device_idle_fraction", {"device idle", CellFormat::kFixed3}},
       {"step_time_median_s", {"step s (median)", CellFormat::kSig4}},
@@ -477,7 +479,23 @@ Table profile_compare_table(const std::vector<TrialRow>& rows_in, const std::vec
       if (p->contains("ranks") && p->at("ranks").is_array()) o["profile_ranks"] = p->at("ranks").size();
     }
     if (const Json* s = stored_summary(r)) {
-      const Json derived = s->value("derived", Json::object());
+      Json derived = s->value("derived", Json::object());
+      // nsys: the bytes copied host to device (cuda_gpu_mem_size_sum, in MB as nsys prints them)
+      // and the copies' bandwidth — what pinned memory changes.
+      if (s->contains("tables") && s->at("tables").is_array()) {
+        for (const auto& tb : s->at("tables")) {
+          if (!tb.is_object() || tb.value("id", "") != "cuda_gpu_mem_size_sum" || tb.value("unit", "") != "MB") continue;
+          double mb = 0;
+          for (const auto& row : tb.value("rows", Json::array())) {
+            const std::string name = row.value("name", "");
+            if (name.find("Host-to-Device") != std::string::npos || name.find("HtoD") != std::string::npos)
+              mb += row.value("total", 0.0);
+          }
+          derived["memcpy_htod_mb"] = mb;
+          const double secs = derived.value("memcpy_htod_s", 0.0);
+          if (secs > 0) derived["memcpy_htod_gb_per_s"] = mb * 1e-3 / secs;
+        }
+      }
       for (auto it = derived.begin(); it != derived.end(); ++it) {
         if (!it.value().is_number() || o.contains(it.key())) continue;
         o[it.key()] = it.value();

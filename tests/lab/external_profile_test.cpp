@@ -381,11 +381,14 @@ TEST(ExternalProfile, CompareViewLaysTheFiguresSideBySide) {
   std::vector<std::string> keys;
   for (const auto& c : t.columns) keys.push_back(c.key);
   EXPECT_EQ(keys, (std::vector<std::string>{"trial_id", "status", "tps", "tokens_per_s_per_device", "profile",
-                                            "launch_api_s", "sync_api_s", "memcpy_htod_s", "nccl_kernel_s",
-                                            "profile_reason"}));
+                                            "launch_api_s", "sync_api_s", "memcpy_htod_s", "memcpy_htod_mb",
+                                            "memcpy_htod_gb_per_s", "nccl_kernel_s", "profile_reason"}));
   ASSERT_EQ(t.rows.size(), 2u);
   EXPECT_EQ(t.rows[0]["profile"], "ok");
   EXPECT_NEAR(t.rows[0]["sync_api_s"].get<double>(), kSyncS, 1e-15);
+  // The fixture's host-to-device copies: 83.886 MB in 400 us.
+  EXPECT_NEAR(t.rows[0]["memcpy_htod_mb"].get<double>(), 83.886, 1e-12);
+  EXPECT_NEAR(t.rows[0]["memcpy_htod_gb_per_s"].get<double>(), 83.886e-3 / kHtodS, 1e-9);
   EXPECT_EQ(t.rows[1]["profile"], "failed");
   EXPECT_FALSE(t.rows[1].contains("sync_api_s"));
   EXPECT_THAT(t.rows[1]["profile_reason"].get<std::string>(), HasSubstr("nsys stats failed"));
@@ -435,7 +438,7 @@ TEST(ExternalProfileCli, SweepUnderNsysAndCompareView) {
   testing::CliResult csv = testing::run_scalelab(
       {"results", "--db", db, "--sweep", "a", "--view", "profile-compare", "--format", "csv"}, dir.path());
   EXPECT_THAT(csv.out, StartsWith("trial_id,status,tps,tokens_per_s_per_device,profile,launch_api_s,sync_api_s,"
-                                  "memcpy_htod_s,nccl_kernel_s\n"));
+                                  "memcpy_htod_s,memcpy_htod_mb,memcpy_htod_gb_per_s,nccl_kernel_s\n"));
   // Across sweeps: every sweep's trials, a sweep column first.
   testing::CliResult all = testing::run_scalelab({"results", "--db", db, "--view", "profile-compare"}, dir.path());
   ASSERT_EQ(all.code, 0) << all.err;
