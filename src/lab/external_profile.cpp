@@ -7,8 +7,6 @@
 #include <sstream>
 
 #include "core/error.h"
-#include "lab/log_tail.h"
-#include "lab/outcome.h"
 #include "profile/readers.h"
 
 namespace scalelab::lab {
@@ -49,6 +47,20 @@ long rank_of(const std::string& file_name) {
   std::smatch m;
   if (std::regex_search(file_name, m, re)) return std::stol(m[1]);
   return -1;
+}
+
+// The last non-empty line, trimmed, at most 300 characters (nsys's own error message).
+std::string last_message(const std::string& text) {
+  std::string last;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto a = line.find_first_not_of(" \t\r");
+    if (a == std::string::npos) continue;
+    const auto b = line.find_last_not_of(" \t\r");
+    last = line.substr(a, b - a + 1);
+  }
+  return last.size() > 300 ? last.substr(0, 300) + "..." : last;
 }
 
 Json failed(Json p, const std::string& reason) {
@@ -197,8 +209,8 @@ Json collect_nsys(const Workload& workload, const TrialContext& ctx, const Subpr
       return p;
     }
     if (!r.ok()) {
-      std::string detail = last_line(read_all(err));
-      if (detail.empty()) detail = last_line(read_all(csv));
+      std::string detail = last_message(read_all(err));
+      if (detail.empty()) detail = last_message(read_all(csv));
       if (failure.empty())
         failure = "nsys stats failed on " + rep.string() + ": " + r.describe() + (detail.empty() ? "" : ": " + detail);
       continue;
