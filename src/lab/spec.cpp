@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "lab/external_profile.h"
 
 namespace scalelab::lab {
 namespace {
@@ -92,6 +93,10 @@ Workload parse_workload(const toml::table* t, const std::string& source, const f
   std::string type = "native";
   if (const auto* n = t->get("type")) type = expect_string(*n, source, "workload.type");
   if (type == "native") {
+    if (const auto* p = t->get("profile")) {
+      throw InvalidInput("[" + at(source, p->source()) + "] workload.profile is for external commands — profile the "
+                         "native engine's trials with `scalelab sweep --profile` (its own summaries and timeline)");
+    }
     check_keys(*t, source, "[workload] (type = \"native\")", {"type"});
     return Workload::native();
   }
@@ -100,7 +105,8 @@ Workload parse_workload(const toml::table* t, const std::string& source, const f
                        "' — use \"native\" (scalelab train) or \"external\" (a command template)");
   }
   check_keys(*t, source, "[workload] (type = \"external\")",
-             {"type", "command", "metrics", "oom_pattern", "required_metrics", "map", "env", "cwd"});
+             {"type", "command", "metrics", "oom_pattern", "required_metrics", "map", "env", "cwd", "profile",
+              "profile_args", "profile_rank_env"});
   const toml::node* cmd = t->get("command");
   if (!cmd) {
     throw InvalidInput("[" + at(source, t->source()) + "] an external workload needs command = \"...\" "
@@ -184,6 +190,41 @@ Workload parse_workload(const toml::table* t, const std::string& source, const f
     }
     w.cwd = dir.string();
   }
+  if (const auto* p = t->get("profile")) {
+    const std::string tool = expect_string(*p, source, "workload.profile");
+    if (tool == "nsys" || tool == "nsys?") {
+      w.profile.tool = ProfileTool::kNsys;
+      w.profile.optional = tool == "nsys?";
+    } else if (tool == "torch") {
+      w.profile.tool = ProfileTool::kTorch;
+    } else if (tool != "none") {
+      throw InvalidInput("[" + at(source, p->source()) + "] workload.profile is '" + tool +
+                         "' — use \"nsys\" (run each trial under nsys profile; nsys must be on PATH), \"nsys?\" "
+                         "(the same, unprofiled where nsys is missing), \"torch\" (read the PyTorch profiler trace the "
+                         "script writes to $SCALELAB_TORCH_TRACE) or \"none\"");
+    }
+  }
+  for (const char* key : {"profile_args", "profile_rank_env"}) {
+    const auto* n = t->get(key);
+    if (n && w.profile.tool != ProfileTool::kNsys) {
+      throw InvalidInput("[" + at(source, n->source()) + "] workload." + key + " needs profile = \"nsys\"");
+    }
+  }
+  if (const auto* a = t->get("profile_args")) {
+    const auto* arr = a->as_array();
+    if (!arr) throw InvalidInput("[" + at(source, a->source()) + "] workload.profile_args must be a list of words (nsys profile options)");
+    for (const auto& el : *arr) w.profile.args.push_back(expect_string(el, source, "each of workload.profile_args"));
+  }
+  if (const auto* r = t->get("profile_rank_env")) {
+    w.profile.rank_env = expect_string(*r, source, "workload.profile_rank_env");
+    if (w.profile.rank_env.empty() || !std::all_of(w.profile.rank_env.begin(), w.profile.rank_env.end(), [](char c) {
+          return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+        })) {
+      throw InvalidInput("[" + at(source, r->source()) + "] workload.profile_rank_env must be an environment variable "
+                         "name (e.g. PMI_RANK)");
+    }
+  }
+  validate_profile(w, source + ": [workload]");
   return w;
 }
 
