@@ -65,4 +65,4 @@ fuzz: fuzz-build
 	@for t in $(FUZZ_TARGETS); do scripts/fuzz.sh $(FUZZ_DIR) $$t -max_total_time=$(FUZZ_SECONDS) || exit 1; done
 
 fuzz-smoke: fuzz-build
-	@for t in $(FUZZ_TARGETS); do scripts/fuzz.sh $(FUZZ_DIR) $$t -max_total_time=$(FUZZ_SMOKE_SECONDS) || exit 1; done
+	@for t in $(FUZZ_TARGETS); do FUZZ_SMOKE=1 scripts/fuzz.sh $(FUZZ_DIR) $$t -max_total_time=$(FUZZ_SMOKE_SECONDS) || exit 1; done
