@@ -12,6 +12,7 @@ PKGS=(
   slurm-wlm munge                # a real SLURM cluster on localhost for the launcher tests (scripts/slurm-localhost.sh)
   libxgboost-dev                 # gradient-boosted feature importance (analysis)
   python3                        # test helper scripts (fake workloads, fake nvidia-smi)
+  clang libclang-rt-dev libomp-dev  # the fuzz harnesses (libFuzzer; make test runs them briefly) and make sanitize
   "$@"
 )
 

@@ -241,26 +241,84 @@ bool ExcludeRule::matches(const ParamMap& params) const {
   return true;
 }
 
-std::vector<ParamMap> SweepSpec::expand() const {
-  std::vector<ParamMap> out{ParamMap{}};
-  for (const auto& [name, values] : parameters) {
-    std::vector<ParamMap> next;
-    next.reserve(out.size() * values.size());
-    for (const auto& partial : out) {
-      for (const auto& v : values) {
-        ParamMap p = partial;
-        p[name] = v;
-        next.push_back(std::move(p));
+namespace {
+
+// The combinations as indices into each parameter's values (mixed radix, the last parameter
+// varying fastest), with the exclude rules precomputed per value: whether a combination is
+// excluded is then a few table lookups, without building its ParamMap or comparing texts. For a
+// spec of 100,000 combinations (kMaxSweepCombinations) this is what makes parsing and expanding
+// cheap; expand() builds maps only for the combinations it keeps.
+class Combinations {
+ public:
+  explicit Combinations(const SweepSpec& spec) : spec_(spec), index_(spec.parameters.size(), 0) {
+    for (const auto& rule : spec.excludes) {
+      Rule r;
+      bool possible = true;
+      for (const auto& [key, values] : rule.match) {
+        // The parameter a ParamMap would hold under `key`: the last one of that name.
+        std::size_t pi = spec.parameters.size();
+        for (std::size_t i = 0; i < spec.parameters.size(); ++i)
+          if (spec.parameters[i].first == key) pi = i;
+        if (pi == spec.parameters.size()) {
+          possible = false;  // ExcludeRule::matches: a key the combination lacks never matches
+          break;
+        }
+        std::vector<char> allowed;
+        for (const auto& d : spec.parameters[pi].second) {
+          bool any = false;
+          for (const auto& v : values) any = any || param_text(v) == param_text(d);
+          allowed.push_back(any ? 1 : 0);
+        }
+        r.emplace_back(pi, std::move(allowed));
       }
+      if (possible) rules_.push_back(std::move(r));
     }
-    out = std::move(next);
+    for (const auto& [name, values] : spec.parameters) done_ = done_ || values.empty();
   }
+
+  bool done() const { return done_; }
+  bool excluded() const {
+    for (const auto& r : rules_) {
+      bool all = true;
+      for (const auto& [pi, allowed] : r) all = all && allowed[index_[pi]];
+      if (all) return true;
+    }
+    return false;
+  }
+  ParamMap params() const {
+    ParamMap p;
+    for (std::size_t i = 0; i < index_.size(); ++i) p[spec_.parameters[i].first] = spec_.parameters[i].second[index_[i]];
+    return p;
+  }
+  void next() {
+    for (std::size_t i = index_.size(); i-- > 0;) {
+      if (++index_[i] < spec_.parameters[i].second.size()) return;
+      index_[i] = 0;
+    }
+    done_ = true;
+  }
+
+ private:
+  using Rule = std::vector<std::pair<std::size_t, std::vector<char>>>;
+  const SweepSpec& spec_;
+  std::vector<std::size_t> index_;
+  std::vector<Rule> rules_;
+  bool done_ = false;
+};
+
+// Whether any combination survives the exclude rules (without expanding them).
+bool any_combination_kept(const SweepSpec& spec) {
+  for (Combinations c(spec); !c.done(); c.next())
+    if (!c.excluded()) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<ParamMap> SweepSpec::expand() const {
   std::vector<ParamMap> kept;
-  for (auto& p : out) {
-    bool excluded = false;
-    for (const auto& r : excludes) excluded = excluded || r.matches(p);
-    if (!excluded) kept.push_back(std::move(p));
-  }
+  for (Combinations c(*this); !c.done(); c.next())
+    if (!c.excluded()) kept.push_back(c.params());
   return kept;
 }
 
@@ -435,7 +493,7 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
                          " combinations — split the sweep into several specs, or use fewer values");
     }
   }
-  if (spec.expand().empty()) {
+  if (!any_combination_kept(spec)) {
     throw InvalidInput("[" + source + "] the exclude rules remove every combination — nothing would run");
   }
   return spec;

@@ -50,9 +50,17 @@ Workload Workload::external(const std::string& command, const std::string& where
   Workload w;
   w.kind = WorkloadKind::kExternal;
   w.shell_command = CommandTemplate(command, where);
-  w.set_metric("tokens_per_s_per_device", kDefaultThroughputPattern, where);
-  w.set_metric("max_reserved_gib", kDefaultMemoryPattern, where);
-  w.set_oom_pattern(kDefaultOomPattern, where);
+  // The default patterns are compiled once per process and copied (a copy of a std::regex shares
+  // its compiled automaton): libstdc++'s compiler is slow (case-insensitive, each bracket
+  // expression builds a 256-entry table through the locale; the three defaults took most of the
+  // time of parsing a sweep spec), and every sweep spec or --command builds these.
+  static const std::regex throughput = compile_pattern(kDefaultThroughputPattern, "default throughput pattern", true);
+  static const std::regex memory = compile_pattern(kDefaultMemoryPattern, "default memory pattern", true);
+  static const std::regex oom = compile_pattern(kDefaultOomPattern, "default oom pattern", false);
+  w.metrics = {{"tokens_per_s_per_device", kDefaultThroughputPattern, throughput},
+               {"max_reserved_gib", kDefaultMemoryPattern, memory}};
+  w.oom_pattern = kDefaultOomPattern;
+  w.oom_regex = oom;
   w.required_metrics = {"tokens_per_s_per_device"};
   return w;
 }
