@@ -22,6 +22,12 @@ max_memory_reserved 61.89 "GB", 7 runs out of memory) is rerun that way on a lar
     python3 bench/gpu/hf_memory.py --out runs/hf-memory --budget-s 300        # the matrix on a GPU
     python3 bench/gpu/hf_memory.py --out /tmp/m --tiny --device cpu           # smoke test on a CPU
     python3 bench/gpu/hf_memory.py --out DIR --only llama-fp32-eager-mb6      # one configuration
+    python3 bench/gpu/hf_memory.py --out DIR --trace all     # + the allocator's event history
+
+--trace NAMES|all: torch.cuda.memory._record_memory_history without stacks, saved as
+DIR/NAME.trace.json.gz (every alloc / free / segment event with its size and address) with phase
+markers (forward, backward, optimizer_step, step_end) in the same clock: the GPU allocation
+sequence the predictor's schedule is checked against.
 
 Prints the versions and device, then one JSON line per configuration (also written to
 DIR/hf_memory.jsonl, DIR/hf_memory.json at the end) and a table. Configurations run in the order
@@ -102,7 +108,34 @@ def nvidia_smi_used_bytes(pid):
 
 
 # --- one configuration, in this process ----------------------------------------------------------
-def worker(cfg, device, tiny, steps):
+def start_trace(torch, on_cuda):
+    """The caching allocator's own event history (alloc / free / segment_alloc / segment_free, no
+    stacks: small and cheap), and phase markers in the same clock (Unix microseconds)."""
+    if not on_cuda:
+        return None
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=2_000_000)
+    return []
+
+
+def mark(markers, name):
+    if markers is not None:
+        markers.append([time.time_ns() // 1000, name])
+
+
+def save_trace(torch, markers, path):
+    import gzip
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    ev = []
+    for dev in snap.get("device_traces", []):
+        for e in dev:
+            ev.append([e.get("time_us"), e["action"], e.get("size"), e.get("addr"), e.get("stream")])
+    with gzip.open(path, "wt") as f:
+        json.dump({"fields": ["time_us", "action", "size", "addr", "stream"], "events": ev, "markers": markers}, f)
+    return len(ev)
+
+
+def worker(cfg, device, tiny, steps, trace_path=None):
     import torch
     rec = dict(cfg)
     rec.update(status="error", device=device, tiny=tiny, steps=steps, error=None, versions=versions())
@@ -125,6 +158,7 @@ def worker(cfg, device, tiny, steps):
             limit = cfg["emulate_gib"] * GIB - ctx
             torch.cuda.set_per_process_memory_fraction(limit / total)
             rec["emulated_allocator_limit"] = limit
+    markers = start_trace(torch, on_cuda) if trace_path else None
     try:
         from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
@@ -156,6 +190,7 @@ def worker(cfg, device, tiny, steps):
 
         class Probe(TrainerCallback):
             def on_step_end(self, args, state, control, **kw):
+                mark(markers, "step_end")
                 if on_cuda:
                     torch.cuda.synchronize()
                     s = torch.cuda.memory_stats()
@@ -181,6 +216,21 @@ def worker(cfg, device, tiny, steps):
             ta["use_cpu"] = True
         ta = {k: v for k, v in ta.items() if not fields or k in fields}
         trainer = Trainer(model=model, args=TrainingArguments(**ta), train_dataset=RandomIds(), callbacks=[Probe()])
+        if markers is not None:  # phase boundaries: forward, backward, optimizer step, step end
+            model.register_forward_pre_hook(lambda *a_: mark(markers, "forward"))
+            model.register_forward_hook(lambda *a_: mark(markers, "forward_end"))
+            inner_backward = trainer.accelerator.backward
+
+            def backward(*a_, **k_):
+                mark(markers, "backward")
+                r = inner_backward(*a_, **k_)
+                mark(markers, "backward_end")
+                return r
+            trainer.accelerator.backward = backward
+            from torch.optim.optimizer import register_optimizer_step_pre_hook, register_optimizer_step_post_hook
+            register_optimizer_step_pre_hook(lambda *a_: mark(markers, "optimizer_step"))
+            register_optimizer_step_post_hook(lambda *a_: mark(markers, "optimizer_step_end"))
+            mark(markers, "train")
         if on_cuda:
             rec["after_model_move"] = {"allocated": torch.cuda.memory_allocated(),
                                        "reserved": torch.cuda.memory_reserved()}
@@ -198,6 +248,12 @@ def worker(cfg, device, tiny, steps):
         rec["error"] = f"{type(e).__name__}: {msg.splitlines()[0][:400] if msg else ''}"
     except Exception as e:  # noqa: BLE001 - reported in the record
         rec["error"] = f"{type(e).__name__}: {str(e)[:400]}"
+    if markers is not None:
+        try:
+            rec["trace_events"] = save_trace(torch, markers, trace_path)
+            rec["trace_file"] = os.path.basename(trace_path)
+        except Exception as e:  # noqa: BLE001
+            rec["trace_error"] = f"{type(e).__name__}: {e}"
     if on_cuda:
         try:
             s = torch.cuda.memory_stats()
@@ -227,12 +283,16 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--python", default=sys.executable, help="the interpreter for the workers")
+    ap.add_argument("--trace", default="",
+                    help="comma-separated configuration names whose allocator event history to save as "
+                         "DIR/NAME.trace.json.gz (or 'all')")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--trace-path", help=argparse.SUPPRESS)
     a = ap.parse_args()
 
     if a.worker:
         cfg = json.loads(a.worker)
-        rec = worker(cfg, a.device, a.tiny, a.steps)
+        rec = worker(cfg, a.device, a.tiny, a.steps, a.trace_path)
         print("HF_MEMORY_RECORD " + json.dumps(rec), flush=True)
         return 0
 
@@ -281,6 +341,8 @@ def main():
             print(f"[{i + 1}/{len(rows)}] {cfg['name']} ({left:.0f} s of budget left)", file=sys.stderr, flush=True)
             cmd = [a.python, os.path.abspath(__file__), "--out", a.out, "--device", a.device, "--steps", str(a.steps),
                    "--worker", json.dumps(cfg)] + (["--tiny"] if a.tiny else [])
+            if a.trace == "all" or cfg["name"] in a.trace.split(","):
+                cmd += ["--trace-path", os.path.join(a.out, cfg["name"] + ".trace.json.gz")]
             t0 = time.time()
             try:
                 p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(20.0, left))
