@@ -278,13 +278,16 @@ RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
   return s;
 }
 
-// Its backward, given the output's gradient `g` (residual dtype); returns the input's gradient.
-// Temporaries as the CUDA trace shows them: the weight-grad product and its two-stage reduction
-// buffer, the x*rsqrt and rsqrt gradients, the mean/pow backward.
-Id rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g) {
+// Its backward, given the gradient of its output `g_in` (freed here). The gradient of its input
+// goes into the residual stream's gradient buffer `g_res` in place (autograd's InputBuffer adds
+// into the buffer it holds); for the final norm, which has no residual path, it becomes that
+// buffer. `x_in` is the norm's input when it is saved (fp32 residual stream): freed here.
+// Temporaries as the CUDA trace shows them: g*w and g*h with the weight-grad reduction buffer,
+// the x*rsqrt backward, the rsqrt / mean / pow backward.
+void rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g_in, Id& g_res, Id& x_in) {
   const u64 n = d.BT * d.H;
-  Id gh = t.alloc(n * 4, Tmp, "rmsnorm grad g*w");
-  Id gw_t = t.alloc(n * 4, Tmp, "rmsnorm grad g*h");
+  Id gh = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*w");
+  Id gw_t = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*h");
   Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "norm weight grad");
   Id red = t.alloc(n * 8, Tmp, "rmsnorm weight-grad reduction buffer");
   Id part = t.alloc(64, Tmp, "reduction partials");
@@ -292,13 +295,18 @@ Id rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g) {
   t.free(red);
   t.free(gw_t);
   accumulate(t, w, gw);
-  t.free(g);
+  t.free(g_in);
   t.free(s.out);
   t.free(s.xr);
-  Id gx1 = t.alloc(n * 4, Tmp, "rmsnorm grad g*rsqrt");
-  Id t2 = t.alloc(n * 4, Tmp, "rmsnorm grad g*x");
+  if (d.e_r == 2) {  // .to(bf16) backward: the gradient back to fp32
+    Id gh32 = t.alloc(n * 4, Tmp, "rmsnorm grad to fp32");
+    t.free(gh);
+    gh = gh32;
+  }
+  Id prod = t.alloc(n * 4, Tmp, "rmsnorm grad g*x (for rsqrt)");
+  Id gx = t.alloc(n * 4, Tmp, "rmsnorm grad g*rsqrt");
   Id gr = t.alloc(d.BT * 4, Tmp, "rmsnorm grad sum");
-  t.free(t2);
+  t.free(prod);
   t.free(gh);
   Id s1 = t.alloc(d.BT * 4, Tmp, "rsqrt backward");
   Id s2 = t.alloc(d.BT * 4, Tmp, "rsqrt backward");
@@ -311,17 +319,27 @@ Id rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g) {
   t.free(s3);
   Id gp1 = t.alloc(n * 4, Tmp, "pow backward");
   Id gp2 = t.alloc(n * 4, Tmp, "pow backward");
+  Id gp3 = t.alloc(n * 4, Tmp, "pow backward");
+  t.free(gp2);
   t.free(gp1);
   t.free(gm);
-  t.free(gx1);  // accumulated: gx = gx1 + gp2 (in place into the buffer)
+  t.free(x_in);
   t.free(s.x32);
-  Id gx = gp2;
-  if (d.e_r == 2) {  // x.to(fp32) backward: back to bf16
-    Id gb = t.alloc(n * 2, Tmp, "rmsnorm grad .to(bf16)");
+  if (d.e_r == 2) {
+    t.free(gp3);  // summed into gx (fp32), then x.to(fp32) backward casts to bf16
+    Id gb = t.alloc(n * 2, Tmp, "rmsnorm input grad (bf16)");
     t.free(gx);
     gx = gb;
+  } else if (g_res == 0) {
+    t.free(gp3);  // summed into gx, which becomes the residual buffer
   }
-  return gx;
+  if (g_res == 0) {
+    g_res = gx;
+    gx = 0;
+  } else {
+    t.free(gx);
+    t.free(gp3);
+  }
 }
 
 // y = x @ W^T in the compute dtype. Autocast: the weight's cast (cached for the forward, saved by
@@ -494,14 +512,14 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
 
 // Backward of one layer, given the gradient of its output `g` (residual dtype); returns the
 // gradient of its input.
-Id layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id& g) {
+void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id& g_res, Id& x_in) {
   const bool ac = d.autocast;
   const u64 rep = d.nh / d.nkv;
   const u64 bhtt = d.B * d.nh * d.T * d.T;
   // residual: g flows to h1 unchanged; the mlp branch gets it (cast to bf16 under autocast).
   Id gprod;
   if (ac) {
-    Id gd = t.alloc(d.BT * d.H * 2, Tmp, "grad .to(bf16) into the mlp branch");
+    Id gd = t.alloc(d.BT * d.H * 2, Tmp, "grad .to(bf16) into the mlp branch");  // of g_res
     Id none = 0;
     gprod = linear_backward(t, d, m, p.down, gd, d.I, d.H, s.wd, none, false);
   } else {
@@ -523,10 +541,7 @@ Id layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& 
   Id gn2b = linear_backward(t, d, m, p.gate, g_gate, d.H, d.I, s.wg, s.in_g, ac);
   t.free(gn2b);  // added in place into gn2
   if (!ac) t.free(s.n2.out);
-  Id gh1 = rms_backward(t, d, s.n2, p.ln2, gn2);
-  // gh1 += g (the residual path), in place; g is done.
-  t.free(g);
-  t.free(s.h1);
+  rms_backward(t, d, s.n2, p.ln2, gn2, g_res, s.h1);
   // attention branch
   Id g_ctx;
   if (ac) {
@@ -630,9 +645,7 @@ Id layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& 
   t.free(gn1q);
   t.free(s.v);
   if (!ac) t.free(s.n1.out);
-  Id gx = rms_backward(t, d, s.n1, p.ln1, gn1);
-  t.free(gh1);  // gx += gh1 in place
-  return gx;
+  rms_backward(t, d, s.n1, p.ln1, gn1, g_res, x_in);
 }
 
 struct StepState {
@@ -656,9 +669,20 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
   Id layer_in = x;
   for (u64 l = 0; l < d.L; ++l) {
     layer_forward(t, d, m, m.layers[l], saved[l], layer_in, mask);
+    if (d.e_r == 2) {
+      // bf16 residual stream: the norms save their fp32 upcasts, not the layer's input or h1;
+      // both go when the decoder loop rebinds hidden_states (the embedding output is held by
+      // LlamaModel.forward until it returns).
+      if (l > 0) t.free(saved[l - 1].out);
+      t.free(saved[l].h1);
+    }
     layer_in = saved[l].out;
   }
   RmsSaved fn = rms_forward(t, d, layer_in);
+  if (d.e_r == 2) {
+    t.free(saved[d.L - 1].out);
+    t.free(x);
+  }
   t.free(mask);
   // lm_head on the last hidden states (logits_to_keep = 0: all positions)
   Id wl = 0, inl = 0;
@@ -715,20 +739,16 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
     accumulate(t, head, gw);
   }
   if (!d.autocast) t.free(fn.out);
-  Id g = rms_backward(t, d, fn, m.norm, gh);
-  t.free(layer_in);
-  for (u64 l = d.L; l-- > 0;) {
-    Id gin = layer_backward(t, d, m, m.layers[l], saved[l], g);
-    g = gin;
-    if (l > 0) t.free(saved[l - 1].out);
-  }
+  Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers
+  rms_backward(t, d, fn, m.norm, gh, g_res, saved[d.L - 1].out);
+  for (u64 l = d.L; l-- > 0;) layer_backward(t, d, m, m.layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
   // embedding backward (CUDA embedding_dense_backward: sort-based; the dense [V, H] gradient)
   Id sorted = t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices");
   Id orig = t.alloc(d.BT * 8, Tmp, "embedding backward original indices");
   Id gemb = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "embedding weight grad");
   t.free(sorted);
   t.free(orig);
-  t.free(g);
+  t.free(g_res);
   t.free(x);
   t.free(cos);
   t.free(sin);

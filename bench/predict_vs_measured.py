@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Predicted vs measured peak memory of the Hugging Face Trainer: `scalelab plan --stack
+hf-trainer --json` for every configuration that bench/gpu/hf_memory.py measured (the records in
+bench/gpu/results/*/hf_memory.jsonl, and the HF rows of the earlier compare.json runs), side by
+side, with the error of max_memory_reserved and max_memory_allocated, and the prediction's time.
+
+    python3 bench/predict_vs_measured.py --build build [--results DIR ...]
+"""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+GIB = 2**30
+
+
+def flags(rec):
+    f = ["--model", rec["model"], "--seq-len", str(rec["seq_len"]), "--micro-batch-size", str(rec["micro_batch_size"]),
+         "--model-precision", rec["model_precision"], "--mixed-precision", rec["mixed_precision"],
+         "--attn", "flash" if rec["attn"] == "sdpa" else rec["attn"]]
+    if rec.get("activation_checkpointing"):
+        f.append("--activation-checkpointing")
+    return f
+
+
+def measured(results):
+    rows = []
+    for d in results:
+        for path in sorted(glob.glob(os.path.join(d, "*", "hf_memory.jsonl"))):
+            for line in open(path):
+                r = json.loads(line)
+                if r.get("status") in ("ok", "oom") and r.get("max_reserved_bytes"):
+                    r["source"] = os.path.basename(os.path.dirname(path))
+                    rows.append(r)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--results", nargs="*", default=[os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu", "results")])
+    a = ap.parse_args()
+    exe = os.path.join(a.build, "scalelab")
+    rows = measured(a.results)
+    print("| config | measured reserved | predicted reserved | error | measured allocated | predicted allocated | error | "
+          "largest mb (64 GiB) | predict ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    worst_r = worst_a = 0.0
+    for r in rows:
+        dev = f"{r['emulate_gib']}GiB" if r.get("emulate_gib") else "141GiB"
+        with tempfile.NamedTemporaryFile(suffix=".json") as tf:
+            t0 = time.perf_counter()
+            p = subprocess.run([exe, "plan", "--stack", "hf-trainer", *flags(r), "--device-memory", "64GiB",
+                                "--json", tf.name], capture_output=True, text=True)
+            ms = (time.perf_counter() - t0) * 1000
+            if p.returncode != 0:
+                print(f"| {r['name']} | | | {p.stderr.strip()[:120]} |")
+                continue
+            j = json.load(open(tf.name))
+        # the reserved / allocated peaks do not depend on the device size unless it runs out
+        with tempfile.NamedTemporaryFile(suffix=".json") as tf:
+            subprocess.run([exe, "plan", "--stack", "hf-trainer", *flags(r), "--device-memory", dev, "--json", tf.name],
+                           capture_output=True, text=True, check=True)
+            k = json.load(open(tf.name))
+        er = (k["max_reserved_bytes"] - r["max_reserved_bytes"]) / r["max_reserved_bytes"] * 100
+        ea = (k["max_allocated_bytes"] - r["max_allocated_bytes"]) / r["max_allocated_bytes"] * 100
+        worst_r, worst_a = max(worst_r, abs(er)), max(worst_a, abs(ea))
+        print(f"| {r['name']} | {r['max_reserved_bytes'] / GIB:.3f} GiB | {k['max_reserved_bytes'] / GIB:.3f} GiB | {er:+.2f} % | "
+              f"{r['max_allocated_bytes'] / GIB:.3f} GiB | {k['max_allocated_bytes'] / GIB:.3f} GiB | {ea:+.3f} % | "
+              f"{j['largest_micro_batch']} | {ms:.0f} |")
+    print(f"\nworst |error|: reserved {worst_r:.2f} %, allocated {worst_a:.3f} % over {len(rows)} measured configurations")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
