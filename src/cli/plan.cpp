@@ -24,6 +24,7 @@ struct HfStackFlags {
   std::string cuda_context;
   std::string alloc_conf;
   std::int64_t steps = 3;
+  std::string schedule_out;
 };
 
 // `plan --stack hf-trainer`: the predicted peak memory of the same job under PyTorch and the
@@ -60,6 +61,15 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
   if (!f.cuda_context.empty()) po.cuda_context = parse_bytes(f.cuda_context, "--cuda-context");
   if (!f.alloc_conf.empty()) po.allocator = predict::parse_alloc_conf(f.alloc_conf);
   const predict::HfPrediction p = predict::predict_hf(job, po);
+  if (!f.schedule_out.empty()) {
+    const std::string tmp = f.schedule_out + ".tmp";
+    std::FILE* out = std::fopen(tmp.c_str(), "w");
+    if (out == nullptr) refuse("--schedule-out " + f.schedule_out + ": cannot write — check the directory");
+    const std::string text = predict::schedule_text(predict::hf_trainer_schedule(job));
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fclose(out);
+    std::rename(tmp.c_str(), f.schedule_out.c_str());
+  }
   const std::int64_t largest = predict::largest_micro_batch(job, po);
   std::printf("%s", predict::prediction_table(job, po, p, largest).c_str());
   if (!o.json.empty()) {
@@ -95,6 +105,8 @@ Subcommand add_plan_command(CLI::App& root) {
                   "--device-memory (default: 518 MiB, measured with torch 2.11+cu130 on an H200)");
   app->add_option("--alloc-conf", hf->alloc_conf,
                   "hf-trainer: PYTORCH_CUDA_ALLOC_CONF (expandable_segments, max_split_size_mb, ...)");
+  app->add_option("--schedule-out", hf->schedule_out,
+                  "hf-trainer: write the predicted allocation schedule (one line per request and free) to this file");
   app->add_option("--steps", hf->steps, "hf-trainer: optimizer steps replayed (the peak is over them)")
       ->capture_default_str();
   return {app, [opts, world, rank, hf, app] {

@@ -91,6 +91,26 @@ std::int64_t largest_micro_batch(HfJob job, const HfPredictOptions& o, std::int6
   return lo;
 }
 
+std::string schedule_text(const std::vector<ScheduleEvent>& ev) {
+  std::string out;
+  std::unordered_map<std::uint32_t, std::size_t> index;
+  std::size_t n = 0;
+  for (const ScheduleEvent& e : ev) {
+    if (e.kind == ScheduleEvent::kPhase) {
+      out += "# ";
+      out += e.label;
+      out += '\n';
+    } else if (e.kind == ScheduleEvent::kAlloc) {
+      index[e.tensor] = n++;
+      out += "a " + std::to_string(e.bytes) + " " + category_name(e.category) + " " + e.label + "\n";
+    } else {
+      auto it = index.find(e.tensor);
+      if (it != index.end()) out += "f " + std::to_string(it->second) + "\n";
+    }
+  }
+  return out;
+}
+
 namespace {
 double gib(std::size_t b) { return static_cast<double>(b) / static_cast<double>(std::size_t{1} << 30); }
 }  // namespace

@@ -53,6 +53,11 @@ HfPrediction predict_hf(const HfJob& job, const HfPredictOptions& o);
 // activation, logits and loss tensor scales with it).
 std::int64_t largest_micro_batch(HfJob job, const HfPredictOptions& o, std::int64_t limit = 1 << 16);
 
+// The schedule as text, one line per event: `a BYTES CATEGORY LABEL` (allocations numbered from
+// 0), `f N` (the free of allocation N), `# PHASE` (tools/predict/trace_to_events.py writes the
+// recorded GPU runs in the same form).
+std::string schedule_text(const std::vector<ScheduleEvent>& ev);
+
 // The record `plan --stack hf-trainer --json` writes.
 nlohmann::json prediction_json(const HfJob& job, const HfPredictOptions& o, const HfPrediction& p,
                                std::int64_t largest);

@@ -266,14 +266,15 @@ RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
   Id add = t.alloc(d.BT * 4, Tmp, "rmsnorm var+eps");
   s.rsqrt = t.alloc(d.BT * 4, A, "rmsnorm rsqrt");
   t.free(add);
+  Id xr = 0;
   if (d.e_r == 2) {
-    Id xr = t.alloc(n * 4, Tmp, "rmsnorm x*rsqrt");
+    xr = t.alloc(n * 4, Tmp, "rmsnorm x*rsqrt");
     s.xr = t.alloc(n * 2, A, "rmsnorm .to(bf16)");
-    t.free(xr);
   } else {
     s.xr = t.alloc(n * 4, A, "rmsnorm x*rsqrt");
   }
   s.out = t.alloc(n * d.e_r, A, "rmsnorm output");
+  t.free(xr);
   t.free(var);
   return s;
 }
@@ -460,19 +461,20 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * scaling");
     t.free(scores);
     // + causal mask, which is in the embeddings' dtype (fp32 under autocast: the sum is fp32)
-    Id masked = t.alloc(bhtt * std::max(d.e_c, d.e_r), Tmp, "scores + mask");
+    const u64 e_masked = std::max(d.e_c, d.e_r);
+    Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
     t.free(scaled);
+    // softmax(dtype=fp32) converts a bf16 input to fp32 first (a transient copy)
+    Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
     s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
-    t.free(masked);
+    t.free(conv);
     // .to(query.dtype) is a cast when q is bf16 (bf16 weights); autocast's matmul casts it too.
     if (d.e_rope == 2 || ac) s.probs16 = t.alloc(bhtt * 2, A, ac ? "autocast cast of probs" : "probs.to(bf16)");
+    t.free(masked);  // attn_weights is rebound
     Id o = t.alloc(d.BT * d.qd * d.e_c, Tmp, "probs @ v");
     s.ctx = t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
     t.free(o);
     t.free(k_rep);
-    t.free(k_embed);
-    if (ac) t.free(s.q_embed);  // its cast is what bmm saved
-    if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   } else {
     // sdpa on the flash kernel with enable_gqa (no S x S matrix): saves q, k, v, the output and
     // the log-sum-exp (fp32 [B, heads, T]); modelled from the kernel's source
@@ -495,6 +497,12 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   }
   Id ctx_unused = 0;
   Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
+  // LlamaAttention.forward returns: its locals go.
+  if (d.eager || d.e_c == 4) {
+    t.free(k_embed);
+    if (ac) t.free(s.q_embed);  // its cast is what bmm saved
+    if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
+  }
   if (ac) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
   s.h1 = t.alloc(d.BT * d.H * d.e_r, A, "residual + attention");
   t.free(o_out);
@@ -512,6 +520,91 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
 
 // Backward of one layer, given the gradient of its output `g` (residual dtype); returns the
 // gradient of its input.
+// Without autocast (fp32, or bf16 weights), eager attention's backward down to the layer's input,
+// in the order the recorded CUDA run shows: probs @ v backward (the output gradient made
+// contiguous; grad v before grad probs), softmax backward through its fp32 upcast (with one
+// transient of the probs' size), the scaling, q @ k^T backward, repeat_kv's sums, rotary
+// backward, then v/k/q projections each on a contiguous copy of its output gradient, their input
+// gradients summed (the first sum out of place), then input_layernorm.
+void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id& g_ctx,
+                                    Id& g_res, Id& x_in) {
+  const u64 e = d.e_c;
+  const u64 rep = d.nh / d.nkv;
+  const u64 bhtt = d.B * d.nh * d.T * d.T;
+  const u64 nq = d.BT * d.qd, nk = d.BT * d.kvd;
+  Id gc = t.alloc(nq * e, Tmp, "grad contiguous");
+  t.free(g_ctx);
+  Id gv_rep = t.alloc(nq * e, Tmp, "grad v (repeated)");
+  Id gp = t.alloc(bhtt * e, Tmp, "grad probs");
+  t.free(gc);
+  t.free(s.v_rep);
+  t.free(s.probs16);
+  if (e != 4) {
+    Id gp32 = t.alloc(bhtt * 4, Tmp, "grad probs to fp32");
+    t.free(gp);
+    gp = gp32;
+  }
+  Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
+  Id tmp = t.alloc(bhtt * 4, Tmp, "softmax backward grad*out");
+  t.free(tmp);
+  t.free(gp);
+  t.free(s.probs32);
+  if (e != 4) {
+    Id g16 = t.alloc(bhtt * e, Tmp, "softmax backward to the input dtype");
+    t.free(gsm);
+    gsm = g16;
+  }
+  Id gsc = t.alloc(bhtt * e, Tmp, "scaling backward");
+  t.free(gsm);
+  Id gk_rep = t.alloc(nq * e, Tmp, "grad k (repeated)");
+  Id gq = t.alloc(nq * e, Tmp, "grad q");
+  t.free(gsc);
+  t.free(s.kT);
+  t.free(s.q_embed);
+  Id gv = gv_rep, gk = gk_rep;
+  if (rep > 1) {
+    gv = t.alloc(nk * e, Tmp, "repeat_kv backward (v)");
+    t.free(gv_rep);
+    gk = t.alloc(nk * e, Tmp, "repeat_kv backward (k)");
+    t.free(gk_rep);
+  }
+  auto rope_bw = [&](Id& g, u64 n) {
+    Id a = t.alloc(n * e, Tmp, "rope grad g*sin");
+    Id neg = t.alloc(n / 2 * e, Tmp, "rope grad neg");
+    Id res = t.alloc(n * e, Tmp, "rope grad");
+    t.free(neg);
+    Id c = t.alloc(n * e, Tmp, "rope grad g*cos");
+    t.free(a);
+    t.free(c);
+    Id acc = t.alloc(n * e, Tmp, "rope grad sum");
+    t.free(g);
+    t.free(acc);
+    return res;
+  };
+  Id gk2 = rope_bw(gk, nk);
+  Id gq2 = rope_bw(gq, nq);
+  auto proj_bw = [&](Param& w, Id& g, u64 out_f) {
+    Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
+    t.free(g);
+    gemm_workspace(t, m.ws_autograd);
+    Id gw = t.alloc(out_f * d.H * d.e_w, Category::kGradients, "weight grad");
+    accumulate(t, w, gw);
+    Id gin = t.alloc(d.BT * d.H * e, Tmp, "input grad");
+    t.free(cont);
+    return gin;
+  };
+  Id gin_v = proj_bw(p.v, gv, d.kvd);
+  Id gin_k = proj_bw(p.k, gk2, d.kvd);
+  Id sum = t.alloc(d.BT * d.H * e, Tmp, "input grad sum");
+  t.free(gin_v);
+  t.free(gin_k);
+  Id gin_q = proj_bw(p.q, gq2, d.qd);
+  t.free(s.n1.out);
+  t.free(gin_q);  // added in place into the sum
+  t.free(s.v);
+  rms_backward(t, d, s.n1, p.ln1, sum, g_res, x_in);
+}
+
 void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id& g_res, Id& x_in) {
   const bool ac = d.autocast;
   const u64 rep = d.nh / d.nkv;
@@ -539,7 +632,15 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   t.free(g_act);
   t.free(s.gate);
   Id gn2b = linear_backward(t, d, m, p.gate, g_gate, d.H, d.I, s.wg, s.in_g, ac);
-  t.free(gn2b);  // added in place into gn2
+  if (ac) {
+    t.free(gn2b);  // added in place into the fp32 buffer (a cast it owns)
+  } else {
+    // autograd's InputBuffer: the first sum of two matmul outputs is out of place
+    Id sum = t.alloc(d.BT * d.H * d.e_c, Tmp, "input grad sum");
+    t.free(gn2);
+    t.free(gn2b);
+    gn2 = sum;
+  }
   if (!ac) t.free(s.n2.out);
   rms_backward(t, d, s.n2, p.ln2, gn2, g_res, s.h1);
   // attention branch
@@ -556,6 +657,10 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   }
   t.free(s.ctx);
   Id gq, gk, gv;
+  if (!ac && (d.eager || d.e_c == 4)) {
+    eager_attention_backward_plain(t, d, m, p, s, g_ctx, g_res, x_in);
+    return;
+  }
   if (d.eager || d.e_c == 4) {
     // probs @ v backward: grad probs and grad v (the transposed gradient made contiguous first)
     Id gc = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad contiguous");
