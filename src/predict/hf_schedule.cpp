@@ -883,24 +883,34 @@ void clip_grad_norm(Tape& t, Model& m) {
   t.free(total);
 }
 
-// AdamW: states created lazily on the first step (exp_avg, exp_avg_sq per parameter in order;
-// step counters on the CPU); foreach path: _foreach_sqrt(exp_avg_sqs) is the only new memory,
-// freed as the Python list dies (CPython frees list items from the last). The fused path makes
-// no temporaries.
+// AdamW over the Trainer's two parameter groups (get_decay_parameter_names: weight decay on all
+// but biases and norm weights; the group is made even when weight_decay is 0), each stepped on
+// its own: states created lazily on the first step (exp_avg, exp_avg_sq per parameter in the
+// group's order; step counters on the CPU); foreach path: _foreach_sqrt(exp_avg_sqs) is the only
+// new memory, freed as the Python list dies (CPython frees list items from the last). The fused
+// path makes no temporaries.
 void optimizer_step(Tape& t, Model& m, bool fused, bool& states) {
   t.phase("optimizer_step");
-  if (!states) {
-    for (Param* p : m.order) {
-      p->exp_avg = t.alloc(p->bytes, Category::kOptimizerStates, "exp_avg");
-      p->exp_avg_sq = t.alloc(p->bytes, Category::kOptimizerStates, "exp_avg_sq");
+  std::vector<Param*> groups[2];
+  for (Param* p : m.order) {
+    const std::string_view name = p->name;
+    const bool norm = name.find("norm") != std::string_view::npos;
+    groups[norm ? 1 : 0].push_back(p);
+  }
+  for (auto& group : groups) {
+    if (!states) {
+      for (Param* p : group) {
+        p->exp_avg = t.alloc(p->bytes, Category::kOptimizerStates, "exp_avg");
+        p->exp_avg_sq = t.alloc(p->bytes, Category::kOptimizerStates, "exp_avg_sq");
+      }
     }
-    states = true;
+    if (!fused) {
+      std::vector<Id> sq;
+      for (Param* p : group) sq.push_back(t.alloc(p->bytes, Category::kOptimizerTemporaries, "foreach sqrt(exp_avg_sq)"));
+      for (auto it = sq.rbegin(); it != sq.rend(); ++it) t.free(*it);
+    }
   }
-  if (!fused) {
-    std::vector<Id> sq;
-    for (Param* p : m.order) sq.push_back(t.alloc(p->bytes, Category::kOptimizerTemporaries, "foreach sqrt(exp_avg_sq)"));
-    for (auto it = sq.rbegin(); it != sq.rend(); ++it) t.free(*it);
-  }
+  states = true;
 }
 
 }  // namespace
