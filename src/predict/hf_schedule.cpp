@@ -801,23 +801,33 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
   // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
   // copy), cross_entropy = log_softmax (saved, fp32) + nll_loss.
   Id lf = d.e_c == 4 ? 0 : t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits.float()");
-  Id shift = t.alloc(d.BT * 8 + 48, Category::kInputs, "shift_labels");
+  Id pad = t.alloc(d.B * (d.T + 1) * 8, Category::kInputs, "labels padded with -100");
+  Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
   Id ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+  // nll_loss's total weight and the loss, num_items_in_batch and its device copy (0-d tensors
+  // alive until backward is done: the scalars the CPU trace shows live at backward)
+  Id scalars[5] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
+                   t.alloc(4, Category::kLogitsLoss, "loss"),
+                   t.alloc(8, Category::kInputs, "num_items_in_batch"),
+                   t.alloc(8, Category::kInputs, "ignore mask count"),
+                   t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
   t.free(lf);
+  t.free(pad);
   if (d.autocast) t.free(fn.out);
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                                    : 0;
   t.free(logits);
-  t.phase("backward");
-  t.free(out32);
+  t.free(out32);  // compute_loss returns: the outputs go
   t.free(ids);
+  t.phase("backward");
   // nll_loss backward, log_softmax backward
   Id g_nll = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
   Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
   t.free(g_nll);
   t.free(ls);
   t.free(shift);
+  for (Id& sc : scalars) t.free(sc);
   Id g_logits = g_ls;
   if (d.e_c != 4) {
     g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
