@@ -47,7 +47,7 @@ def main():
     exe = os.path.join(a.build, "scalelab")
     rows = measured(a.results)
     print("| config | measured reserved | predicted reserved | error | measured allocated | predicted allocated | error | "
-          "largest mb (64 GiB) | predict ms |")
+          "largest mb (64 GiB) | plan command ms (process + search) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst_r = worst_a = 0.0
     for r in rows:
