@@ -69,8 +69,6 @@ void validate_job(const HfJob& j) {
     bad("--attn " + j.attn + " — use eager, or flash (attn_implementation sdpa)");
   if (j.fused_kernels)
     bad("--fused-kernels (Liger) is not modelled yet for hf-trainer — drop the flag (docs/predict.md)");
-  if (j.activation_checkpointing)
-    bad("--activation-checkpointing is not modelled yet for hf-trainer — drop the flag (docs/predict.md)");
   if (j.grad_accum_steps < 1) bad("--grad-accum-steps must be at least 1");
   if (j.optimizer != "adamw_torch" && j.optimizer != "adamw_torch_fused")
     bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
@@ -753,6 +751,18 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   rms_backward(t, d, s.n1, p.ln1, gn1, g_res, x_in);
 }
 
+// Activation checkpointing (transformers 5.17: torch.utils.checkpoint with use_reentrant=False):
+// the layer runs with its saved tensors packed into handles, so they go as soon as nothing else
+// holds them; what stays is the checkpoint frame's arguments (the layer input, the mask and the
+// rotary tables) and, under autocast, the weight casts in autocast's cache until the forward ends.
+void drop_saved(Tape& t, LayerSaved& s) {
+  Id* ids[] = {&s.n1.x32, &s.n1.rsqrt, &s.n1.xr, &s.n1.out, &s.n2.x32, &s.n2.rsqrt, &s.n2.xr, &s.n2.out,
+               &s.in_q,   &s.in_k,    &s.in_v,  &s.q_embed, &s.q16,   &s.kT,       &s.probs32, &s.probs16,
+               &s.v_rep,  &s.v,       &s.lse,   &s.attn_out_sdpa, &s.ctx, &s.h1,   &s.in_g,   &s.in_u,
+               &s.gate,   &s.act,     &s.up,    &s.prod};
+  for (Id* id : ids) t.free(*id);
+}
+
 struct StepState {
   Model m;
   bool states = false;
@@ -772,9 +782,18 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
   Id sin = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary sin");
   std::vector<LayerSaved> saved(d.L);
   Id layer_in = x;
+  const bool ckpt = j.activation_checkpointing;
+  std::vector<Id> cached_casts;
   for (u64 l = 0; l < d.L; ++l) {
     layer_forward(t, d, m, m.layers[l], saved[l], layer_in, mask);
-    if (d.e_r == 2) {
+    if (ckpt) {
+      drop_saved(t, saved[l]);
+      LayerSaved& s = saved[l];
+      for (Id* w : {&s.wq, &s.wk, &s.wv, &s.wo, &s.wg, &s.wu, &s.wd}) {
+        if (*w != 0) cached_casts.push_back(*w);
+        *w = 0;
+      }
+    } else if (d.e_r == 2) {
       // bf16 residual stream: the norms save their fp32 upcasts, not the layer's input or h1;
       // both go when the decoder loop rebinds hidden_states (the embedding output is held by
       // LlamaModel.forward until it returns).
@@ -784,11 +803,11 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
     layer_in = saved[l].out;
   }
   RmsSaved fn = rms_forward(t, d, layer_in);
-  if (d.e_r == 2) {
+  if (d.e_r == 2 && !ckpt) {
     t.free(saved[d.L - 1].out);
     t.free(x);
   }
-  t.free(mask);
+  if (!ckpt) t.free(mask);  // else the checkpoint frames hold it until their backward
   // lm_head on the last hidden states (logits_to_keep = 0: all positions)
   Id wl = 0, inl = 0;
   Param& head = m.tied ? m.embed : m.lm_head;
@@ -813,6 +832,7 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
                    t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
   t.free(lf);
   t.free(pad);
+  for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
   if (d.autocast) t.free(fn.out);
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
@@ -856,7 +876,20 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
   if (!d.autocast) t.free(fn.out);
   Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers
   rms_backward(t, d, fn, m.norm, gh, g_res, saved[d.L - 1].out);
-  for (u64 l = d.L; l-- > 0;) layer_backward(t, d, m, m.layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
+  for (u64 l = d.L; l-- > 0;) {
+    Id& x_in = l > 0 ? saved[l - 1].out : x;
+    if (ckpt) {
+      // the first unpack recomputes the layer's forward (with grad, under the recorded autocast
+      // state); early stop: the recomputed output is not needed and goes.
+      LayerSaved r;
+      layer_forward(t, d, m, m.layers[l], r, x_in, mask);
+      t.free(r.out);
+      if (d.e_r == 2) t.free(r.h1);
+      saved[l] = r;
+    }
+    layer_backward(t, d, m, m.layers[l], saved[l], g_res, x_in);
+  }
+  t.free(mask);
   // embedding backward (CUDA embedding_dense_backward: sort-based; the dense [V, H] gradient)
   Id sorted = t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices");
   Id orig = t.alloc(d.BT * 8, Tmp, "embedding backward original indices");
