@@ -80,6 +80,7 @@ def matrix(tiny):
     add("opt-bf16mixed-eager-mb4", O, 4, mixed="bf16")
     add("opt-bf16-sdpa-mb8", O, 8, prec="bf16", mixed="bf16", attn="sdpa")
     add("llama-fp32-eager-mb6-ckpt", L, 6, ckpt=True)
+    add("llama-bf16-sdpa-mb6-ckpt", L, 6, prec="bf16", mixed="bf16", attn="sdpa", ckpt=True)
     return rows
 
 
