@@ -42,9 +42,16 @@ void validate_job(const HfJob& j) {
   if (j.versions.transformers != kSupportedTransformers)
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers);
-  if (j.model.family != ModelFamily::kLlama)
+  if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT)
     bad(std::string("model family '") + family_name(j.model.family) +
-        "' has no hf-trainer schedule yet — supported: llama (OPT and Qwen2 are not modelled)");
+        "' has no hf-trainer schedule yet — supported: llama, opt (Qwen2 is not modelled)");
+  if (j.model.family == ModelFamily::kOPT) {
+    if (j.model.word_embed_proj_dim != j.model.hidden_size)
+      bad("OPT with word_embed_proj_dim != hidden_size (project_in/out, opt-350m) is not modelled");
+    if (!j.model.do_layer_norm_before) bad("OPT with do_layer_norm_before = false is not modelled");
+    if (j.model.activation_function != "relu") bad("OPT with activation " + j.model.activation_function + " is not modelled");
+    if (j.activation_checkpointing) bad("--activation-checkpointing is modelled for llama only");
+  }
   if (j.micro_batch < 1) bad("--micro-batch-size must be at least 1 (got " + std::to_string(j.micro_batch) + ")");
   if (j.seq_len < 1) bad("--seq-len must be at least 1 (got " + std::to_string(j.seq_len) + ")");
   if (j.seq_len > j.model.max_position_embeddings)
@@ -148,6 +155,14 @@ struct Model {
   Id inv_freq = 0, inv_freq_orig = 0;
   Id ws_main = 0, ws_autograd = 0;
   std::vector<Param*> order;  // module order: the optimizer's and zero_grad's
+  // OPT
+  struct OptLayer {
+    Param k, kb, v, vb, q, qb, o, ob, ln1w, ln1b, fc1, fc1b, fc2, fc2b, ln2w, ln2b;
+  };
+  std::vector<OptLayer> opt_layers;
+  Param pos, flnw, flnb;
+  bool opt = false;
+  bool final_ln = true;
 };
 
 // What one decoder layer's forward leaves for its backward.
@@ -763,6 +778,439 @@ void drop_saved(Tape& t, LayerSaved& s) {
   for (Id* id : ids) t.free(*id);
 }
 
+// The LM head and ForCausalLMLoss, shared by the families: lm_head on the last hidden states
+// (logits_to_keep = 0: all positions); the loss: logits.float() (a copy unless fp32), labels
+// padded and shifted (no logits copy), cross_entropy = log_softmax (saved, fp32) + nll_loss; the
+// autocast cache goes when the forward returns; accelerate's convert_outputs_to_fp32 under mixed
+// precision; compute_loss returns and the outputs go. Ends at the backward marker.
+struct Head {
+  Id wl = 0, inl = 0, shift = 0, ls = 0;
+  Id scalars[5] = {};
+};
+
+Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& final_out, Id& ids) {
+  Head h;
+  Id& wl = h.wl;
+  Id& inl = h.inl;
+  Id logits = 0;
+  if (d.autocast) {
+    wl = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight");
+    inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
+  }
+  logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "logits");
+  // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
+  // copy), cross_entropy = log_softmax (saved, fp32) + nll_loss.
+  Id lf = d.e_c == 4 ? 0 : t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits.float()");
+  Id pad = t.alloc(d.B * (d.T + 1) * 8, Category::kInputs, "labels padded with -100");
+  h.shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
+  h.ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+  // nll_loss's total weight and the loss, num_items_in_batch and its device copy (0-d tensors
+  // alive until backward is done: the scalars the CPU trace shows live at backward)
+  Id* sc = h.scalars;
+  Id init[5] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
+                   t.alloc(4, Category::kLogitsLoss, "loss"),
+                   t.alloc(8, Category::kInputs, "num_items_in_batch"),
+                   t.alloc(8, Category::kInputs, "ignore mask count"),
+                   t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
+  for (int i = 0; i < 5; ++i) sc[i] = init[i];
+  t.free(lf);
+  t.free(pad);
+  for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
+  if (d.autocast) t.free(final_out);
+  // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
+  Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
+                                   : 0;
+  t.free(logits);
+  t.free(out32);  // compute_loss returns: the outputs go
+  t.free(ids);
+  t.phase("backward");
+  return h;
+}
+
+// Its backward down to the gradient of the final norm's output.
+Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out) {
+  Id& wl = h.wl;
+  Id& inl = h.inl;
+  // nll_loss backward, log_softmax backward
+  Id g_nll = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
+  Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
+  t.free(g_nll);
+  t.free(h.ls);
+  t.free(h.shift);
+  for (Id& sc : h.scalars) t.free(sc);
+  Id g_logits = g_ls;
+  if (d.e_c != 4) {
+    g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
+    t.free(g_ls);
+  }
+  // lm_head backward
+  gemm_workspace(t, m.ws_autograd);
+  Id gh;
+  if (d.autocast) {
+    Id gw16 = t.alloc(d.V * d.H * 2, Tmp, "lm_head weight grad (bf16)");
+    Id gin16 = t.alloc(d.BT * d.H * 2, Tmp, "grad final norm output");
+    t.free(g_logits);
+    t.free(wl);
+    t.free(inl);
+    gh = t.alloc(d.BT * d.H * 4, Tmp, "grad final norm output (fp32)");
+    t.free(gin16);
+    Id gw = t.alloc(d.V * d.H * 4, Category::kGradients, "lm_head weight grad");
+    t.free(gw16);
+    accumulate(t, head, gw);
+  } else {
+    Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "lm_head weight grad");
+    gh = t.alloc(d.BT * d.H * d.e_c, Tmp, "grad final norm output");
+    t.free(g_logits);
+    accumulate(t, head, gw);
+  }
+  if (!d.autocast) t.free(final_out);
+  return gh;
+}
+
+
+// ---- OPT (transformers' OPTForCausalLM: pre-LayerNorm, learned positions, biases, ReLU) ----
+
+// Model.to(device) for OPT: OPTDecoder registers embed_tokens, embed_positions, (project_out /
+// project_in when word_embed_proj_dim differs: refused), final_layer_norm, then the layers; a
+// layer: self_attn (k, v, q, out_proj), self_attn_layer_norm, fc1, fc2, final_layer_norm.
+void load_opt(Tape& t, Model& m, const Dims& d, const ModelConfig& c) {
+  m.opt = true;
+  m.tied = c.tie_word_embeddings;
+  m.final_ln = c.has_final_layer_norm();
+  m.opt_layers.resize(d.L);
+  const u64 e = d.e_w, H = d.H, I = d.I;
+  add_param(m, m.embed, d.V * H * e, "model.decoder.embed_tokens.weight");
+  add_param(m, m.pos, (static_cast<u64>(c.max_position_embeddings) + 2) * H * e, "embed_positions.weight");
+  if (m.final_ln) {
+    add_param(m, m.flnw, H * e, "decoder.final_layer_norm.weight");
+    add_param(m, m.flnb, H * e, "decoder.final_layer_norm.bias");
+  }
+  for (auto& l : m.opt_layers) {
+    add_param(m, l.k, H * H * e, "k_proj.weight");
+    add_param(m, l.kb, H * e, "k_proj.bias");
+    add_param(m, l.v, H * H * e, "v_proj.weight");
+    add_param(m, l.vb, H * e, "v_proj.bias");
+    add_param(m, l.q, H * H * e, "q_proj.weight");
+    add_param(m, l.qb, H * e, "q_proj.bias");
+    add_param(m, l.o, H * H * e, "out_proj.weight");
+    add_param(m, l.ob, H * e, "out_proj.bias");
+    add_param(m, l.ln1w, H * e, "self_attn_layer_norm.weight");
+    add_param(m, l.ln1b, H * e, "self_attn_layer_norm.bias");
+    add_param(m, l.fc1, I * H * e, "fc1.weight");
+    add_param(m, l.fc1b, I * e, "fc1.bias");
+    add_param(m, l.fc2, H * I * e, "fc2.weight");
+    add_param(m, l.fc2b, H * e, "fc2.bias");
+    add_param(m, l.ln2w, H * e, "final_layer_norm.weight");
+    add_param(m, l.ln2b, H * e, "final_layer_norm.bias");
+  }
+  if (!m.tied) add_param(m, m.lm_head, d.V * H * e, "lm_head.weight");
+  for (Param* p : m.order) p->weight = t.alloc(p->bytes, Category::kWeights, p->name);
+}
+
+struct LnSaved {
+  Id out = 0, mean = 0, rstd = 0;
+};
+// nn.LayerNorm (native_layer_norm): the output, and the fp32 mean / rstd it saves with its input.
+LnSaved ln_forward(Tape& t, const Dims& d) {
+  LnSaved s;
+  s.out = t.alloc(d.BT * d.H * d.e_r, A, "layer_norm output");
+  s.mean = t.alloc(d.BT * 4, A, "layer_norm mean");
+  s.rstd = t.alloc(d.BT * 4, A, "layer_norm rstd");
+  return s;
+}
+// native_layer_norm_backward: the input gradient (added into the residual buffer, or becoming it)
+// and the weight / bias gradients.
+void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_in, Id& g_res, Id& x_in) {
+  Id gx = t.alloc(d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
+  Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
+  Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
+  t.free(g_in);
+  t.free(s.out);
+  t.free(s.mean);
+  t.free(s.rstd);
+  t.free(x_in);
+  accumulate(t, w, gw);
+  accumulate(t, b, gb);
+  if (g_res == 0) {
+    g_res = gx;
+  } else {
+    t.free(gx);
+  }
+}
+
+struct OptSaved {
+  LnSaved ln1, ln2;
+  Id in_q = 0, in_k = 0, in_v = 0, in_fc1 = 0;
+  Id casts[16] = {};
+  int ncasts = 0;
+  Id qc = 0, kT = 0, vc = 0, probs32 = 0, probs16 = 0, ctx = 0, lse = 0, attn_out = 0, q_s = 0, k = 0, v = 0;
+  Id h1 = 0, relu = 0, out = 0;
+};
+
+// Linear with bias (addmm): autocast casts the weight and the bias (cached) and the input (saved).
+Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f, bool in_is_compute, Id* incast,
+              const char* label) {
+  if (d.autocast) {
+    s.casts[s.ncasts++] = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
+    s.casts[s.ncasts++] = t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast");
+    if (!in_is_compute && incast != nullptr) *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
+  }
+  gemm_workspace(t, m.ws_main);
+  return t.alloc(d.BT * out_f * d.e_c, A, label);
+}
+
+void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
+  (void)mask;
+  const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
+  const bool ac = d.autocast;
+  s.ln1 = ln_forward(t, d);
+  Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
+  s.q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
+  t.free(q);
+  s.k = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_k, "k_proj output");
+  s.v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
+  if (d.eager || d.e_c == 4) {
+    // [B, heads, T, hd] views of [B, T, H] buffers: bmm needs copies of q and k^T (saved)
+    s.qc = t.alloc(nq * d.e_c, A, "q contiguous for bmm");
+    s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
+    Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
+    Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
+    t.free(scores);
+    const u64 e_masked = std::max(d.e_c, d.e_r);
+    Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
+    t.free(scaled);
+    Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
+    s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
+    t.free(conv);
+    if (d.e_c == 2) s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
+    t.free(masked);
+    s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
+    Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
+    s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
+    t.free(o);
+  } else {
+    s.attn_out = t.alloc(nq * d.e_c, A, "flash attention output");
+    s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
+  }
+  Id o_out = opt_linear(t, d, m, s, d.H, d.H, true, nullptr, "out_proj output");
+  if (d.eager || d.e_c == 4) {  // locals of the attention go; flash saved q, k, v themselves
+    t.free(s.q_s);
+    t.free(s.k);
+    t.free(s.v);
+  }
+  if (ac) t.free(s.ln1.out);
+  s.h1 = t.alloc(nq * d.e_r, A, "residual + attention");
+  t.free(o_out);
+  s.ln2 = ln_forward(t, d);
+  Id fc1 = opt_linear(t, d, m, s, d.H, d.I, false, &s.in_fc1, "fc1 output");
+  s.relu = t.alloc(d.BT * d.I * d.e_c, A, "relu (saved)");
+  t.free(fc1);
+  Id fc2 = opt_linear(t, d, m, s, d.I, d.H, true, nullptr, "fc2 output");
+  if (ac) t.free(s.ln2.out);
+  s.out = t.alloc(nq * d.e_r, A, "residual + mlp");
+  t.free(fc2);
+}
+
+// addmm backward: weight grad, input grad, bias grad (a reduction over the rows).
+Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id& g, u64 in_f, u64 out_f,
+                       bool in_was_cast, bool contiguous_copy) {
+  gemm_workspace(t, m.ws_autograd);
+  Id cont = contiguous_copy ? t.alloc(d.BT * out_f * d.e_c, Tmp, "grad contiguous") : 0;
+  if (cont) t.free(g);
+  Id gw = t.alloc(in_f * out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "weight grad");
+  Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  Id gb = t.alloc(out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "bias grad");
+  t.free(cont);
+  t.free(g);
+  if (d.autocast) {
+    if (in_was_cast) {
+      Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
+      t.free(gin);
+      gin = g32;
+    }
+    Id w32 = t.alloc(in_f * out_f * 4, Category::kGradients, "weight grad");
+    t.free(gw);
+    gw = w32;
+    Id b32 = t.alloc(out_f * 4, Category::kGradients, "bias grad");
+    t.free(gb);
+    gb = b32;
+  }
+  accumulate(t, w, gw);
+  accumulate(t, b, gb);
+  return gin;
+}
+
+void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, OptSaved& s, Id& g_res, Id& x_in) {
+  const bool ac = d.autocast;
+  const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
+  for (int i = 0; i < s.ncasts; ++i) {
+    // the weight casts are released with their matmul's backward; modelled as going together
+  }
+  // MLP branch
+  Id g2 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the mlp branch") : 0;
+  Id g_fc2_in = g2 ? g2 : 0;
+  Id g_relu;
+  {
+    Id gsrc = g2;
+    if (!ac) {
+      gemm_workspace(t, m.ws_autograd);
+      Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
+      g_relu = t.alloc(d.BT * d.I * d.e_c, Tmp, "input grad");
+      Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
+      accumulate(t, p.fc2, gw);
+      accumulate(t, p.fc2b, gb);
+    } else {
+      g_relu = opt_linear_backward(t, d, m, p.fc2, p.fc2b, gsrc, d.I, d.H, false, false);
+    }
+  }
+  (void)g_fc2_in;
+  Id g_fc1 = t.alloc(d.BT * d.I * d.e_c, Tmp, "relu backward");
+  t.free(g_relu);
+  t.free(s.relu);
+  Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, ac, false);
+  t.free(s.in_fc1);
+  ln_backward(t, d, s.ln2, p.ln2w, p.ln2b, g_ln2, g_res, s.h1);
+  // attention branch
+  Id g1 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the attention branch") : 0;
+  Id g_ctx;
+  if (!ac) {
+    gemm_workspace(t, m.ws_autograd);
+    Id gw = t.alloc(d.H * d.H * d.e_w, Category::kGradients, "weight grad");
+    g_ctx = t.alloc(nq * d.e_c, Tmp, "input grad");
+    Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
+    accumulate(t, p.o, gw);
+    accumulate(t, p.ob, gb);
+  } else {
+    g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false);
+  }
+  t.free(s.ctx);
+  t.free(s.attn_out);
+  Id gq, gk, gv;
+  if (d.eager || d.e_c == 4) {
+    Id gc = t.alloc(nq * d.e_c, Tmp, "grad contiguous");
+    t.free(g_ctx);
+    gv = t.alloc(nq * d.e_c, Tmp, "grad v");
+    Id gp = t.alloc(bhtt * d.e_c, Tmp, "grad probs");
+    t.free(gc);
+    t.free(s.vc);
+    t.free(s.probs16);
+    if (d.e_c != 4) {
+      Id gp32 = t.alloc(bhtt * 4, Tmp, "grad probs to fp32");
+      t.free(gp);
+      gp = gp32;
+    }
+    Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
+    Id tmp = t.alloc(bhtt * 4, Tmp, "softmax backward grad*out");
+    t.free(tmp);
+    t.free(gp);
+    t.free(s.probs32);
+    if (std::max(d.e_c, d.e_r) != 4) {
+      Id g16 = t.alloc(bhtt * d.e_c, Tmp, "softmax backward to the input dtype");
+      t.free(gsm);
+      gsm = g16;
+    }
+    Id gsc = t.alloc(bhtt * d.e_c, Tmp, "scaling (1.0) backward");
+    t.free(gsm);
+    gk = t.alloc(nq * d.e_c, Tmp, "grad k");
+    gq = t.alloc(nq * d.e_c, Tmp, "grad q");
+    t.free(gsc);
+    t.free(s.qc);
+    t.free(s.kT);
+  } else {
+    gq = t.alloc(nq * d.e_c, Tmp, "grad q");
+    gk = t.alloc(nq * d.e_c, Tmp, "grad k");
+    gv = t.alloc(nq * d.e_c, Tmp, "grad v");
+    Id softmax_d = t.alloc(d.B * d.nh * d.T * 4, Tmp, "flash softmax_d");
+    Id dq_acc = t.alloc(nq * 4, Tmp, "flash dq accumulator");
+    t.free(dq_acc);
+    t.free(softmax_d);
+    t.free(g_ctx);
+    t.free(s.lse);
+    t.free(s.q_s);
+    t.free(s.k);
+    t.free(s.v);
+  }
+  Id gq2 = t.alloc(nq * d.e_c, Tmp, "q scaling backward");
+  t.free(gq);
+  // v, k, q projections (reverse creation order) on contiguous copies of their output grads;
+  // the input grads sum (the first sum out of place)
+  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, ac, true);
+  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, ac, true);
+  Id sum = gin_v;
+  if (!ac) {
+    sum = t.alloc(nq * d.e_c, Tmp, "input grad sum");
+    t.free(gin_v);
+  }
+  t.free(gin_k);
+  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, ac, false);
+  t.free(gin_q);
+  t.free(s.in_q);
+  t.free(s.in_k);
+  t.free(s.in_v);
+  for (int i = 0; i < s.ncasts; ++i) t.free(s.casts[i]);
+  ln_backward(t, d, s.ln1, p.ln1w, p.ln1b, sum, g_res, x_in);
+}
+
+void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
+  Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
+  Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  t.phase("forward");
+  const u64 bt = d.BT;
+  Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");
+  // OPTDecoder: attention_mask = ones(B, T) (fp32), position_ids = cumsum(mask) * mask - 1
+  Id am = t.alloc(bt * 4, Category::kInputs, "attention_mask ones");
+  Id cs = t.alloc(bt * 4, Category::kInputs, "cumsum");
+  Id mul = t.alloc(bt * 4, Category::kInputs, "cumsum * mask");
+  t.free(cs);
+  Id sub = t.alloc(bt * 4, Category::kInputs, "- 1");
+  t.free(mul);
+  Id pid = t.alloc(bt * 8, Category::kInputs, "position_ids");
+  t.free(sub);
+  Id mask = d.eager || d.e_c == 4 ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
+  Id off = t.alloc(bt * 8, Category::kInputs, "position_ids + offset");
+  Id x_pos = t.alloc(bt * d.H * d.e_r, A, "embed_positions output");
+  t.free(off);
+  Id x = t.alloc(bt * d.H * d.e_r, A, "inputs_embeds + pos_embeds");
+  std::vector<OptSaved> saved(d.L);
+  Id layer_in = x;
+  for (u64 l = 0; l < d.L; ++l) {
+    opt_layer_forward(t, d, m, saved[l], mask);
+    layer_in = saved[l].out;
+  }
+  LnSaved fln;
+  if (m.final_ln) fln = ln_forward(t, d);
+  Id& final_out = m.final_ln ? fln.out : layer_in;
+  t.free(mask);
+  t.free(am);
+  t.free(pid);
+  t.free(x_tok);
+  t.free(x_pos);
+  std::vector<Id> none;
+  Param& head = m.tied ? m.embed : m.lm_head;
+  Head hd = head_forward(t, d, none, final_out, ids);
+  Id gh = head_backward(t, d, m, head, hd, final_out);
+  Id g_res = 0;
+  if (m.final_ln) {
+    ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, saved[d.L - 1].out);
+  } else {
+    g_res = gh;
+  }
+  for (u64 l = d.L; l-- > 0;) opt_layer_backward(t, d, m, m.opt_layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
+  // the embeddings' backward: positions, then tokens (dense gradients, sort buffers)
+  for (Param* p : {&m.pos, &m.embed}) {
+    Id sorted = t.alloc(bt * 8, Tmp, "embedding backward sorted indices");
+    Id orig = t.alloc(bt * 8, Tmp, "embedding backward original indices");
+    Id g = t.alloc(p->bytes, Category::kGradients, "embedding weight grad");
+    t.free(sorted);
+    t.free(orig);
+    accumulate(t, *p, g);
+  }
+  t.free(g_res);
+  t.free(x);
+  t.free(labels);
+  (void)j;
+}
+
 struct StepState {
   Model m;
   bool states = false;
@@ -808,72 +1256,9 @@ void forward_backward(Tape& t, const Dims& d, const HfJob& j, StepState& st) {
     t.free(x);
   }
   if (!ckpt) t.free(mask);  // else the checkpoint frames hold it until their backward
-  // lm_head on the last hidden states (logits_to_keep = 0: all positions)
-  Id wl = 0, inl = 0;
   Param& head = m.tied ? m.embed : m.lm_head;
-  Id logits = 0;
-  if (d.autocast) {
-    wl = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight");
-    inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
-  }
-  logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "logits");
-  // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
-  // copy), cross_entropy = log_softmax (saved, fp32) + nll_loss.
-  Id lf = d.e_c == 4 ? 0 : t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits.float()");
-  Id pad = t.alloc(d.B * (d.T + 1) * 8, Category::kInputs, "labels padded with -100");
-  Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
-  Id ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
-  // nll_loss's total weight and the loss, num_items_in_batch and its device copy (0-d tensors
-  // alive until backward is done: the scalars the CPU trace shows live at backward)
-  Id scalars[5] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
-                   t.alloc(4, Category::kLogitsLoss, "loss"),
-                   t.alloc(8, Category::kInputs, "num_items_in_batch"),
-                   t.alloc(8, Category::kInputs, "ignore mask count"),
-                   t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
-  t.free(lf);
-  t.free(pad);
-  for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
-  if (d.autocast) t.free(fn.out);
-  // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
-  Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
-                                   : 0;
-  t.free(logits);
-  t.free(out32);  // compute_loss returns: the outputs go
-  t.free(ids);
-  t.phase("backward");
-  // nll_loss backward, log_softmax backward
-  Id g_nll = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
-  Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
-  t.free(g_nll);
-  t.free(ls);
-  t.free(shift);
-  for (Id& sc : scalars) t.free(sc);
-  Id g_logits = g_ls;
-  if (d.e_c != 4) {
-    g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
-    t.free(g_ls);
-  }
-  // lm_head backward
-  gemm_workspace(t, m.ws_autograd);
-  Id gh;
-  if (d.autocast) {
-    Id gw16 = t.alloc(d.V * d.H * 2, Tmp, "lm_head weight grad (bf16)");
-    Id gin16 = t.alloc(d.BT * d.H * 2, Tmp, "grad final norm output");
-    t.free(g_logits);
-    t.free(wl);
-    t.free(inl);
-    gh = t.alloc(d.BT * d.H * 4, Tmp, "grad final norm output (fp32)");
-    t.free(gin16);
-    Id gw = t.alloc(d.V * d.H * 4, Category::kGradients, "lm_head weight grad");
-    t.free(gw16);
-    accumulate(t, head, gw);
-  } else {
-    Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "lm_head weight grad");
-    gh = t.alloc(d.BT * d.H * d.e_c, Tmp, "grad final norm output");
-    t.free(g_logits);
-    accumulate(t, head, gw);
-  }
-  if (!d.autocast) t.free(fn.out);
+  Head hd = head_forward(t, d, cached_casts, fn.out, ids);
+  Id gh = head_backward(t, d, m, head, hd, fn.out);
   Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers
   rms_backward(t, d, fn, m.norm, gh, g_res, saved[d.L - 1].out);
   for (u64 l = d.L; l-- > 0;) {
@@ -937,7 +1322,7 @@ void optimizer_step(Tape& t, Model& m, bool fused, bool& states) {
   std::vector<Param*> groups[2];
   for (Param* p : m.order) {
     const std::string_view name = p->name;
-    const bool norm = name.find("norm") != std::string_view::npos;
+    const bool norm = name.find("norm") != std::string_view::npos || name.find("bias") != std::string_view::npos;
     groups[norm ? 1 : 0].push_back(p);
   }
   for (auto& group : groups) {
@@ -965,9 +1350,20 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
   const Dims d = dims_of(job);
   StepState st;
   t.phase("load");
-  load_model(t, st.m, d, job.model.tie_word_embeddings);
+  const bool opt = job.model.family == ModelFamily::kOPT;
+  if (opt) {
+    load_opt(t, st.m, d, job.model);
+  } else {
+    load_model(t, st.m, d, job.model.tie_word_embeddings);
+  }
   for (std::int64_t step = 0; step < job.steps; ++step) {
-    for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) forward_backward(t, d, job, st);
+    for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
+      if (opt) {
+        opt_forward_backward(t, d, job, st.m);
+      } else {
+        forward_backward(t, d, job, st);
+      }
+    }
     t.phase("clip_grad_norm");
     if (job.max_grad_norm > 0) clip_grad_norm(t, st.m);
     optimizer_step(t, st.m, job.optimizer == "adamw_torch_fused", st.states);
