@@ -24,6 +24,8 @@ def flags(rec):
          "--attn", "flash" if rec["attn"] == "sdpa" else rec["attn"]]
     if rec.get("activation_checkpointing"):
         f.append("--activation-checkpointing")
+    if rec["model"].startswith("opt"):
+        f += ["--dropout", "0"]  # hf_memory.py runs OPT without dropout
     return f
 
 

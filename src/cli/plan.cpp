@@ -31,7 +31,7 @@ struct HfStackFlags {
 // Hugging Face Trainer (src/predict/), and the largest micro-batch that fits --device-memory.
 int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const CLI::App& app) {
   auto refuse = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
-  for (const char* flag : {"--freeze", "--dropout", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
+  for (const char* flag : {"--freeze", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
                            "--rank", "--profile", "--telemetry"}) {
     if (app.count(flag) > 0)
       refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
@@ -42,6 +42,11 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
     refuse("--device-memory is required: the GPU's total memory as torch reports it (e.g. 80GiB, 64GiB, 141GB)");
   predict::HfJob job;
   job.model = resolve_model(o.model);
+  if (app.count("--dropout") > 0) {
+    if (job.model.family != ModelFamily::kOPT) refuse("--dropout applies to OPT only (Llama has no dropout)");
+    if (o.dropout < 0 || o.dropout >= 1) refuse("--dropout must be in [0, 1)");
+    job.model.dropout = o.dropout;  // OPT's config "dropout": saved masks when > 0
+  }
   job.seq_len = o.seq_len;
   job.micro_batch = o.micro_batch_size;
   job.model_precision = o.model_precision;

@@ -133,6 +133,7 @@ struct Dims {
   bool autocast;  // fp32 weights with bf16/fp16 autocast: weight-cast cache, input casts
   bool mixed;     // Trainer bf16=/fp16= (accelerate's convert_outputs_to_fp32)
   bool eager;
+  bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
 };
 
 // One parameter: its tensor ids across steps.
@@ -208,6 +209,7 @@ Dims dims_of(const HfJob& j) {
   d.e_r = d.e_w;
   d.e_rope = d.e_w;  // cos/sin come in the residual dtype: q (compute dtype) * cos promotes to it
   d.eager = j.attn == "eager";
+  d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   return d;
 }
 
@@ -945,6 +947,7 @@ struct OptSaved {
   int ncasts = 0;
   Id qc = 0, kT = 0, vc = 0, probs32 = 0, probs16 = 0, ctx = 0, lse = 0, attn_out = 0, q_s = 0, k = 0, v = 0;
   Id h1 = 0, relu = 0, out = 0;
+  Id mask1 = 0, mask2 = 0;  // dropout masks (config dropout > 0)
 };
 
 // Linear with bias (addmm): autocast casts the weight and the bias (cached) and the input (saved).
@@ -999,6 +1002,12 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
     t.free(s.v);
   }
   if (ac) t.free(s.ln1.out);
+  if (d.dropout) {  // F.dropout(p > 0) on CUDA: native_dropout's output and its saved bool mask
+    Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
+    s.mask1 = t.alloc(nq, A, "dropout mask");
+    t.free(o_out);
+    o_out = dr;
+  }
   s.h1 = t.alloc(nq * d.e_r, A, "residual + attention");
   t.free(o_out);
   s.ln2 = ln_forward(t, d);
@@ -1007,6 +1016,12 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
   t.free(fc1);
   Id fc2 = opt_linear(t, d, m, s, d.I, d.H, true, nullptr, "fc2 output");
   if (ac) t.free(s.ln2.out);
+  if (d.dropout) {
+    Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
+    s.mask2 = t.alloc(nq, A, "dropout mask");
+    t.free(fc2);
+    fc2 = dr;
+  }
   s.out = t.alloc(nq * d.e_r, A, "residual + mlp");
   t.free(fc2);
 }
@@ -1046,8 +1061,14 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   for (int i = 0; i < s.ncasts; ++i) {
     // the weight casts are released with their matmul's backward; modelled as going together
   }
-  // MLP branch
-  Id g2 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the mlp branch") : 0;
+  // MLP branch (through fc2's dropout: grad * mask * scale, a new tensor)
+  Id gd2 = 0;
+  if (s.mask2) {
+    gd2 = t.alloc(nq * d.e_c, Tmp, "dropout backward");
+    t.free(s.mask2);
+  }
+  Id g2 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the mlp branch") : gd2;
+  if (ac) t.free(gd2);
   Id g_fc2_in = g2 ? g2 : 0;
   Id g_relu;
   {
@@ -1059,6 +1080,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
       Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
       accumulate(t, p.fc2, gw);
       accumulate(t, p.fc2b, gb);
+      t.free(gsrc);  // the dropout gradient, if any (else g_res itself, which stays)
     } else {
       g_relu = opt_linear_backward(t, d, m, p.fc2, p.fc2b, gsrc, d.I, d.H, false, false);
     }
@@ -1071,7 +1093,13 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   t.free(s.in_fc1);
   ln_backward(t, d, s.ln2, p.ln2w, p.ln2b, g_ln2, g_res, s.h1);
   // attention branch
-  Id g1 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the attention branch") : 0;
+  Id gd1 = 0;
+  if (s.mask1) {
+    gd1 = t.alloc(nq * d.e_c, Tmp, "dropout backward");
+    t.free(s.mask1);
+  }
+  Id g1 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the attention branch") : gd1;
+  if (ac) t.free(gd1);
   Id g_ctx;
   if (!ac) {
     gemm_workspace(t, m.ws_autograd);
@@ -1080,6 +1108,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
     accumulate(t, p.o, gw);
     accumulate(t, p.ob, gb);
+    t.free(g1);
   } else {
     g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false);
   }
