@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "../cli/cli_run.h"
 
@@ -62,6 +63,31 @@ TEST(PlanHfCli, AbsurdDimensionsAreRefusedAtOnce) {
       "--device-memory 80GiB");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("2^62"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace scalelab::cli_test
+
+namespace scalelab::cli_test {
+namespace {
+
+TEST(OomSearchPredict, StartsAtThePredictionAndProvesItWithTwoTrials) {
+  const std::string dir = std::string(SCALELAB_BINARY_DIR) + "/oom_search_predict_test";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string workload = "python3 " + std::string(SCALELAB_SOURCE_DIR) +
+                               "/tests/lab/fake_workload.py --batch_size {micro_batch_size} --seq_len {seq_len} "
+                               "--oom_above 7";
+  const CmdResult r = run("oom-search --db " + dir + "/o.db --log-dir " + dir + "/logs --no-telemetry --command '" +
+                          workload + "' --predict hf-trainer --model llama-3.2-1b --seq-len 1024 --device-memory 64GiB");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Largest micro-batch that fits: 7 (verified: 7 fits, 8 runs out of memory)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[2] oom"), std::string::npos) << r.output;  // the second trial proves it
+  EXPECT_EQ(r.output.find("[3]"), std::string::npos) << r.output;      // and there is no third
+  const CmdResult bad = run("oom-search --db " + dir + "/p.db --command '" + workload + "' --predict deepspeed");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("supported: hf-trainer"), std::string::npos) << bad.output;
 }
 
 }  // namespace
