@@ -92,3 +92,22 @@ TEST(OomSearchPredict, StartsAtThePredictionAndProvesItWithTwoTrials) {
 
 }  // namespace
 }  // namespace scalelab::cli_test
+
+namespace scalelab::cli_test {
+namespace {
+
+TEST(LadderPredict, EachRungShowsThePrediction) {
+  const std::string dir = std::string(SCALELAB_BINARY_DIR) + "/ladder_predict_test";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string workload = "python3 " + std::string(SCALELAB_SOURCE_DIR) +
+                               "/tests/lab/fake_workload.py --batch_size {micro_batch_size} --seq_len {seq_len} "
+                               "--model_precision {model_precision} --mixed_precision {mixed_precision} --memory_gb 64";
+  const CmdResult r = run("ladder --db " + dir + "/l.db --no-telemetry --command '" + workload +
+                          "' --predict hf-trainer --model llama-3.2-1b --seq-len 1024 --device-memory 64GiB");
+  EXPECT_NE(r.output.find("7 runs out of memory; plan estimated 7"), std::string::npos) << r.output;
+  const CmdResult bad = run("ladder --db " + dir + "/m.db --command '" + workload + "' --predict x");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+}
+
+}  // namespace
+}  // namespace scalelab::cli_test
