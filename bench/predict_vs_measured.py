@@ -24,9 +24,40 @@ def flags(rec):
          "--attn", "flash" if rec["attn"] == "sdpa" else rec["attn"]]
     if rec.get("activation_checkpointing"):
         f.append("--activation-checkpointing")
-    if rec["model"].startswith("opt"):
+    if rec["model"].startswith("opt") and rec.get("dropout", 0) is not None:
         f += ["--dropout", "0"]  # hf_memory.py runs OPT without dropout
+    if rec.get("steps"):
+        f += ["--steps", str(rec["steps"])]
     return f
+
+
+def compare_rows(results):
+    """The HF rows of the earlier scalelab-vs-HF runs (bench/gpu/compare.py: hf_benchmark.py, the
+    model built on the GPU, full bf16 as model.to(bf16) without autocast, OPT with its config's
+    dropout 0.1), without Liger (not modelled)."""
+    rows, seen = [], set()
+
+    def walk(o, src):
+        if isinstance(o, dict):
+            if o.get("side") == "hf" and o.get("status") == "ok" and "micro_batch_size" in o and not o.get("liger"):
+                key = (o["model"], o["torch_dtype"], o["mixed_precision"], o["attn"], o["micro_batch_size"])
+                if key not in seen:
+                    seen.add(key)
+                    rows.append(dict(name=f"{o['model']}-{o['torch_dtype']}-{o['mixed_precision']}-{o['attn']}-mb{o['micro_batch_size']} ({src})",
+                                     model=o["model"], seq_len=o["seq_len"], micro_batch_size=o["micro_batch_size"],
+                                     model_precision="bf16" if o["torch_dtype"] == "bfloat16" else "fp32",
+                                     mixed_precision=o["mixed_precision"], attn=o["attn"], steps=o.get("steps_run"),
+                                     dropout=None, max_reserved_bytes=o["max_reserved_bytes"],
+                                     max_allocated_bytes=o["max_allocated_bytes"]))
+            for v in o.values():
+                walk(v, src)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v, src)
+    for d in results:
+        for path in sorted(glob.glob(os.path.join(d, "*", "compare*.json"))):
+            walk(json.load(open(path)), os.path.basename(os.path.dirname(path)))
+    return rows
 
 
 def measured(results):
@@ -47,13 +78,13 @@ def main():
     ap.add_argument("--results", nargs="*", default=[os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu", "results")])
     a = ap.parse_args()
     exe = os.path.join(a.build, "scalelab")
-    rows = measured(a.results)
+    rows = measured(a.results) + compare_rows(a.results)
     print("| config | measured reserved | predicted reserved | error | measured allocated | predicted allocated | error | "
           "largest mb (64 GiB) | plan command ms (process + search) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst_r = worst_a = 0.0
     for r in rows:
-        dev = f"{r['emulate_gib']}GiB" if r.get("emulate_gib") else "141GiB"
+        dev = f"{r['emulate_gib']}GiB" if r.get("emulate_gib") else "150109880320"
         with tempfile.NamedTemporaryFile(suffix=".json") as tf:
             t0 = time.perf_counter()
             p = subprocess.run([exe, "plan", "--stack", "hf-trainer", *flags(r), "--device-memory", "64GiB",
