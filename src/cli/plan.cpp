@@ -1,4 +1,5 @@
 // `scalelab plan`: the memory plan of a training configuration, without running it.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -25,6 +26,7 @@ struct HfStackFlags {
   std::string alloc_conf;
   std::int64_t steps = 3;
   std::string schedule_out;
+  int ranks = 1;
 };
 
 // `plan --stack hf-trainer`: the predicted peak memory of the same job under PyTorch and the
@@ -36,8 +38,10 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
     if (app.count(flag) > 0)
       refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
   }
-  if (world != 1)
-    refuse("--world-size " + std::to_string(world) + ": DDP is not modelled yet for hf-trainer (one GPU only)");
+  if (world != 1 || f.ranks != 1)
+    refuse("--ranks / --world-size " + std::to_string(std::max(world, f.ranks)) +
+           ": torchrun DDP (gradient buckets per rank) is not modelled yet for hf-trainer — predict one GPU "
+           "(the per-rank peak without DDP's buckets)");
   if (o.device_memory.empty())
     refuse("--device-memory is required: the GPU's total memory as torch reports it (e.g. 80GiB, 64GiB, 141GB)");
   predict::HfJob job;
@@ -112,6 +116,8 @@ Subcommand add_plan_command(CLI::App& root) {
                   "hf-trainer: PYTORCH_CUDA_ALLOC_CONF (expandable_segments, max_split_size_mb, ...)");
   app->add_option("--schedule-out", hf->schedule_out,
                   "hf-trainer: write the predicted allocation schedule (one line per request and free) to this file");
+  app->add_option("--ranks", hf->ranks, "hf-trainer: torchrun data-parallel ranks (only 1 is modelled yet)")
+      ->capture_default_str();
   app->add_option("--steps", hf->steps, "hf-trainer: optimizer steps replayed (the peak is over them)")
       ->capture_default_str();
   return {app, [opts, world, rank, hf, app] {
@@ -119,6 +125,12 @@ Subcommand add_plan_command(CLI::App& root) {
             if (hf->stack == "hf-trainer") return run_hf_plan(o, *hf, *world, *app);
             if (hf->stack != "scalelab")
               throw InvalidInput("[plan] --stack " + hf->stack + " is not supported — supported: scalelab, hf-trainer");
+            for (const char* flag : {"--torch-version", "--transformers-version", "--optim", "--cuda-context",
+                                     "--alloc-conf", "--steps", "--schedule-out", "--ranks"}) {
+              if (app->count(flag) > 0)
+                throw InvalidInput(std::string("[plan] ") + flag +
+                                   " belongs to --stack hf-trainer — add it, or drop the flag for this engine's plan");
+            }
             validate_train_options(o);
             if (*world < 1 || *rank < 0 || *rank >= *world)
               throw InvalidInput("[plan] --rank " + std::to_string(*rank) + " is not in [0, --world-size " +

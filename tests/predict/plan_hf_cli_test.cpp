@@ -48,6 +48,7 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
       {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
       {kBase + "--device-memory 64GiB --fused-kernels", "--fused-kernels"},
       {kBase + "--device-memory 64GiB --world-size 8", "DDP"},
+      {kBase + "--device-memory 64GiB --ranks 8", "DDP"},
       {kBase + "--device-memory 64GiB --freeze q_proj", "--freeze"},
   };
   for (const auto& c : cases) {
