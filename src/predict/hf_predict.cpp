@@ -136,6 +136,7 @@ nlohmann::json prediction_json(const HfJob& job, const HfPredictOptions& o, cons
   j["cuda_context_bytes"] = o.cuda_context;
   j["allocator_limit_bytes"] = p.allocator_limit;
   j["largest_micro_batch"] = largest;
+  j["largest_micro_batch_capped"] = largest >= kMicroBatchSearchCap;  // the search stopped there
   j["fits"] = !p.oom;
   if (p.oom) {
     j["oom_at"] = p.oom_at;
@@ -200,8 +201,9 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
                   gib(p.steps[i].max_reserved), gib(p.steps[i].max_allocated));
     s += buf;
   }
-  std::snprintf(buf, sizeof buf, "Largest micro-batch that fits in %s: %lld\n", format_bytes(o.device_memory).c_str(),
-                static_cast<long long>(largest));
+  std::snprintf(buf, sizeof buf, "Largest micro-batch that fits in %s: %s%lld%s\n", format_bytes(o.device_memory).c_str(),
+                largest >= kMicroBatchSearchCap ? "at least " : "", static_cast<long long>(largest),
+                largest >= kMicroBatchSearchCap ? " (the search stops there)" : "");
   s += buf;
   return s;
 }

@@ -51,7 +51,8 @@ HfPrediction predict_hf(const HfJob& job, const HfPredictOptions& o);
 // The largest micro-batch whose prediction fits (no OOM) in o.device_memory; 0 when 1 does not.
 // `limit` caps the search. Assumes the peak grows with the micro-batch (it does: every
 // activation, logits and loss tensor scales with it).
-std::int64_t largest_micro_batch(HfJob job, const HfPredictOptions& o, std::int64_t limit = 1 << 16);
+inline constexpr std::int64_t kMicroBatchSearchCap = std::int64_t{1} << 16;
+std::int64_t largest_micro_batch(HfJob job, const HfPredictOptions& o, std::int64_t limit = kMicroBatchSearchCap);
 
 // The schedule as text, one line per event: `a BYTES CATEGORY LABEL` (allocations numbered from
 // 0), `f N` (the free of allocation N), `# PHASE` (tools/predict/trace_to_events.py writes the
