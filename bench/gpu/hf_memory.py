@@ -20,6 +20,7 @@ The published point (llama-3.2-1b, seq 1024, fp32, eager, one 64 GB H100: micro-
 max_memory_reserved 61.89 "GB", 7 runs out of memory) is rerun that way on a larger GPU.
 
     python3 bench/gpu/hf_memory.py --out runs/hf-memory --budget-s 300        # the matrix on a GPU
+    /opt/torch/.venv/bin/python3 bench/gpu/hf_memory.py --out $OUT/hfm --budget-s 300   # the lent H200's torch
     python3 bench/gpu/hf_memory.py --out /tmp/m --tiny --device cpu           # smoke test on a CPU
     python3 bench/gpu/hf_memory.py --out DIR --only llama-fp32-eager-mb6      # one configuration
     python3 bench/gpu/hf_memory.py --out DIR --trace all     # + the allocator's event history
@@ -284,6 +285,7 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated configuration names")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--python", default=sys.executable, help="the interpreter for the workers")
+    ap.add_argument("--logs", action="store_true", help="keep every worker's output as DIR/NAME.log (default: failures only)")
     ap.add_argument("--trace", default="",
                     help="comma-separated configuration names whose allocator event history to save as "
                          "DIR/NAME.trace.json.gz (or 'all')")
@@ -351,8 +353,6 @@ def main():
             except subprocess.TimeoutExpired as e:
                 out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
                 err, rc = "timeout", -9
-            with open(os.path.join(a.out, cfg["name"] + ".log"), "w") as lf:
-                lf.write(out + "\n--- stderr ---\n" + err)
             rec = None
             for line in out.splitlines():
                 if line.startswith("HF_MEMORY_RECORD "):
@@ -360,6 +360,9 @@ def main():
             if rec is None:
                 rec = dict(cfg, status="oom" if OOM_RE.search(err or "") else "error",
                            error=f"worker exit {rc}: {(err or '').strip()[-400:]}")
+            if a.logs or rec.get("status") == "error":  # few files: a lent machine returns only some
+                with open(os.path.join(a.out, cfg["name"] + ".log"), "w") as lf:
+                    lf.write(out + "\n--- stderr ---\n" + err)
             rec["wall_s"] = round(time.time() - t0, 2)
         records.append(rec)
         print(json.dumps(rec), flush=True)
