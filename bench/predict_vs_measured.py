@@ -24,6 +24,8 @@ def flags(rec):
          "--attn", "flash" if rec["attn"] == "sdpa" else rec["attn"]]
     if rec.get("activation_checkpointing"):
         f.append("--activation-checkpointing")
+    if rec.get("fused"):
+        f.append("--fused-kernels")
     if rec["model"].startswith("opt") and rec.get("dropout", 0) is not None:
         f += ["--dropout", "0"]  # hf_memory.py runs OPT without dropout
     if rec.get("steps"):
@@ -34,16 +36,18 @@ def flags(rec):
 def compare_rows(results):
     """The HF rows of the earlier scalelab-vs-HF runs (bench/gpu/compare.py: hf_benchmark.py, the
     model built on the GPU, full bf16 as model.to(bf16) without autocast, OPT with its config's
-    dropout 0.1), without Liger (not modelled)."""
+    dropout 0.1; --liger rows are Liger-Kernel 0.8.5)."""
     rows, seen = [], set()
 
     def walk(o, src):
         if isinstance(o, dict):
-            if o.get("side") == "hf" and o.get("status") == "ok" and "micro_batch_size" in o and not o.get("liger"):
-                key = (o["model"], o["torch_dtype"], o["mixed_precision"], o["attn"], o["micro_batch_size"])
+            if o.get("side") == "hf" and o.get("status") == "ok" and "micro_batch_size" in o:
+                key = (o["model"], o["torch_dtype"], o["mixed_precision"], o["attn"], o["micro_batch_size"], o.get("liger"))
                 if key not in seen:
                     seen.add(key)
-                    rows.append(dict(name=f"{o['model']}-{o['torch_dtype']}-{o['mixed_precision']}-{o['attn']}-mb{o['micro_batch_size']} ({src})",
+                    rows.append(dict(name=f"{o['model']}-{o['torch_dtype']}-{o['mixed_precision']}-{o['attn']}"
+                                          f"{'-liger' if o.get('liger') else ''}-mb{o['micro_batch_size']} ({src})",
+                                     fused=bool(o.get("liger")),
                                      model=o["model"], seq_len=o["seq_len"], micro_batch_size=o["micro_batch_size"],
                                      model_precision="bf16" if o["torch_dtype"] == "bfloat16" else "fp32",
                                      mixed_precision=o["mixed_precision"], attn=o["attn"], steps=o.get("steps_run"),

@@ -77,8 +77,13 @@ void validate_job(const HfJob& j) {
         "master weights) — use --mixed-precision bf16 or no");
   if (j.attn != "eager" && j.attn != "sdpa" && j.attn != "flash")
     bad("--attn " + j.attn + " — use eager, or flash (attn_implementation sdpa)");
-  if (j.fused_kernels)
-    bad("--fused-kernels (Liger) is not modelled yet for hf-trainer — drop the flag (docs/predict.md)");
+  if (j.fused_kernels && j.model.family != ModelFamily::kLlama)
+    bad("--fused-kernels (Liger) has no OPT patch (no apply_liger_kernel_to_opt) — drop the flag");
+  if (j.fused_kernels && j.mixed_precision != "no" && j.model_precision == "fp32")
+    bad("--fused-kernels with autocast over fp32 weights is not modelled — use --model-precision bf16 "
+        "(measured) or no mixed precision");
+  if (j.fused_kernels && j.activation_checkpointing)
+    bad("--fused-kernels with --activation-checkpointing is not modelled");
   if (j.grad_accum_steps < 1) bad("--grad-accum-steps must be at least 1");
   if (j.optimizer != "adamw_torch" && j.optimizer != "adamw_torch_fused")
     bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
@@ -110,6 +115,7 @@ Dims dims_of(const HfJob& j) {
   d.e_rope = d.e_w;  // cos/sin come in the residual dtype: q (compute dtype) * cos promotes to it
   d.eager = j.attn == "eager";
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
+  d.liger = j.fused_kernels;
   return d;
 }
 

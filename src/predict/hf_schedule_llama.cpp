@@ -74,6 +74,11 @@ RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
   RmsSaved s;
   const u64 n = d.BT * d.H;
   (void)x;
+  if (d.liger) {  // LigerRMSNorm: one kernel; saves its input (the caller keeps it) and rstd
+    s.out = t.alloc(n * d.e_r, A, "liger rmsnorm output");
+    s.rsqrt = t.alloc(d.BT * 4, A, "liger rmsnorm rstd");
+    return s;
+  }
   if (d.e_r == 2) s.x32 = t.alloc(n * 4, A, "rmsnorm x.to(fp32)");
   Id pw = t.alloc(n * 4, Tmp, "rmsnorm pow");
   Id var = t.alloc(d.BT * 4, Tmp, "rmsnorm variance");
@@ -102,6 +107,24 @@ RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
 // the x*rsqrt backward, the rsqrt / mean / pow backward.
 void rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g_in, Id& g_res, Id& x_in) {
   const u64 n = d.BT * d.H;
+  if (d.liger) {
+    // LigerRMSNorm backward (in_place): dX is written into dY's buffer; dW from per-SM fp32
+    // partial rows (132 SMs on an H100/H200) summed into the weight's dtype.
+    Id partial = t.alloc(132 * d.H * 4, Tmp, "liger rmsnorm dW partials");
+    Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "norm weight grad");
+    t.free(partial);
+    accumulate(t, w, gw);
+    t.free(s.out);
+    t.free(s.rsqrt);
+    t.free(x_in);
+    if (g_res == 0) {
+      g_res = g_in;
+      g_in = 0;
+    } else {
+      t.free(g_in);  // added into the residual buffer
+    }
+    return;
+  }
   Id gh = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*w");
   Id gw_t = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*h");
   Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "norm weight grad");
@@ -250,8 +273,19 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   Id q = linear_forward(t, d, m, p.q, s.n1.out, d.H, d.qd, false, s.wq, s.in_q, "q_proj output");
   Id k = linear_forward(t, d, m, p.k, s.n1.out, d.H, d.kvd, false, s.wk, s.in_k, "k_proj output");
   s.v = linear_forward(t, d, m, p.v, s.n1.out, d.H, d.kvd, false, s.wv, s.in_v, "v_proj output");
-  s.q_embed = rope_forward(t, d, d.qd);
-  Id k_embed = rope_forward(t, d, d.kvd);
+  Id k_embed;
+  if (d.liger) {
+    // liger_rotary_pos_emb rotates q and k in place (their [B, T, heads, hd] buffers); k comes
+    // back as a contiguous copy (inferred from the H200 measurements: one k-sized bf16 tensor
+    // per layer more is live at the peak than the in-place kernel alone explains)
+    s.q_embed = q;
+    q = 0;
+    k_embed = t.alloc(d.BT * d.kvd * d.e_c, A, "liger rope k");
+    t.free(k);
+  } else {
+    s.q_embed = rope_forward(t, d, d.qd);
+    k_embed = rope_forward(t, d, d.kvd);
+  }
   t.free(q);
   t.free(k);
   const u64 rep = d.nh / d.nkv;
@@ -323,9 +357,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   t.free(o_out);
   s.n2 = rms_forward(t, d, s.h1);
   s.gate = linear_forward(t, d, m, p.gate, s.n2.out, d.H, d.I, false, s.wg, s.in_g, "gate_proj output");
-  s.act = t.alloc(d.BT * d.I * d.e_c, A, "silu(gate)");
+  if (!d.liger) s.act = t.alloc(d.BT * d.I * d.e_c, A, "silu(gate)");  // Liger's SwiGLU recomputes it
   s.up = linear_forward(t, d, m, p.up, s.n2.out, d.H, d.I, false, s.wu, s.in_u, "up_proj output");
-  s.prod = t.alloc(d.BT * d.I * d.e_c, A, "silu(gate) * up");
+  s.prod = t.alloc(d.BT * d.I * d.e_c, A, d.liger ? "liger swiglu output" : "silu(gate) * up");
   Id in_d = 0;
   Id down = linear_forward(t, d, m, p.down, s.prod, d.I, d.H, true, s.wd, in_d, "down_proj output");
   if (ac) t.free(s.n2.out);
@@ -396,8 +430,9 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     t.free(acc);
     return res;
   };
-  Id gk2 = rope_bw(gk, nk);
-  Id gq2 = rope_bw(gq, nq);
+  Id gk2 = d.liger ? gk : rope_bw(gk, nk);  // Liger: in place
+  Id gq2 = d.liger ? gq : rope_bw(gq, nq);
+  if (d.liger) gk = gq = 0;
   auto proj_bw = [&](Param& w, Id& g, u64 out_f) {
     Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
     t.free(g);
@@ -437,15 +472,27 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     gprod = t.alloc(d.BT * d.I * d.e_c, Tmp, "input grad");
   }
   t.free(s.prod);
-  Id g_act = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt silu");
-  Id g_up = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt up");
-  t.free(gprod);
-  t.free(s.up);
-  t.free(s.act);
-  Id gn2 = linear_backward(t, d, m, p.up, g_up, d.H, d.I, s.wu, s.in_u, ac);
-  Id g_gate = t.alloc(d.BT * d.I * d.e_c, Tmp, "silu backward");
-  t.free(g_act);
-  t.free(s.gate);
+  Id g_act, g_up, g_gate;
+  Id gn2;
+  if (d.liger) {
+    // Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate / up buffers
+    t.free(gprod);
+    g_up = s.up;
+    s.up = 0;
+    g_gate = s.gate;
+    s.gate = 0;
+    gn2 = linear_backward(t, d, m, p.up, g_up, d.H, d.I, s.wu, s.in_u, ac);
+  } else {
+    g_act = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt silu");
+    g_up = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt up");
+    t.free(gprod);
+    t.free(s.up);
+    t.free(s.act);
+    gn2 = linear_backward(t, d, m, p.up, g_up, d.H, d.I, s.wu, s.in_u, ac);
+    g_gate = t.alloc(d.BT * d.I * d.e_c, Tmp, "silu backward");
+    t.free(g_act);
+    t.free(s.gate);
+  }
   Id gn2b = linear_backward(t, d, m, p.gate, g_gate, d.H, d.I, s.wg, s.in_g, ac);
   if (ac) {
     t.free(gn2b);  // added in place into the fp32 buffer (a cast it owns)
@@ -555,8 +602,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
       gk = k32;
     }
   }
-  Id gq2 = rope_backward(t, d, d.qd, gq);
-  Id gk2 = rope_backward(t, d, d.kvd, gk);
+  Id gq2 = d.liger ? gq : rope_backward(t, d, d.qd, gq);  // Liger: in place
+  Id gk2 = d.liger ? gk : rope_backward(t, d, d.kvd, gk);
+  if (d.liger) gq = gk = 0;
   // v_proj, k_proj, q_proj backward (reverse creation order); the input grads sum in place.
   Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac);
   Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac);
@@ -578,6 +626,40 @@ void drop_saved(Tape& t, LayerSaved& s) {
                &s.v_rep,  &s.v,       &s.lse,   &s.attn_out_sdpa, &s.ctx, &s.h1,   &s.in_g,   &s.in_u,
                &s.gate,   &s.act,     &s.up,    &s.prod};
   for (Id* id : ids) t.free(*id);
+}
+
+// Liger's fused linear cross-entropy (LigerForCausalLM with labels): no logits tensor. The
+// forward walks the B*T rows in chunks of next_pow2(ceil(B*T / ceil(V / H))): each chunk's logits
+// (chunk x V) are turned into their gradient in place, the input gradient chunk (chunk x H) is
+// copied into a preallocated grad_input and grad_weight accumulates in place; both are saved for
+// the backward, which only scales them. Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
+Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids) {
+  const u64 inc = (d.V + d.H - 1) / d.H;
+  u64 chunk = 1;
+  while (chunk < (d.BT + inc - 1) / inc) chunk *= 2;
+  chunk = std::min(chunk, d.BT);
+  Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "liger flce grad_weight");
+  Id gin = t.alloc(d.BT * d.H * d.e_c, Category::kLogitsLoss, "liger flce grad_input");
+  Id loss1d = t.alloc(d.BT * 4, Category::kLogitsLoss, "liger flce loss_1d");
+  Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels");
+  gemm_workspace(t, m.ws_main);
+  for (u64 start = 0; start < d.BT; start += chunk) {
+    const u64 rows = std::min(chunk, d.BT - start);
+    Id logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
+    Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
+    t.free(gchunk);
+    t.free(logits);
+  }
+  Id loss = t.alloc(4, Category::kLogitsLoss, "loss");
+  t.free(loss1d);
+  t.free(ids);
+  t.phase("backward");
+  t.free(loss);
+  t.free(shift);
+  accumulate(t, head, gw);  // the tied weight's first gradient: stolen as .grad
+  (void)final_out;          // the final norm output is not saved by the fused loss
+  t.free(final_out);
+  return gin;
 }
 
 }  // namespace
@@ -606,7 +688,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
         if (*w != 0) cached_casts.push_back(*w);
         *w = 0;
       }
-    } else if (d.e_r == 2) {
+    } else if (d.e_r == 2 && !d.liger) {
       // bf16 residual stream: the norms save their fp32 upcasts, not the layer's input or h1;
       // both go when the decoder loop rebinds hidden_states (the embedding output is held by
       // LlamaModel.forward until it returns).
@@ -616,14 +698,19 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     layer_in = saved[l].out;
   }
   RmsSaved fn = rms_forward(t, d, layer_in);
-  if (d.e_r == 2 && !ckpt) {
+  if (d.e_r == 2 && !ckpt && !d.liger) {
     t.free(saved[d.L - 1].out);
     t.free(x);
   }
   if (!ckpt) t.free(mask);  // else the checkpoint frames hold it until their backward
   Param& head = m.tied ? m.embed : m.lm_head;
-  Head hd = head_forward(t, d, cached_casts, fn.out, ids);
-  Id gh = head_backward(t, d, m, head, hd, fn.out);
+  Id gh;
+  if (d.liger) {
+    gh = liger_flce(t, d, m, head, fn.out, ids);
+  } else {
+    Head hd = head_forward(t, d, cached_casts, fn.out, ids);
+    gh = head_backward(t, d, m, head, hd, fn.out);
+  }
   Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers
   rms_backward(t, d, fn, m.norm, gh, g_res, saved[d.L - 1].out);
   for (u64 l = d.L; l-- > 0;) {

@@ -58,6 +58,7 @@ struct Dims {
   bool mixed;     // Trainer bf16=/fp16= (accelerate's convert_outputs_to_fp32)
   bool eager;
   bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
+  bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
 };
 
 // One parameter: its tensor ids across steps.

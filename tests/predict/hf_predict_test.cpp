@@ -107,6 +107,24 @@ TEST(HfPredict, Opt13bMatchesTheH200) {
   EXPECT_LT(std::fabs(static_cast<double>(q.max_reserved) - 117490843648.0) / 117490843648.0, 0.03);
 }
 
+TEST(HfPredict, LigerMatchesTheH200) {
+  // Liger (apply_liger_kernel_to_llama: RMSNorm, RoPE, SwiGLU, fused linear cross-entropy), bf16
+  // weights without autocast, sdpa; the earlier runs (hf_benchmark.py --liger, 5-6 steps).
+  struct Point {
+    std::int64_t mb, steps;
+    std::size_t reserved, allocated;
+  } points[] = {{8, 5, 19086180352, 18162160128}, {16, 6, 29137829888, 28280001024}, {95, 5, 130008743936, 128209539584}};
+  for (const Point& pt : points) {
+    HfJob j = job(pt.mb, "bf16", "no", "sdpa");
+    j.fused_kernels = true;
+    j.steps = pt.steps;
+    const HfPrediction p = predict_hf(j, h200());
+    ASSERT_FALSE(p.oom) << pt.mb;
+    EXPECT_LT(std::fabs(static_cast<double>(p.max_allocated) - pt.allocated) / pt.allocated, 1e-4) << pt.mb;
+    EXPECT_LT(std::fabs(static_cast<double>(p.max_reserved) - pt.reserved) / pt.reserved, 0.03) << pt.mb;
+  }
+}
+
 TEST(HfPredict, ReproducesTheMeasuredSixtyFourGiBLimit) {
   // The same job with the allocator capped at 64 GiB less the context (set_per_process_memory_
   // fraction on the H200): micro-batch 7 ran (62.20 GiB reserved). With these versions the
@@ -155,8 +173,12 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   j.model = preset_config("qwen2-tiny");
   j.seq_len = 64;
   EXPECT_THROW(validate_job(j), InvalidInput);
+  j = job(1, "fp32", "bf16");
+  j.fused_kernels = true;  // Liger under autocast over fp32 weights: not modelled
+  EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(1);
-  j.fused_kernels = true;
+  j.model = preset_config("opt-1.3b");
+  j.fused_kernels = true;  // Liger has no OPT patch
   EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(1 << 30);
   j.seq_len = 1 << 17;

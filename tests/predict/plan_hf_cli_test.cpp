@@ -46,7 +46,7 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
       {kBase + "--micro-batch-size 1", "--device-memory is required"},
       {"plan --stack hf-trainer --model qwen2-tiny --seq-len 64 --device-memory 80GiB", "supported: llama, opt"},
       {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
-      {kBase + "--device-memory 64GiB --fused-kernels", "--fused-kernels"},
+      {kBase + "--device-memory 64GiB --fused-kernels --mixed-precision bf16", "--fused-kernels"},
       {kBase + "--device-memory 64GiB --world-size 8", "DDP"},
       {kBase + "--device-memory 64GiB --ranks 8", "DDP"},
       {kBase + "--device-memory 64GiB --freeze q_proj", "--freeze"},
