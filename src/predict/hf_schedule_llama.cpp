@@ -657,8 +657,7 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
   t.free(loss);
   t.free(shift);
   accumulate(t, head, gw);  // the tied weight's first gradient: stolen as .grad
-  (void)final_out;          // the final norm output is not saved by the fused loss
-  t.free(final_out);
+  t.free(final_out);  // the fused loss saved its gradients, not the final norm's output
   return gin;
 }
 

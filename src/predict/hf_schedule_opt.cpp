@@ -199,9 +199,8 @@ Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id&
 void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, OptSaved& s, Id& g_res, Id& x_in) {
   const bool ac = d.autocast;
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
-  for (int i = 0; i < s.ncasts; ++i) {
-    // the weight casts are released with their matmul's backward; modelled as going together
-  }
+  // (under autocast the weight and bias casts go together after the q projection's backward,
+  // a simplification: each is released with its own matmul's backward)
   // MLP branch (through fc2's dropout: grad * mask * scale, a new tensor)
   Id gd2 = 0;
   if (s.mask2) {
@@ -210,7 +209,6 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   }
   Id g2 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the mlp branch") : gd2;
   if (ac) t.free(gd2);
-  Id g_fc2_in = g2 ? g2 : 0;
   Id g_relu;
   {
     Id gsrc = g2;
@@ -226,7 +224,6 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
       g_relu = opt_linear_backward(t, d, m, p.fc2, p.fc2b, gsrc, d.I, d.H, false, false);
     }
   }
-  (void)g_fc2_in;
   Id g_fc1 = t.alloc(d.BT * d.I * d.e_c, Tmp, "relu backward");
   t.free(g_relu);
   t.free(s.relu);
