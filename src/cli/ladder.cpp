@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/hf_predict_plan.h"
 #include "cli/lab_common.h"
 #include "core/error.h"
 #include "lab/ladder.h"
@@ -22,13 +23,19 @@ Subcommand add_ladder_command(CLI::App& root) {
   struct Flags : SearchFlags {
     LabFlags lab;
     WorkloadFlags workload;
+    std::string predict;
   };
   auto f = std::make_shared<Flags>();
   add_lab_flags(app, f->lab);
   add_workload_flags(app, f->workload);
   add_search_flags(app, *f, "ladder", "the ladder (rungs with their trials' metrics)");
 
+  app->add_option("--predict", f->predict,
+                  "Start each rung's search at the micro-batch predicted for this stack (hf-trainer: PyTorch + Hugging "
+                  "Face Trainer, docs/predict.md; rungs it cannot predict fall back to doubling)");
   return {app, [f, app] {
+            if (!f->predict.empty() && f->predict != "hf-trainer")
+              throw InvalidInput("[ladder] --predict " + f->predict + " is not supported — supported: hf-trainer");
             lab::TableFormat format = lab::parse_table_format(f->format);
             ResolvedWorkload w = resolve_workload(f->workload, app->remaining(), lab::kLadderParameters);
             int start = 1;
@@ -58,10 +65,11 @@ Subcommand add_ladder_command(CLI::App& root) {
             req.base = w.params;
             req.start_micro_batch = start;
             req.max_micro_batch = f->max_micro_batch;
-            req.use_plan = !f->no_plan && w.workload.is_native();
+            req.use_plan = !f->no_plan && (w.workload.is_native() || !f->predict.empty());
+            const lab::PlanFn plan = f->predict.empty() ? lab::native_plan(exec) : hf_trainer_plan();
             req.on_rung = [&](const lab::LadderResult& partial) { runner.set_result(partial.to_json()); };
             lab::LadderResult ladder;
-            if (runner.run([&] { ladder = lab::run_ladder(exec, req, lab::native_plan(exec)); }) ==
+            if (runner.run([&] { ladder = lab::run_ladder(exec, req, plan); }) ==
                 lab::RunnerOutcome::kInterrupted)
               return kExitInterrupted;
             runner.set_result(ladder.to_json());

@@ -8,8 +8,10 @@
 #include "lab/oom_search.h"
 #include "lab/runner.h"
 #include "lab/views.h"
+#include "cli/hf_predict_plan.h"
 
 namespace scalelab::cli {
+
 
 Subcommand add_oom_search_command(CLI::App& root) {
   auto* app = root.add_subcommand(
@@ -21,6 +23,7 @@ Subcommand add_oom_search_command(CLI::App& root) {
     LabFlags lab;
     WorkloadFlags workload;
     int start = 1;
+    std::string predict;
   };
   auto f = std::make_shared<Flags>();
   add_lab_flags(app, f->lab);
@@ -30,7 +33,12 @@ Subcommand add_oom_search_command(CLI::App& root) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 
+  app->add_option("--predict", f->predict,
+                  "Start at the largest micro-batch predicted for this stack (hf-trainer: PyTorch + Hugging Face "
+                  "Trainer, docs/predict.md); a right prediction is proven with two trials");
   return {app, [f, app] {
+            if (!f->predict.empty() && f->predict != "hf-trainer")
+              throw InvalidInput("[oom-search] --predict " + f->predict + " is not supported — supported: hf-trainer");
             lab::TableFormat format = lab::parse_table_format(f->format);
             std::vector<std::string> forwarded = app->remaining();
             ResolvedWorkload w = resolve_workload(f->workload, forwarded, {"micro_batch_size"});
@@ -56,9 +64,10 @@ Subcommand add_oom_search_command(CLI::App& root) {
             req.base = w.params;
             req.settings.hint = f->start;
             req.settings.max_micro_batch = f->max_micro_batch;
-            req.use_plan = !f->no_plan && w.workload.is_native();
+            req.use_plan = !f->no_plan && (w.workload.is_native() || !f->predict.empty());
+            const lab::PlanFn plan = f->predict.empty() ? lab::native_plan(exec) : hf_trainer_plan();
             lab::OomSearchResult result;
-            if (runner.run([&] { result = lab::run_oom_search(exec, req, lab::native_plan(exec)); }) ==
+            if (runner.run([&] { result = lab::run_oom_search(exec, req, plan); }) ==
                 lab::RunnerOutcome::kInterrupted)
               return kExitInterrupted;
             runner.set_result(result.to_json());

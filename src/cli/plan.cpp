@@ -1,4 +1,5 @@
 // `scalelab plan`: the memory plan of a training configuration, without running it.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 
@@ -7,10 +8,87 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "model/config.h"
+#include "predict/hf_predict.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace scalelab::cli {
+
+namespace {
+
+struct HfStackFlags {
+  std::string stack = "scalelab";
+  std::string torch_version = predict::kSupportedTorch;
+  std::string transformers_version = predict::kSupportedTransformers;
+  std::string optim = "adamw_torch";
+  std::string cuda_context;
+  std::string alloc_conf;
+  std::int64_t steps = 3;
+  std::string schedule_out;
+  int ranks = 1;
+};
+
+// `plan --stack hf-trainer`: the predicted peak memory of the same job under PyTorch and the
+// Hugging Face Trainer (src/predict/), and the largest micro-batch that fits --device-memory.
+int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const CLI::App& app) {
+  auto refuse = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
+  for (const char* flag : {"--freeze", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
+                           "--rank", "--profile", "--telemetry"}) {
+    if (app.count(flag) > 0)
+      refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
+  }
+  if (world != 1 || f.ranks != 1)
+    refuse("--ranks / --world-size " + std::to_string(std::max(world, f.ranks)) +
+           ": torchrun DDP (gradient buckets per rank) is not modelled yet for hf-trainer — predict one GPU "
+           "(the per-rank peak without DDP's buckets)");
+  if (o.device_memory.empty())
+    refuse("--device-memory is required: the GPU's total memory as torch reports it (e.g. 80GiB, 64GiB, 141GB)");
+  predict::HfJob job;
+  job.model = resolve_model(o.model);
+  if (app.count("--dropout") > 0) {
+    if (job.model.family != ModelFamily::kOPT) refuse("--dropout applies to OPT only (Llama has no dropout)");
+    if (o.dropout < 0 || o.dropout >= 1) refuse("--dropout must be in [0, 1)");
+    job.model.dropout = o.dropout;  // OPT's config "dropout": saved masks when > 0
+  }
+  job.seq_len = o.seq_len;
+  job.micro_batch = o.micro_batch_size;
+  job.model_precision = o.model_precision;
+  job.mixed_precision = o.mixed_precision;
+  job.attn = o.attn == "flash" ? "sdpa" : o.attn;
+  job.fused_kernels = o.fused_kernels;
+  job.activation_checkpointing = o.activation_checkpointing;
+  job.grad_accum_steps = o.grad_accum_steps;
+  job.optimizer = f.optim;
+  job.max_grad_norm = o.max_grad_norm;
+  job.steps = f.steps;
+  job.versions.torch = f.torch_version;
+  job.versions.transformers = f.transformers_version;
+  predict::validate_job(job);
+  predict::HfPredictOptions po;
+  po.device_memory = parse_bytes(o.device_memory, "--device-memory");
+  if (!f.cuda_context.empty()) po.cuda_context = parse_bytes(f.cuda_context, "--cuda-context");
+  if (!f.alloc_conf.empty()) po.allocator = predict::parse_alloc_conf(f.alloc_conf);
+  const predict::HfPrediction p = predict::predict_hf(job, po);
+  if (!f.schedule_out.empty()) {
+    const std::string tmp = f.schedule_out + ".tmp";
+    std::FILE* out = std::fopen(tmp.c_str(), "w");
+    if (out == nullptr) refuse("--schedule-out " + f.schedule_out + ": cannot write — check the directory");
+    const std::string text = predict::schedule_text(predict::hf_trainer_schedule(job));
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fclose(out);
+    std::rename(tmp.c_str(), f.schedule_out.c_str());
+  }
+  const std::int64_t largest = predict::largest_micro_batch(job, po);
+  std::printf("%s", predict::prediction_table(job, po, p, largest).c_str());
+  if (!o.json.empty()) {
+    write_json_file(o.json, predict::prediction_json(job, po, p, largest));
+    std::printf("Prediction: %s\n", o.json.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
 
 Subcommand add_plan_command(CLI::App& root) {
   auto opts = std::make_shared<TrainOptions>();
@@ -22,8 +100,37 @@ Subcommand add_plan_command(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--rank", *rank, "The rank whose plan to show (ZeRO-1 shards differ by a few elements)")
       ->capture_default_str();
-  return {app, [opts, world, rank] {
+  auto hf = std::make_shared<HfStackFlags>();
+  app->add_option("--stack", hf->stack,
+                  "Whose training step to plan: scalelab (this engine) | hf-trainer (PyTorch + transformers' Trainer, "
+                  "predicted: docs/predict.md)")
+      ->capture_default_str();
+  app->add_option("--torch-version", hf->torch_version, "hf-trainer: the torch release modelled")->capture_default_str();
+  app->add_option("--transformers-version", hf->transformers_version, "hf-trainer: the transformers release modelled")
+      ->capture_default_str();
+  app->add_option("--optim", hf->optim, "hf-trainer: adamw_torch (foreach) | adamw_torch_fused")->capture_default_str();
+  app->add_option("--cuda-context", hf->cuda_context,
+                  "hf-trainer: device memory outside PyTorch's allocator (CUDA context, kernels), subtracted from "
+                  "--device-memory (default: 518 MiB, measured with torch 2.11+cu130 on an H200)");
+  app->add_option("--alloc-conf", hf->alloc_conf,
+                  "hf-trainer: PYTORCH_CUDA_ALLOC_CONF (expandable_segments, max_split_size_mb, ...)");
+  app->add_option("--schedule-out", hf->schedule_out,
+                  "hf-trainer: write the predicted allocation schedule (one line per request and free) to this file");
+  app->add_option("--ranks", hf->ranks, "hf-trainer: torchrun data-parallel ranks (only 1 is modelled yet)")
+      ->capture_default_str();
+  app->add_option("--steps", hf->steps, "hf-trainer: optimizer steps replayed (the peak is over them)")
+      ->capture_default_str();
+  return {app, [opts, world, rank, hf, app] {
             const TrainOptions& o = *opts;
+            if (hf->stack == "hf-trainer") return run_hf_plan(o, *hf, *world, *app);
+            if (hf->stack != "scalelab")
+              throw InvalidInput("[plan] --stack " + hf->stack + " is not supported — supported: scalelab, hf-trainer");
+            for (const char* flag : {"--torch-version", "--transformers-version", "--optim", "--cuda-context",
+                                     "--alloc-conf", "--steps", "--schedule-out", "--ranks"}) {
+              if (app->count(flag) > 0)
+                throw InvalidInput(std::string("[plan] ") + flag +
+                                   " belongs to --stack hf-trainer — add it, or drop the flag for this engine's plan");
+            }
             validate_train_options(o);
             if (*world < 1 || *rank < 0 || *rank >= *world)
               throw InvalidInput("[plan] --rank " + std::to_string(*rank) + " is not in [0, --world-size " +

@@ -1,0 +1,54 @@
+// The hf-trainer prediction as a memory plan for the lab's searches (oom-search / ladder --predict).
+#include "cli/hf_predict_plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include "core/allocator.h"
+#include "model/config.h"
+#include "predict/hf_predict.h"
+
+namespace scalelab::cli {
+
+static std::string param_text(const lab::ParamMap& p, const char* key) {
+  auto it = p.find(key);
+  if (it == p.end()) return "";
+  return it->second.is_string() ? it->second.get<std::string>() : it->second.dump();
+}
+
+// --predict hf-trainer: the largest micro-batch `plan --stack hf-trainer` predicts for the
+// search's parameters (model, seq_len, device_memory; model_precision, mixed_precision, attn,
+// activation_checkpointing, dropout when given), as the search's first guess: the search then
+// proves it with two trials (b fits, b+1 runs out of memory) when the prediction is right.
+lab::PlanFn hf_trainer_plan() {
+  return [](const lab::ParamMap& p, std::string* note) -> std::optional<int> {
+    const std::string model = param_text(p, "model"), seq = param_text(p, "seq_len"),
+                      mem = param_text(p, "device_memory");
+    if (model.empty() || seq.empty() || mem.empty()) {
+      *note = "--predict hf-trainer needs --model, --seq-len and --device-memory among the parameters";
+      return std::nullopt;
+    }
+    try {
+      predict::HfJob job;
+      job.model = resolve_model(model);
+      job.seq_len = std::stoll(seq);
+      if (auto v = param_text(p, "model_precision"); !v.empty()) job.model_precision = v;
+      if (auto v = param_text(p, "mixed_precision"); !v.empty()) job.mixed_precision = v;
+      if (auto v = param_text(p, "attn"); !v.empty()) job.attn = v == "flash" ? "sdpa" : v;
+      if (auto v = param_text(p, "activation_checkpointing"); v == "true" || v == "1") job.activation_checkpointing = true;
+      if (auto v = param_text(p, "dropout"); !v.empty()) job.model.dropout = std::stod(v);
+      predict::HfPredictOptions o;
+      o.device_memory = parse_bytes(mem, "device_memory");
+      predict::validate_job(job);
+      const std::int64_t b = predict::largest_micro_batch(job, o);
+      *note = "hf-trainer prediction (torch " + job.versions.torch + ", transformers " + job.versions.transformers + ")";
+      return static_cast<int>(std::min<std::int64_t>(b, 1 << 20));
+    } catch (const std::exception& e) {
+      *note = std::string("hf-trainer prediction unavailable: ") + e.what();
+      return std::nullopt;
+    }
+  };
+}
+
+
+}  // namespace scalelab::cli

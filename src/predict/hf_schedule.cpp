@@ -1,0 +1,297 @@
+// The HF Trainer step schedule around the model (torch 2.11, transformers 5.17, accelerate): the
+// versions checked, the LM head and loss, gradient clipping, AdamW, zero_grad; the families are in
+// hf_schedule_llama.cpp and hf_schedule_opt.cpp.
+//
+// Written op by op after transformers' modeling_llama.py / masking_utils.py / loss_utils.py,
+// torch.optim.adamw's foreach path and torch.nn.utils.clip_grad_norm_, and checked against the
+// caching allocator's event history of the real job on an H200 (bench/gpu/hf_memory.py --trace;
+// the committed traces in bench/gpu/results/2026-11-26-h200-hf-memory/). Each comment names the
+// Python expression an allocation comes from. Sizes are the requests (before the allocator's
+// rounding). "Saved" tensors are those autograd keeps for backward; everything else is freed when
+// the Python name holding it is rebound or goes out of scope, which the order below follows.
+#include "predict/hf_schedule.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "predict/schedule_internal.h"
+
+namespace scalelab::predict {
+
+const char* category_name(Category c) {
+  switch (c) {
+    case Category::kWeights: return "weights";
+    case Category::kGradients: return "gradients";
+    case Category::kOptimizerStates: return "optimizer_states";
+    case Category::kAutocastCache: return "autocast_weight_cache";
+    case Category::kActivations: return "saved_activations";
+    case Category::kLogitsLoss: return "logits_loss";
+    case Category::kTemporaries: return "temporaries";
+    case Category::kOptimizerTemporaries: return "optimizer_temporaries";
+    case Category::kWorkspace: return "cublas_workspace";
+    case Category::kInputs: return "inputs_masks_rope";
+    case Category::kCount: break;
+  }
+  return "?";
+}
+
+void validate_job(const HfJob& j) {
+  auto bad = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
+  if (j.versions.torch != kSupportedTorch)
+    bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorch);
+  if (j.versions.transformers != kSupportedTransformers)
+    bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
+        kSupportedTransformers);
+  if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT)
+    bad(std::string("model family '") + family_name(j.model.family) +
+        "' has no hf-trainer schedule yet — supported: llama, opt (Qwen2 is not modelled)");
+  if (j.model.family == ModelFamily::kOPT) {
+    if (j.model.word_embed_proj_dim != j.model.hidden_size)
+      bad("OPT with word_embed_proj_dim != hidden_size (project_in/out, opt-350m) is not modelled");
+    if (!j.model.do_layer_norm_before) bad("OPT with do_layer_norm_before = false is not modelled");
+    if (j.model.activation_function != "relu") bad("OPT with activation " + j.model.activation_function + " is not modelled");
+    if (j.activation_checkpointing) bad("--activation-checkpointing is modelled for llama only");
+  }
+  if (j.micro_batch < 1) bad("--micro-batch-size must be at least 1 (got " + std::to_string(j.micro_batch) + ")");
+  if (j.seq_len < 1) bad("--seq-len must be at least 1 (got " + std::to_string(j.seq_len) + ")");
+  if (j.seq_len > j.model.max_position_embeddings)
+    bad("--seq-len " + std::to_string(j.seq_len) + " exceeds the model's max_position_embeddings " +
+        std::to_string(j.model.max_position_embeddings));
+  // Every size below is a product of at most B·T·V·4 or B·heads·T·T·4: keep each under 2^62.
+  const long double bt = static_cast<long double>(j.micro_batch) * static_cast<long double>(j.seq_len);
+  const long double worst = std::max(bt * static_cast<long double>(j.model.vocab_size) * 8,
+                                     bt * static_cast<long double>(j.seq_len) *
+                                         static_cast<long double>(j.model.num_attention_heads) * 8);
+  if (worst > 4.0e18L)
+    bad("--micro-batch-size x --seq-len (" + std::to_string(j.micro_batch) + " x " + std::to_string(j.seq_len) +
+        ") makes tensors beyond 2^62 bytes — lower them");
+  if (j.model_precision != "fp32" && j.model_precision != "bf16")
+    bad("--model-precision " + j.model_precision + " — use fp32 or bf16");
+  if (j.mixed_precision != "no" && j.mixed_precision != "bf16" && j.mixed_precision != "fp16")
+    bad("--mixed-precision " + j.mixed_precision + " — use no, bf16 or fp16");
+  if (j.model_precision == "bf16" && j.mixed_precision == "fp16")
+    bad("--mixed-precision fp16 over bf16 weights is refused by the Trainer (fp16 grad scaling needs fp32 "
+        "master weights) — use --mixed-precision bf16 or no");
+  if (j.attn != "eager" && j.attn != "sdpa" && j.attn != "flash")
+    bad("--attn " + j.attn + " — use eager, or flash (attn_implementation sdpa)");
+  if (j.fused_kernels && j.model.family != ModelFamily::kLlama)
+    bad("--fused-kernels (Liger) has no OPT patch (no apply_liger_kernel_to_opt) — drop the flag");
+  if (j.fused_kernels && j.mixed_precision != "no" && j.model_precision == "fp32")
+    bad("--fused-kernels with autocast over fp32 weights is not modelled — use --model-precision bf16 "
+        "(measured) or no mixed precision");
+  if (j.fused_kernels && j.activation_checkpointing)
+    bad("--fused-kernels with --activation-checkpointing is not modelled");
+  if (j.grad_accum_steps < 1) bad("--grad-accum-steps must be at least 1");
+  if (j.optimizer != "adamw_torch" && j.optimizer != "adamw_torch_fused")
+    bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
+  if (j.steps < 1 || j.steps > 100) bad("steps must be in [1, 100]");
+}
+
+namespace detail {
+
+Dims dims_of(const HfJob& j) {
+  const ModelConfig& c = j.model;
+  Dims d{};
+  d.B = static_cast<u64>(j.micro_batch);
+  d.T = static_cast<u64>(j.seq_len);
+  d.H = static_cast<u64>(c.hidden_size);
+  d.I = static_cast<u64>(c.intermediate_size);
+  d.nh = static_cast<u64>(c.num_attention_heads);
+  d.nkv = static_cast<u64>(c.num_key_value_heads);
+  d.hd = static_cast<u64>(c.head_dim);
+  d.qd = d.nh * d.hd;
+  d.kvd = d.nkv * d.hd;
+  d.V = static_cast<u64>(c.vocab_size);
+  d.L = static_cast<u64>(c.num_hidden_layers);
+  d.BT = d.B * d.T;
+  d.e_w = j.model_precision == "bf16" ? 2 : 4;
+  d.mixed = j.mixed_precision != "no";
+  d.autocast = d.mixed && d.e_w == 4;
+  d.e_c = (d.autocast || d.e_w == 2) ? 2 : 4;
+  d.e_r = d.e_w;
+  d.e_rope = d.e_w;  // cos/sin come in the residual dtype: q (compute dtype) * cos promotes to it
+  d.eager = j.attn == "eager";
+  d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
+  d.liger = j.fused_kernels;
+  return d;
+}
+
+void add_param(Model& m, Param& p, u64 bytes, const char* name) {
+  p.bytes = bytes;
+  p.name = name;
+  m.order.push_back(&p);
+}
+
+Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& final_out, Id& ids) {
+  Head h;
+  Id& wl = h.wl;
+  Id& inl = h.inl;
+  Id logits = 0;
+  if (d.autocast) {
+    wl = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight");
+    inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
+  }
+  logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "logits");
+  // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
+  // copy), cross_entropy = log_softmax (saved, fp32) + nll_loss.
+  Id lf = d.e_c == 4 ? 0 : t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits.float()");
+  Id pad = t.alloc(d.B * (d.T + 1) * 8, Category::kInputs, "labels padded with -100");
+  h.shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
+  h.ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+  // nll_loss's total weight and the loss, num_items_in_batch and its device copy (0-d tensors
+  // alive until backward is done: the scalars the CPU trace shows live at backward)
+  Id* sc = h.scalars;
+  Id init[5] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
+                   t.alloc(4, Category::kLogitsLoss, "loss"),
+                   t.alloc(8, Category::kInputs, "num_items_in_batch"),
+                   t.alloc(8, Category::kInputs, "ignore mask count"),
+                   t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
+  for (int i = 0; i < 5; ++i) sc[i] = init[i];
+  t.free(lf);
+  t.free(pad);
+  for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
+  if (d.autocast) t.free(final_out);
+  // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
+  Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
+                                   : 0;
+  t.free(logits);
+  t.free(out32);  // compute_loss returns: the outputs go
+  t.free(ids);
+  t.phase("backward");
+  return h;
+}
+
+// Its backward down to the gradient of the final norm's output.
+Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out) {
+  Id& wl = h.wl;
+  Id& inl = h.inl;
+  // nll_loss backward, log_softmax backward
+  Id g_nll = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
+  Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
+  t.free(g_nll);
+  t.free(h.ls);
+  t.free(h.shift);
+  for (Id& sc : h.scalars) t.free(sc);
+  Id g_logits = g_ls;
+  if (d.e_c != 4) {
+    g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
+    t.free(g_ls);
+  }
+  // lm_head backward
+  gemm_workspace(t, m.ws_autograd);
+  Id gh;
+  if (d.autocast) {
+    Id gw16 = t.alloc(d.V * d.H * 2, Tmp, "lm_head weight grad (bf16)");
+    Id gin16 = t.alloc(d.BT * d.H * 2, Tmp, "grad final norm output");
+    t.free(g_logits);
+    t.free(wl);
+    t.free(inl);
+    gh = t.alloc(d.BT * d.H * 4, Tmp, "grad final norm output (fp32)");
+    t.free(gin16);
+    Id gw = t.alloc(d.V * d.H * 4, Category::kGradients, "lm_head weight grad");
+    t.free(gw16);
+    accumulate(t, head, gw);
+  } else {
+    Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "lm_head weight grad");
+    gh = t.alloc(d.BT * d.H * d.e_c, Tmp, "grad final norm output");
+    t.free(g_logits);
+    accumulate(t, head, gw);
+  }
+  if (!d.autocast) t.free(final_out);
+  return gh;
+}
+
+namespace {
+
+// clip_grad_norm_(foreach): _foreach_norm's per-tensor results and its chunk partials, the stack,
+// the total norm, the clip coefficient; then _foreach_mul_ in place.
+void clip_grad_norm(Tape& t, Model& m) {
+  const u64 n = m.order.size();
+  u64 max_numel = 0;
+  for (Param* p : m.order) max_numel = std::max<u64>(max_numel, p->bytes / 4);
+  const u64 chunks = (max_numel + 65535) / 65536;
+  Id partial = t.alloc(n * chunks * 4, Category::kOptimizerTemporaries, "foreach_norm chunk partials");
+  std::vector<Id> norms(n);
+  for (u64 i = 0; i < n; ++i) norms[i] = t.alloc(4, Category::kOptimizerTemporaries, "foreach_norm result");
+  t.free(partial);
+  Id stack = t.alloc(n * 4, Category::kOptimizerTemporaries, "torch.stack(norms)");
+  Id total = t.alloc(4, Category::kOptimizerTemporaries, "total norm");
+  t.free(stack);
+  for (auto& id : norms) t.free(id);
+  Id coef = t.alloc(4, Category::kOptimizerTemporaries, "clip coef");
+  Id clamped = t.alloc(4, Category::kOptimizerTemporaries, "clip coef clamped");
+  t.free(coef);
+  t.free(clamped);
+  t.free(total);
+}
+
+// AdamW over the Trainer's two parameter groups (get_decay_parameter_names: weight decay on all
+// but biases and norm weights; the group is made even when weight_decay is 0), each stepped on
+// its own: states created lazily on the first step (exp_avg, exp_avg_sq per parameter in the
+// group's order; step counters on the CPU); foreach path: _foreach_sqrt(exp_avg_sqs) is the only
+// new memory, freed as the Python list dies (CPython frees list items from the last). The fused
+// path makes no temporaries.
+void optimizer_step(Tape& t, Model& m, bool fused, bool& states) {
+  t.phase("optimizer_step");
+  std::vector<Param*> groups[2];
+  for (Param* p : m.order) {
+    const std::string_view name = p->name;
+    const bool norm = name.find("norm") != std::string_view::npos || name.find("bias") != std::string_view::npos;
+    groups[norm ? 1 : 0].push_back(p);
+  }
+  for (auto& group : groups) {
+    if (!states) {
+      for (Param* p : group) {
+        p->exp_avg = t.alloc(p->bytes, Category::kOptimizerStates, "exp_avg");
+        p->exp_avg_sq = t.alloc(p->bytes, Category::kOptimizerStates, "exp_avg_sq");
+      }
+    }
+    if (!fused) {
+      std::vector<Id> sq;
+      for (Param* p : group) sq.push_back(t.alloc(p->bytes, Category::kOptimizerTemporaries, "foreach sqrt(exp_avg_sq)"));
+      for (auto it = sq.rbegin(); it != sq.rend(); ++it) t.free(*it);
+    }
+  }
+  states = true;
+}
+
+}  // namespace
+}  // namespace detail
+
+std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
+  using namespace detail;
+  validate_job(job);
+  std::vector<ScheduleEvent> ev;
+  Tape t(ev);
+  const Dims d = dims_of(job);
+  Model model;
+  bool states = false;
+  t.phase("load");
+  const bool opt = job.model.family == ModelFamily::kOPT;
+  if (opt) {
+    load_opt(t, model, d, job.model);
+  } else {
+    load_llama(t, model, d, job.model.tie_word_embeddings);
+  }
+  for (std::int64_t step = 0; step < job.steps; ++step) {
+    for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
+      if (opt) {
+        opt_forward_backward(t, d, job, model);
+      } else {
+        llama_forward_backward(t, d, job, model);
+      }
+    }
+    t.phase("clip_grad_norm");
+    if (job.max_grad_norm > 0) clip_grad_norm(t, model);
+    optimizer_step(t, model, job.optimizer == "adamw_torch_fused", states);
+    t.phase("zero_grad");
+    for (Param* p : model.order) t.free(p->grad);
+    t.phase("step_end");
+  }
+  return ev;
+}
+
+}  // namespace scalelab::predict

@@ -1,0 +1,82 @@
+#pragma once
+// The device allocation schedule of a Hugging Face Trainer training step: every cudaMalloc-level
+// request (through PyTorch's caching allocator) and free that one step makes, in order, with its
+// size and purpose, generated from the model config and the Trainer arguments. Replayed through
+// the allocator replica (predict/caching_allocator.h) it gives torch.cuda.max_memory_allocated
+// and max_memory_reserved (predict/hf_predict.h).
+//
+// What is modelled (docs/predict.md has the list and the sources): the versions in
+// kModelledVersions; Llama (transformers' LlamaForCausalLM, eager / sdpa attention, fp32 weights
+// with or without bf16/fp16 autocast, full bf16), the Trainer step (model moved to the GPU,
+// forward under autocast with the weight-cast cache, ForCausalLMLoss with the fp32 upcast of
+// logits, accelerate's convert_outputs_to_fp32 under mixed precision, backward in reverse layer
+// order with per-op gradient temporaries, clip_grad_norm_ with foreach norms, AdamW foreach with
+// states created lazily on step 1 and the sqrt temporaries, zero_grad(set_to_none=True)), and the
+// cuBLAS workspaces (one per thread that runs GEMMs: the main thread and autograd's device thread).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "predict/caching_allocator.h"
+
+namespace scalelab::predict {
+
+// The versions whose code the schedule follows.
+struct StackVersions {
+  std::string torch = "2.11";
+  std::string transformers = "5.17";
+};
+inline const char* kSupportedStacks = "hf-trainer";
+inline const char* kSupportedTorch = "2.11";
+inline const char* kSupportedTransformers = "5.17";
+
+enum class Category : int {
+  kWeights = 0,
+  kGradients,
+  kOptimizerStates,
+  kAutocastCache,
+  kActivations,    // saved for backward
+  kLogitsLoss,     // logits, their fp32 copies, log-softmax and its gradients
+  kTemporaries,    // per-op forward/backward temporaries and activation gradients
+  kOptimizerTemporaries,  // foreach norms, AdamW's sqrt buffers
+  kWorkspace,      // cuBLAS workspaces
+  kInputs,         // the batch, masks, rotary tables
+  kCount
+};
+const char* category_name(Category c);
+inline constexpr int kNumCategories = static_cast<int>(Category::kCount);
+
+struct ScheduleEvent {
+  enum Kind : std::uint8_t { kAlloc, kFree, kPhase } kind = kAlloc;
+  std::uint32_t tensor = 0;  // alloc/free: the tensor's id
+  std::size_t bytes = 0;     // alloc: requested bytes
+  Category category = Category::kTemporaries;
+  const char* label = "";    // alloc: what it is; phase: the phase's name
+};
+
+// The Trainer arguments and switches the prediction depends on.
+struct HfJob {
+  ModelConfig model;
+  std::int64_t seq_len = 1024;
+  std::int64_t micro_batch = 1;
+  std::string model_precision = "fp32";  // fp32 | bf16 (torch_dtype the model is loaded in)
+  std::string mixed_precision = "no";    // no | bf16 | fp16 (Trainer bf16= / fp16=)
+  std::string attn = "eager";            // eager | sdpa
+  bool fused_kernels = false;            // Liger (not modelled yet: refused)
+  bool activation_checkpointing = false;
+  std::int64_t grad_accum_steps = 1;
+  std::string optimizer = "adamw_torch";  // adamw_torch (foreach) | adamw_torch_fused
+  double max_grad_norm = 1.0;             // > 0: clip_grad_norm_ runs
+  std::int64_t steps = 3;                 // optimizer steps replayed (the peak is over them)
+  StackVersions versions;
+};
+
+// Checks what the schedule models; throws InvalidInput naming the flag and what is supported.
+void validate_job(const HfJob& job);
+
+// The events of model load (the Trainer's move to the GPU) and `job.steps` optimizer steps.
+std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job);
+
+}  // namespace scalelab::predict

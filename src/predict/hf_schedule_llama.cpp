@@ -1,0 +1,743 @@
+// The Llama schedule of a Hugging Face Trainer step (transformers' LlamaForCausalLM): the model's
+// move to the GPU and one micro-step's forward and backward. See hf_schedule.cpp for how the
+// schedule was written and checked.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "predict/schedule_internal.h"
+
+namespace scalelab::predict::detail {
+
+namespace {
+
+// What one decoder layer's forward leaves for its backward.
+struct RmsSaved {
+  Id x32 = 0;      // bf16 input upcast (bf16 weights only); else the input itself is saved
+  Id rsqrt = 0;
+  Id xr = 0;       // x * rsqrt (fp32); bf16 weights: its bf16 cast
+  Id out = 0;      // weight * xr: saved by the next linears when no autocast cast is
+};
+struct LayerSaved {
+  RmsSaved n1, n2;
+  Id in_q = 0, in_k = 0, in_v = 0;   // autocast input casts (else n1.out)
+  Id wq = 0, wk = 0, wv = 0, wo = 0, wg = 0, wu = 0, wd = 0;  // autocast weight casts
+  Id q_embed = 0, q16 = 0, kT = 0;   // scores = q @ k^T operands
+  Id probs32 = 0, probs16 = 0, v_rep = 0, v = 0;
+  Id lse = 0, attn_out_sdpa = 0;     // flash / mem-efficient sdpa
+  Id ctx = 0;                        // attn_output.transpose(1,2).contiguous(): o_proj's input
+  Id h1 = 0;                         // residual after attention
+  Id in_g = 0, in_u = 0;             // autocast casts of n2.out
+  Id gate = 0, act = 0, up = 0, prod = 0;
+  Id out = 0;                        // the layer's output (next layer's input)
+};
+
+}  // namespace
+
+// Model.to(device): Module._apply visits children before a module's own parameters; the order of
+// children is their registration order in __init__.
+void load_llama(Tape& t, Model& m, const Dims& d, bool tied) {
+  m.tied = tied;
+  m.layers.resize(d.L);
+  add_param(m, m.embed, d.V * d.H * d.e_w, "model.embed_tokens.weight");
+  for (auto& l : m.layers) {
+    add_param(m, l.q, d.qd * d.H * d.e_w, "q_proj.weight");
+    add_param(m, l.k, d.kvd * d.H * d.e_w, "k_proj.weight");
+    add_param(m, l.v, d.kvd * d.H * d.e_w, "v_proj.weight");
+    add_param(m, l.o, d.H * d.qd * d.e_w, "o_proj.weight");
+    add_param(m, l.gate, d.I * d.H * d.e_w, "gate_proj.weight");
+    add_param(m, l.up, d.I * d.H * d.e_w, "up_proj.weight");
+    add_param(m, l.down, d.H * d.I * d.e_w, "down_proj.weight");
+    add_param(m, l.ln1, d.H * d.e_w, "input_layernorm.weight");
+    add_param(m, l.ln2, d.H * d.e_w, "post_attention_layernorm.weight");
+  }
+  add_param(m, m.norm, d.H * d.e_w, "model.norm.weight");
+  if (!tied) add_param(m, m.lm_head, d.V * d.H * d.e_w, "lm_head.weight");
+  std::size_t i = 0;
+  for (Param* p : m.order) {
+    p->weight = t.alloc(p->bytes, Category::kWeights, p->name);
+    // LlamaRotaryEmbedding's buffers (inv_freq, original_inv_freq: fp32 [head_dim/2]) come after
+    // model.norm, before lm_head.
+    if (p == &m.norm) {
+      m.inv_freq = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary inv_freq");
+      m.inv_freq_orig = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary original_inv_freq");
+    }
+    ++i;
+  }
+}
+
+namespace {
+
+// LlamaRMSNorm: x.to(fp32); var = x.pow(2).mean(-1, keepdim); x * rsqrt(var + eps);
+// weight * x.to(input_dtype).
+RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
+  RmsSaved s;
+  const u64 n = d.BT * d.H;
+  (void)x;
+  if (d.liger) {  // LigerRMSNorm: one kernel; saves its input (the caller keeps it) and rstd
+    s.out = t.alloc(n * d.e_r, A, "liger rmsnorm output");
+    s.rsqrt = t.alloc(d.BT * 4, A, "liger rmsnorm rstd");
+    return s;
+  }
+  if (d.e_r == 2) s.x32 = t.alloc(n * 4, A, "rmsnorm x.to(fp32)");
+  Id pw = t.alloc(n * 4, Tmp, "rmsnorm pow");
+  Id var = t.alloc(d.BT * 4, Tmp, "rmsnorm variance");
+  t.free(pw);
+  Id add = t.alloc(d.BT * 4, Tmp, "rmsnorm var+eps");
+  s.rsqrt = t.alloc(d.BT * 4, A, "rmsnorm rsqrt");
+  t.free(add);
+  Id xr = 0;
+  if (d.e_r == 2) {
+    xr = t.alloc(n * 4, Tmp, "rmsnorm x*rsqrt");
+    s.xr = t.alloc(n * 2, A, "rmsnorm .to(bf16)");
+  } else {
+    s.xr = t.alloc(n * 4, A, "rmsnorm x*rsqrt");
+  }
+  s.out = t.alloc(n * d.e_r, A, "rmsnorm output");
+  t.free(xr);
+  t.free(var);
+  return s;
+}
+
+// Its backward, given the gradient of its output `g_in` (freed here). The gradient of its input
+// goes into the residual stream's gradient buffer `g_res` in place (autograd's InputBuffer adds
+// into the buffer it holds); for the final norm, which has no residual path, it becomes that
+// buffer. `x_in` is the norm's input when it is saved (fp32 residual stream): freed here.
+// Temporaries as the CUDA trace shows them: g*w and g*h with the weight-grad reduction buffer,
+// the x*rsqrt backward, the rsqrt / mean / pow backward.
+void rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g_in, Id& g_res, Id& x_in) {
+  const u64 n = d.BT * d.H;
+  if (d.liger) {
+    // LigerRMSNorm backward (in_place): dX is written into dY's buffer; dW from per-SM fp32
+    // partial rows (132 SMs on an H100/H200) summed into the weight's dtype.
+    Id partial = t.alloc(132 * d.H * 4, Tmp, "liger rmsnorm dW partials");
+    Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "norm weight grad");
+    t.free(partial);
+    accumulate(t, w, gw);
+    t.free(s.out);
+    t.free(s.rsqrt);
+    t.free(x_in);
+    if (g_res == 0) {
+      g_res = g_in;
+      g_in = 0;
+    } else {
+      t.free(g_in);  // added into the residual buffer
+    }
+    return;
+  }
+  Id gh = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*w");
+  Id gw_t = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*h");
+  Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "norm weight grad");
+  Id red = t.alloc(n * 8, Tmp, "rmsnorm weight-grad reduction buffer");
+  Id part = t.alloc(64, Tmp, "reduction partials");
+  t.free(part);
+  t.free(red);
+  t.free(gw_t);
+  accumulate(t, w, gw);
+  t.free(g_in);
+  t.free(s.out);
+  t.free(s.xr);
+  if (d.e_r == 2) {  // .to(bf16) backward: the gradient back to fp32
+    Id gh32 = t.alloc(n * 4, Tmp, "rmsnorm grad to fp32");
+    t.free(gh);
+    gh = gh32;
+  }
+  Id prod = t.alloc(n * 4, Tmp, "rmsnorm grad g*x (for rsqrt)");
+  Id gx = t.alloc(n * 4, Tmp, "rmsnorm grad g*rsqrt");
+  Id gr = t.alloc(d.BT * 4, Tmp, "rmsnorm grad sum");
+  t.free(prod);
+  t.free(gh);
+  Id s1 = t.alloc(d.BT * 4, Tmp, "rsqrt backward");
+  Id s2 = t.alloc(d.BT * 4, Tmp, "rsqrt backward");
+  Id s3 = t.alloc(d.BT * 4, Tmp, "mean backward");
+  t.free(s2);
+  t.free(s1);
+  t.free(gr);
+  t.free(s.rsqrt);
+  Id gm = t.alloc(n * 4, Tmp, "mean backward expand");
+  t.free(s3);
+  Id gp1 = t.alloc(n * 4, Tmp, "pow backward");
+  Id gp2 = t.alloc(n * 4, Tmp, "pow backward");
+  Id gp3 = t.alloc(n * 4, Tmp, "pow backward");
+  t.free(gp2);
+  t.free(gp1);
+  t.free(gm);
+  t.free(x_in);
+  t.free(s.x32);
+  if (d.e_r == 2) {
+    t.free(gp3);  // summed into gx (fp32), then x.to(fp32) backward casts to bf16
+    Id gb = t.alloc(n * 2, Tmp, "rmsnorm input grad (bf16)");
+    t.free(gx);
+    gx = gb;
+  } else if (g_res == 0) {
+    t.free(gp3);  // summed into gx, which becomes the residual buffer
+  }
+  if (g_res == 0) {
+    g_res = gx;
+    gx = 0;
+  } else {
+    t.free(gx);
+    t.free(gp3);
+  }
+}
+
+// y = x @ W^T in the compute dtype. Autocast: the weight's cast (cached for the forward, saved by
+// the matmul) and the input's cast (saved) come first.
+Id linear_forward(Tape& t, const Dims& d, Model& m, Param& p, Id in, u64 in_f, u64 out_f, bool in_is_compute,
+                  Id& wcast, Id& incast, const char* label) {
+  if (d.autocast) {
+    wcast = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
+    if (!in_is_compute) incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
+  }
+  (void)in;
+  gemm_workspace(t, m.ws_main);
+  return t.alloc(d.BT * out_f * d.e_c, A, label);
+}
+
+// Its backward: weight grad first (cuBLAS order in mm_mat1/mat2 backward), then the input grad;
+// under autocast the input grad is cast back to fp32 when the input was a cast.
+Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, u64 out_f, Id& wcast,
+                   Id& incast, bool in_was_cast) {
+  gemm_workspace(t, m.ws_autograd);
+  Id gw16 = 0;
+  if (d.autocast) {
+    gw16 = t.alloc(in_f * out_f * 2, Tmp, "weight grad (autocast dtype)");
+  } else {
+    Id gw = t.alloc(in_f * out_f * d.e_w, Category::kGradients, "weight grad");
+    accumulate(t, p, gw);
+  }
+  Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  t.free(g);
+  t.free(wcast);
+  t.free(incast);
+  if (d.autocast && in_was_cast) {
+    Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
+    t.free(gin);
+    gin = g32;
+  }
+  if (d.autocast) {
+    Id gw = t.alloc(in_f * out_f * 4, Category::kGradients, "weight grad");
+    t.free(gw16);
+    accumulate(t, p, gw);
+  }
+  return gin;
+}
+
+// apply_rotary_pos_emb for one of q / k ([B, heads, T, hd] view of the projection):
+// x * cos + rotate_half(x) * sin, rotate_half = cat(-x2, x1).
+Id rope_forward(Tape& t, const Dims& d, u64 width) {
+  const u64 n = d.BT * width;
+  Id xc = t.alloc(n * d.e_rope, Tmp, "rope x*cos");
+  Id neg = t.alloc(n / 2 * d.e_c, Tmp, "rope -x2");
+  Id cat = t.alloc(n * d.e_c, Tmp, "rope cat");
+  t.free(neg);
+  Id rs = t.alloc(n * d.e_rope, Tmp, "rope rot*sin");
+  t.free(cat);
+  Id out = t.alloc(n * d.e_rope, A, "rope output");
+  t.free(xc);
+  t.free(rs);
+  return out;
+}
+
+// Its backward: g*cos, g*sin, rotate_half's cat/neg/slice backward, summed.
+Id rope_backward(Tape& t, const Dims& d, u64 width, Id& g) {
+  const u64 n = d.BT * width;
+  Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
+  Id gs = t.alloc(n * d.e_rope, Tmp, "rope grad g*sin");
+  t.free(g);
+  Id gs_c = 0;
+  if (d.e_rope != d.e_c) {  // grad of rotate_half(x), cast to x's dtype
+    gs_c = t.alloc(n * d.e_c, Tmp, "rope grad to compute dtype");
+    t.free(gs);
+    gs = gs_c;
+  }
+  Id neg = t.alloc(n / 2 * d.e_c, Tmp, "rope grad neg");
+  Id s1 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
+  Id s2 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
+  t.free(neg);
+  t.free(gs);
+  t.free(s1);
+  t.free(s2);
+  if (d.e_rope != d.e_c) {
+    Id gcc = t.alloc(n * d.e_c, Tmp, "rope grad to compute dtype");
+    t.free(gc);
+    gc = gcc;
+  }
+  return gc;
+}
+
+void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id x, Id mask) {
+  (void)mask;
+  s.n1 = rms_forward(t, d, x);
+  const bool ac = d.autocast;
+  Id q = linear_forward(t, d, m, p.q, s.n1.out, d.H, d.qd, false, s.wq, s.in_q, "q_proj output");
+  Id k = linear_forward(t, d, m, p.k, s.n1.out, d.H, d.kvd, false, s.wk, s.in_k, "k_proj output");
+  s.v = linear_forward(t, d, m, p.v, s.n1.out, d.H, d.kvd, false, s.wv, s.in_v, "v_proj output");
+  Id k_embed;
+  if (d.liger) {
+    // liger_rotary_pos_emb rotates q and k in place (their [B, T, heads, hd] buffers); k comes
+    // back as a contiguous copy (inferred from the H200 measurements: one k-sized bf16 tensor
+    // per layer more is live at the peak than the in-place kernel alone explains)
+    s.q_embed = q;
+    q = 0;
+    k_embed = t.alloc(d.BT * d.kvd * d.e_c, A, "liger rope k");
+    t.free(k);
+  } else {
+    s.q_embed = rope_forward(t, d, d.qd);
+    k_embed = rope_forward(t, d, d.kvd);
+  }
+  t.free(q);
+  t.free(k);
+  const u64 rep = d.nh / d.nkv;
+  const u64 bhtt = d.B * d.nh * d.T * d.T;
+  if (d.eager || d.e_c == 4) {
+    // eager_attention_forward. sdpa in fp32 runs the same way: there is no fp32 flash kernel and
+    // the memory-efficient kernel takes no GQA, so PyTorch falls back to the math path, which
+    // allocates as eager (measured identical to the byte on the H200).
+    // repeat_kv: expand + reshape, a copy when heads are grouped.
+    Id k_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_rope, Tmp, "repeat_kv(key)") : 0;
+    s.v_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, A, "repeat_kv(value)") : 0;
+    // torch.matmul(q, k^T): under autocast both operands are cast (q's cast saved); bmm takes the
+    // transposed key made contiguous (saved).
+    Id kcast = 0;
+    if (ac) {
+      s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
+      kcast = t.alloc(d.BT * d.qd * 2, Tmp, "autocast cast of k");
+    }
+    s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
+    Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
+    t.free(kcast);
+    Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * scaling");
+    t.free(scores);
+    // + causal mask, which is in the embeddings' dtype (fp32 under autocast: the sum is fp32)
+    const u64 e_masked = std::max(d.e_c, d.e_r);
+    Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
+    t.free(scaled);
+    // softmax(dtype=fp32) converts a bf16 input to fp32 first (a transient copy)
+    Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
+    s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
+    t.free(conv);
+    // .to(query.dtype) is a cast when q is bf16 (bf16 weights); autocast's matmul casts it too.
+    if (d.e_rope == 2 || ac) s.probs16 = t.alloc(bhtt * 2, A, ac ? "autocast cast of probs" : "probs.to(bf16)");
+    t.free(masked);  // attn_weights is rebound
+    Id o = t.alloc(d.BT * d.qd * d.e_c, Tmp, "probs @ v");
+    s.ctx = t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
+    t.free(o);
+    t.free(k_rep);
+  } else {
+    // sdpa on the flash kernel with enable_gqa (no S x S matrix): saves q, k, v, the output and
+    // the log-sum-exp (fp32 [B, heads, T]); modelled from the kernel's source
+    // (aten/src/ATen/native/transformers/cuda/attention.cu, flash_api.cpp), not traced. Under
+    // autocast q and k (fp32 after rope) are cast to bf16 and the casts saved.
+    if (ac) {
+      s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
+      s.kT = t.alloc(d.BT * d.kvd * 2, A, "autocast cast of k");
+      t.free(s.q_embed);
+      t.free(k_embed);
+    } else {
+      s.kT = k_embed;
+      k_embed = 0;
+    }
+    s.attn_out_sdpa = t.alloc(d.BT * d.qd * d.e_c, A, "flash attention output");
+    s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
+    // flash returns a transposed view of a [B, T, heads, hd] buffer: .transpose(1,2).contiguous()
+    // is then a no-op, and o_proj saves the same storage.
+    s.ctx = 0;
+  }
+  Id ctx_unused = 0;
+  Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
+  // LlamaAttention.forward returns: its locals go.
+  if (d.eager || d.e_c == 4) {
+    t.free(k_embed);
+    if (ac) t.free(s.q_embed);  // its cast is what bmm saved
+    if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
+  }
+  if (ac) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
+  s.h1 = t.alloc(d.BT * d.H * d.e_r, A, "residual + attention");
+  t.free(o_out);
+  s.n2 = rms_forward(t, d, s.h1);
+  s.gate = linear_forward(t, d, m, p.gate, s.n2.out, d.H, d.I, false, s.wg, s.in_g, "gate_proj output");
+  if (!d.liger) s.act = t.alloc(d.BT * d.I * d.e_c, A, "silu(gate)");  // Liger's SwiGLU recomputes it
+  s.up = linear_forward(t, d, m, p.up, s.n2.out, d.H, d.I, false, s.wu, s.in_u, "up_proj output");
+  s.prod = t.alloc(d.BT * d.I * d.e_c, A, d.liger ? "liger swiglu output" : "silu(gate) * up");
+  Id in_d = 0;
+  Id down = linear_forward(t, d, m, p.down, s.prod, d.I, d.H, true, s.wd, in_d, "down_proj output");
+  if (ac) t.free(s.n2.out);
+  s.out = t.alloc(d.BT * d.H * d.e_r, A, "residual + mlp");
+  t.free(down);
+}
+
+// Backward of one layer, given the gradient of its output `g` (residual dtype); returns the
+// gradient of its input.
+// Without autocast (fp32, or bf16 weights), eager attention's backward down to the layer's input,
+// in the order the recorded CUDA run shows: probs @ v backward (the output gradient made
+// contiguous; grad v before grad probs), softmax backward through its fp32 upcast (with one
+// transient of the probs' size), the scaling, q @ k^T backward, repeat_kv's sums, rotary
+// backward, then v/k/q projections each on a contiguous copy of its output gradient, their input
+// gradients summed (the first sum out of place), then input_layernorm.
+void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id& g_ctx,
+                                    Id& g_res, Id& x_in) {
+  const u64 e = d.e_c;
+  const u64 rep = d.nh / d.nkv;
+  const u64 bhtt = d.B * d.nh * d.T * d.T;
+  const u64 nq = d.BT * d.qd, nk = d.BT * d.kvd;
+  Id gc = t.alloc(nq * e, Tmp, "grad contiguous");
+  t.free(g_ctx);
+  Id gv_rep = t.alloc(nq * e, Tmp, "grad v (repeated)");
+  Id gp = t.alloc(bhtt * e, Tmp, "grad probs");
+  t.free(gc);
+  t.free(s.v_rep);
+  t.free(s.probs16);
+  if (e != 4) {
+    Id gp32 = t.alloc(bhtt * 4, Tmp, "grad probs to fp32");
+    t.free(gp);
+    gp = gp32;
+  }
+  Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
+  Id tmp = t.alloc(bhtt * 4, Tmp, "softmax backward grad*out");
+  t.free(tmp);
+  t.free(gp);
+  t.free(s.probs32);
+  if (e != 4) {
+    Id g16 = t.alloc(bhtt * e, Tmp, "softmax backward to the input dtype");
+    t.free(gsm);
+    gsm = g16;
+  }
+  Id gsc = t.alloc(bhtt * e, Tmp, "scaling backward");
+  t.free(gsm);
+  Id gk_rep = t.alloc(nq * e, Tmp, "grad k (repeated)");
+  Id gq = t.alloc(nq * e, Tmp, "grad q");
+  t.free(gsc);
+  t.free(s.kT);
+  t.free(s.q_embed);
+  Id gv = gv_rep, gk = gk_rep;
+  if (rep > 1) {
+    gv = t.alloc(nk * e, Tmp, "repeat_kv backward (v)");
+    t.free(gv_rep);
+    gk = t.alloc(nk * e, Tmp, "repeat_kv backward (k)");
+    t.free(gk_rep);
+  }
+  auto rope_bw = [&](Id& g, u64 n) {
+    Id a = t.alloc(n * e, Tmp, "rope grad g*sin");
+    Id neg = t.alloc(n / 2 * e, Tmp, "rope grad neg");
+    Id res = t.alloc(n * e, Tmp, "rope grad");
+    t.free(neg);
+    Id c = t.alloc(n * e, Tmp, "rope grad g*cos");
+    t.free(a);
+    t.free(c);
+    Id acc = t.alloc(n * e, Tmp, "rope grad sum");
+    t.free(g);
+    t.free(acc);
+    return res;
+  };
+  Id gk2 = d.liger ? gk : rope_bw(gk, nk);  // Liger: in place
+  Id gq2 = d.liger ? gq : rope_bw(gq, nq);
+  if (d.liger) gk = gq = 0;
+  auto proj_bw = [&](Param& w, Id& g, u64 out_f) {
+    Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
+    t.free(g);
+    gemm_workspace(t, m.ws_autograd);
+    Id gw = t.alloc(out_f * d.H * d.e_w, Category::kGradients, "weight grad");
+    accumulate(t, w, gw);
+    Id gin = t.alloc(d.BT * d.H * e, Tmp, "input grad");
+    t.free(cont);
+    return gin;
+  };
+  Id gin_v = proj_bw(p.v, gv, d.kvd);
+  Id gin_k = proj_bw(p.k, gk2, d.kvd);
+  Id sum = t.alloc(d.BT * d.H * e, Tmp, "input grad sum");
+  t.free(gin_v);
+  t.free(gin_k);
+  Id gin_q = proj_bw(p.q, gq2, d.qd);
+  t.free(s.n1.out);
+  t.free(gin_q);  // added in place into the sum
+  t.free(s.v);
+  rms_backward(t, d, s.n1, p.ln1, sum, g_res, x_in);
+}
+
+void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id& g_res, Id& x_in) {
+  const bool ac = d.autocast;
+  const u64 rep = d.nh / d.nkv;
+  const u64 bhtt = d.B * d.nh * d.T * d.T;
+  // residual: g flows to h1 unchanged; the mlp branch gets it (cast to bf16 under autocast).
+  Id gprod;
+  if (ac) {
+    Id gd = t.alloc(d.BT * d.H * 2, Tmp, "grad .to(bf16) into the mlp branch");  // of g_res
+    Id none = 0;
+    gprod = linear_backward(t, d, m, p.down, gd, d.I, d.H, s.wd, none, false);
+  } else {
+    gemm_workspace(t, m.ws_autograd);
+    Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
+    accumulate(t, p.down, gw);
+    gprod = t.alloc(d.BT * d.I * d.e_c, Tmp, "input grad");
+  }
+  t.free(s.prod);
+  Id g_act, g_up, g_gate;
+  Id gn2;
+  if (d.liger) {
+    // Liger's SwiGLU backward writes d(gate) and d(up) into the saved gate / up buffers
+    t.free(gprod);
+    g_up = s.up;
+    s.up = 0;
+    g_gate = s.gate;
+    s.gate = 0;
+    gn2 = linear_backward(t, d, m, p.up, g_up, d.H, d.I, s.wu, s.in_u, ac);
+  } else {
+    g_act = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt silu");
+    g_up = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt up");
+    t.free(gprod);
+    t.free(s.up);
+    t.free(s.act);
+    gn2 = linear_backward(t, d, m, p.up, g_up, d.H, d.I, s.wu, s.in_u, ac);
+    g_gate = t.alloc(d.BT * d.I * d.e_c, Tmp, "silu backward");
+    t.free(g_act);
+    t.free(s.gate);
+  }
+  Id gn2b = linear_backward(t, d, m, p.gate, g_gate, d.H, d.I, s.wg, s.in_g, ac);
+  if (ac) {
+    t.free(gn2b);  // added in place into the fp32 buffer (a cast it owns)
+  } else {
+    // autograd's InputBuffer: the first sum of two matmul outputs is out of place
+    Id sum = t.alloc(d.BT * d.H * d.e_c, Tmp, "input grad sum");
+    t.free(gn2);
+    t.free(gn2b);
+    gn2 = sum;
+  }
+  if (!ac) t.free(s.n2.out);
+  rms_backward(t, d, s.n2, p.ln2, gn2, g_res, s.h1);
+  // attention branch
+  Id g_ctx;
+  if (ac) {
+    Id gc_in = t.alloc(d.BT * d.H * 2, Tmp, "grad .to(bf16) into the attention branch");
+    Id none = 0;
+    g_ctx = linear_backward(t, d, m, p.o, gc_in, d.qd, d.H, s.wo, none, false);
+  } else {
+    gemm_workspace(t, m.ws_autograd);
+    Id gw = t.alloc(d.H * d.qd * d.e_w, Category::kGradients, "weight grad");
+    accumulate(t, p.o, gw);
+    g_ctx = t.alloc(d.BT * d.qd * d.e_c, Tmp, "input grad");
+  }
+  t.free(s.ctx);
+  Id gq, gk, gv;
+  if (!ac && (d.eager || d.e_c == 4)) {
+    eager_attention_backward_plain(t, d, m, p, s, g_ctx, g_res, x_in);
+    return;
+  }
+  if (d.eager || d.e_c == 4) {
+    // probs @ v backward: grad probs and grad v (the transposed gradient made contiguous first)
+    Id gc = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad contiguous");
+    t.free(g_ctx);
+    Id gp = t.alloc(bhtt * d.e_c, Tmp, "grad probs");
+    Id gv_rep = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad v (repeated)");
+    t.free(gc);
+    t.free(s.v_rep);
+    Id gp32 = gp;
+    if (s.probs16 != 0) {
+      t.free(s.probs16);
+      if (ac || d.e_rope == 2) {
+        gp32 = t.alloc(bhtt * 4, Tmp, "grad probs to fp32");
+        t.free(gp);
+      }
+    }
+    Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
+    t.free(gp32);
+    t.free(s.probs32);
+    Id gsc = gsm;
+    if (d.e_c != 4) {
+      gsc = t.alloc(bhtt * d.e_c, Tmp, "grad scores to compute dtype");
+      t.free(gsm);
+    }
+    Id gsc2 = t.alloc(bhtt * d.e_c, Tmp, "scaling backward");
+    t.free(gsc);
+    Id gq_ = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
+    Id gkT = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad k^T");
+    t.free(gsc2);
+    t.free(s.kT);
+    t.free(s.q16);
+    if (!ac) t.free(s.q_embed);
+    gq = gq_;
+    if (ac) {
+      gq = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
+      t.free(gq_);
+      Id gk32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad k to fp32");
+      t.free(gkT);
+      gkT = gk32;
+    }
+    // repeat_kv backward: sum over the groups
+    if (rep > 1) {
+      gk = t.alloc(d.BT * d.kvd * d.e_rope, Tmp, "repeat_kv backward (k)");
+      t.free(gkT);
+      gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");
+      t.free(gv_rep);
+    } else {
+      gk = gkT;
+      gv = gv_rep;
+    }
+  } else {
+    // flash backward (flash_api.cpp mha_bwd): dq, dk, dv, the fp32 dq accumulator and softmax_d,
+    // and with grouped heads the expanded dk / dv that are summed into the grouped ones.
+    gq = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
+    gk = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad k");
+    gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad v");
+    Id softmax_d = t.alloc(d.B * d.nh * d.T * 4, Tmp, "flash softmax_d");
+    Id dq_acc = t.alloc(d.BT * d.qd * 4, Tmp, "flash dq accumulator");
+    Id dk_exp = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, Tmp, "flash dk expanded") : 0;
+    Id dv_exp = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, Tmp, "flash dv expanded") : 0;
+    t.free(dk_exp);
+    t.free(dv_exp);
+    t.free(dq_acc);
+    t.free(softmax_d);
+    t.free(g_ctx);
+    t.free(s.attn_out_sdpa);
+    t.free(s.lse);
+    t.free(s.q16);
+    t.free(s.kT);
+    t.free(s.q_embed);
+    if (ac) {
+      Id q32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
+      t.free(gq);
+      gq = q32;
+      Id k32 = t.alloc(d.BT * d.kvd * 4, Tmp, "grad k to fp32");
+      t.free(gk);
+      gk = k32;
+    }
+  }
+  Id gq2 = d.liger ? gq : rope_backward(t, d, d.qd, gq);  // Liger: in place
+  Id gk2 = d.liger ? gk : rope_backward(t, d, d.kvd, gk);
+  if (d.liger) gq = gk = 0;
+  // v_proj, k_proj, q_proj backward (reverse creation order); the input grads sum in place.
+  Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac);
+  Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac);
+  t.free(gn1k);
+  Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac);
+  t.free(gn1q);
+  t.free(s.v);
+  if (!ac) t.free(s.n1.out);
+  rms_backward(t, d, s.n1, p.ln1, gn1, g_res, x_in);
+}
+
+// Activation checkpointing (transformers 5.17: torch.utils.checkpoint with use_reentrant=False):
+// the layer runs with its saved tensors packed into handles, so they go as soon as nothing else
+// holds them; what stays is the checkpoint frame's arguments (the layer input, the mask and the
+// rotary tables) and, under autocast, the weight casts in autocast's cache until the forward ends.
+void drop_saved(Tape& t, LayerSaved& s) {
+  Id* ids[] = {&s.n1.x32, &s.n1.rsqrt, &s.n1.xr, &s.n1.out, &s.n2.x32, &s.n2.rsqrt, &s.n2.xr, &s.n2.out,
+               &s.in_q,   &s.in_k,    &s.in_v,  &s.q_embed, &s.q16,   &s.kT,       &s.probs32, &s.probs16,
+               &s.v_rep,  &s.v,       &s.lse,   &s.attn_out_sdpa, &s.ctx, &s.h1,   &s.in_g,   &s.in_u,
+               &s.gate,   &s.act,     &s.up,    &s.prod};
+  for (Id* id : ids) t.free(*id);
+}
+
+// Liger's fused linear cross-entropy (LigerForCausalLM with labels): no logits tensor. The
+// forward walks the B*T rows in chunks of next_pow2(ceil(B*T / ceil(V / H))): each chunk's logits
+// (chunk x V) are turned into their gradient in place, the input gradient chunk (chunk x H) is
+// copied into a preallocated grad_input and grad_weight accumulates in place; both are saved for
+// the backward, which only scales them. Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
+Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids) {
+  const u64 inc = (d.V + d.H - 1) / d.H;
+  u64 chunk = 1;
+  while (chunk < (d.BT + inc - 1) / inc) chunk *= 2;
+  chunk = std::min(chunk, d.BT);
+  Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "liger flce grad_weight");
+  Id gin = t.alloc(d.BT * d.H * d.e_c, Category::kLogitsLoss, "liger flce grad_input");
+  Id loss1d = t.alloc(d.BT * 4, Category::kLogitsLoss, "liger flce loss_1d");
+  Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels");
+  gemm_workspace(t, m.ws_main);
+  for (u64 start = 0; start < d.BT; start += chunk) {
+    const u64 rows = std::min(chunk, d.BT - start);
+    Id logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
+    Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
+    t.free(gchunk);
+    t.free(logits);
+  }
+  Id loss = t.alloc(4, Category::kLogitsLoss, "loss");
+  t.free(loss1d);
+  t.free(ids);
+  t.phase("backward");
+  t.free(loss);
+  t.free(shift);
+  accumulate(t, head, gw);  // the tied weight's first gradient: stolen as .grad
+  t.free(final_out);  // the fused loss saved its gradients, not the final norm's output
+  return gin;
+}
+
+}  // namespace
+
+void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
+  // The batch (input_ids, labels: int64 [B, T]) and the Trainer's num_items_in_batch.
+  Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
+  Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  t.phase("forward");
+  Id x = t.alloc(d.BT * d.H * d.e_r, A, "embedding output");
+  // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
+  Id mask = d.eager ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
+  // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype
+  Id cos = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary cos");
+  Id sin = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary sin");
+  std::vector<LayerSaved> saved(d.L);
+  Id layer_in = x;
+  const bool ckpt = j.activation_checkpointing;
+  std::vector<Id> cached_casts;
+  for (u64 l = 0; l < d.L; ++l) {
+    layer_forward(t, d, m, m.layers[l], saved[l], layer_in, mask);
+    if (ckpt) {
+      drop_saved(t, saved[l]);
+      LayerSaved& s = saved[l];
+      for (Id* w : {&s.wq, &s.wk, &s.wv, &s.wo, &s.wg, &s.wu, &s.wd}) {
+        if (*w != 0) cached_casts.push_back(*w);
+        *w = 0;
+      }
+    } else if (d.e_r == 2 && !d.liger) {
+      // bf16 residual stream: the norms save their fp32 upcasts, not the layer's input or h1;
+      // both go when the decoder loop rebinds hidden_states (the embedding output is held by
+      // LlamaModel.forward until it returns).
+      if (l > 0) t.free(saved[l - 1].out);
+      t.free(saved[l].h1);
+    }
+    layer_in = saved[l].out;
+  }
+  RmsSaved fn = rms_forward(t, d, layer_in);
+  if (d.e_r == 2 && !ckpt && !d.liger) {
+    t.free(saved[d.L - 1].out);
+    t.free(x);
+  }
+  if (!ckpt) t.free(mask);  // else the checkpoint frames hold it until their backward
+  Param& head = m.tied ? m.embed : m.lm_head;
+  Id gh;
+  if (d.liger) {
+    gh = liger_flce(t, d, m, head, fn.out, ids);
+  } else {
+    Head hd = head_forward(t, d, cached_casts, fn.out, ids);
+    gh = head_backward(t, d, m, head, hd, fn.out);
+  }
+  Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers
+  rms_backward(t, d, fn, m.norm, gh, g_res, saved[d.L - 1].out);
+  for (u64 l = d.L; l-- > 0;) {
+    Id& x_in = l > 0 ? saved[l - 1].out : x;
+    if (ckpt) {
+      // the first unpack recomputes the layer's forward (with grad, under the recorded autocast
+      // state); early stop: the recomputed output is not needed and goes.
+      LayerSaved r;
+      layer_forward(t, d, m, m.layers[l], r, x_in, mask);
+      t.free(r.out);
+      if (d.e_r == 2) t.free(r.h1);
+      saved[l] = r;
+    }
+    layer_backward(t, d, m, m.layers[l], saved[l], g_res, x_in);
+  }
+  t.free(mask);
+  // embedding backward (CUDA embedding_dense_backward: sort-based; the dense [V, H] gradient)
+  Id sorted = t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices");
+  Id orig = t.alloc(d.BT * 8, Tmp, "embedding backward original indices");
+  Id gemb = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "embedding weight grad");
+  t.free(sorted);
+  t.free(orig);
+  t.free(g_res);
+  t.free(x);
+  t.free(cos);
+  t.free(sin);
+  accumulate(t, m.embed, gemb);
+  t.free(labels);
+}
+
+}  // namespace scalelab::predict::detail

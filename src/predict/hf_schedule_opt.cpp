@@ -1,0 +1,383 @@
+// The OPT schedule of a Hugging Face Trainer step (transformers' OPTForCausalLM: pre-LayerNorm,
+// learned positions, biases, ReLU, residual dropout): the model's move to the GPU and one
+// micro-step's forward and backward. See hf_schedule.cpp for how the schedule was written.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "predict/schedule_internal.h"
+
+namespace scalelab::predict::detail {
+
+// ---- OPT (transformers' OPTForCausalLM: pre-LayerNorm, learned positions, biases, ReLU) ----
+
+// Model.to(device) for OPT: OPTDecoder registers embed_tokens, embed_positions, (project_out /
+// project_in when word_embed_proj_dim differs: refused), final_layer_norm, then the layers; a
+// layer: self_attn (k, v, q, out_proj), self_attn_layer_norm, fc1, fc2, final_layer_norm.
+void load_opt(Tape& t, Model& m, const Dims& d, const ModelConfig& c) {
+  m.opt = true;
+  m.tied = c.tie_word_embeddings;
+  m.final_ln = c.has_final_layer_norm();
+  m.opt_layers.resize(d.L);
+  const u64 e = d.e_w, H = d.H, I = d.I;
+  add_param(m, m.embed, d.V * H * e, "model.decoder.embed_tokens.weight");
+  add_param(m, m.pos, (static_cast<u64>(c.max_position_embeddings) + 2) * H * e, "embed_positions.weight");
+  if (m.final_ln) {
+    add_param(m, m.flnw, H * e, "decoder.final_layer_norm.weight");
+    add_param(m, m.flnb, H * e, "decoder.final_layer_norm.bias");
+  }
+  for (auto& l : m.opt_layers) {
+    add_param(m, l.k, H * H * e, "k_proj.weight");
+    add_param(m, l.kb, H * e, "k_proj.bias");
+    add_param(m, l.v, H * H * e, "v_proj.weight");
+    add_param(m, l.vb, H * e, "v_proj.bias");
+    add_param(m, l.q, H * H * e, "q_proj.weight");
+    add_param(m, l.qb, H * e, "q_proj.bias");
+    add_param(m, l.o, H * H * e, "out_proj.weight");
+    add_param(m, l.ob, H * e, "out_proj.bias");
+    add_param(m, l.ln1w, H * e, "self_attn_layer_norm.weight");
+    add_param(m, l.ln1b, H * e, "self_attn_layer_norm.bias");
+    add_param(m, l.fc1, I * H * e, "fc1.weight");
+    add_param(m, l.fc1b, I * e, "fc1.bias");
+    add_param(m, l.fc2, H * I * e, "fc2.weight");
+    add_param(m, l.fc2b, H * e, "fc2.bias");
+    add_param(m, l.ln2w, H * e, "final_layer_norm.weight");
+    add_param(m, l.ln2b, H * e, "final_layer_norm.bias");
+  }
+  if (!m.tied) add_param(m, m.lm_head, d.V * H * e, "lm_head.weight");
+  for (Param* p : m.order) p->weight = t.alloc(p->bytes, Category::kWeights, p->name);
+}
+
+namespace {
+
+struct LnSaved {
+  Id out = 0, mean = 0, rstd = 0;
+};
+// nn.LayerNorm (native_layer_norm): the output, and the fp32 mean / rstd it saves with its input.
+LnSaved ln_forward(Tape& t, const Dims& d) {
+  LnSaved s;
+  s.out = t.alloc(d.BT * d.H * d.e_r, A, "layer_norm output");
+  s.mean = t.alloc(d.BT * 4, A, "layer_norm mean");
+  s.rstd = t.alloc(d.BT * 4, A, "layer_norm rstd");
+  return s;
+}
+// native_layer_norm_backward: the input gradient (added into the residual buffer, or becoming it)
+// and the weight / bias gradients.
+void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_in, Id& g_res, Id& x_in) {
+  Id gx = t.alloc(d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
+  Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
+  Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
+  t.free(g_in);
+  t.free(s.out);
+  t.free(s.mean);
+  t.free(s.rstd);
+  t.free(x_in);
+  accumulate(t, w, gw);
+  accumulate(t, b, gb);
+  if (g_res == 0) {
+    g_res = gx;
+  } else {
+    t.free(gx);
+  }
+}
+
+struct OptSaved {
+  LnSaved ln1, ln2;
+  Id in_q = 0, in_k = 0, in_v = 0, in_fc1 = 0;
+  Id casts[16] = {};
+  int ncasts = 0;
+  Id qc = 0, kT = 0, vc = 0, probs32 = 0, probs16 = 0, ctx = 0, lse = 0, attn_out = 0, q_s = 0, k = 0, v = 0;
+  Id h1 = 0, relu = 0, out = 0;
+  Id mask1 = 0, mask2 = 0;  // dropout masks (config dropout > 0)
+};
+
+// Linear with bias (addmm): autocast casts the weight and the bias (cached) and the input (saved).
+Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f, bool in_is_compute, Id* incast,
+              const char* label) {
+  if (d.autocast) {
+    s.casts[s.ncasts++] = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
+    s.casts[s.ncasts++] = t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast");
+    if (!in_is_compute && incast != nullptr) *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
+  }
+  gemm_workspace(t, m.ws_main);
+  return t.alloc(d.BT * out_f * d.e_c, A, label);
+}
+
+void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
+  (void)mask;
+  const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
+  const bool ac = d.autocast;
+  s.ln1 = ln_forward(t, d);
+  Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
+  s.q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
+  t.free(q);
+  s.k = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_k, "k_proj output");
+  s.v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
+  if (d.eager || d.e_c == 4) {
+    // [B, heads, T, hd] views of [B, T, H] buffers: bmm needs copies of q and k^T (saved)
+    s.qc = t.alloc(nq * d.e_c, A, "q contiguous for bmm");
+    s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
+    Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
+    Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
+    t.free(scores);
+    const u64 e_masked = std::max(d.e_c, d.e_r);
+    Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
+    t.free(scaled);
+    Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
+    s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
+    t.free(conv);
+    if (d.e_c == 2) s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
+    t.free(masked);
+    s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
+    Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
+    s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
+    t.free(o);
+  } else {
+    s.attn_out = t.alloc(nq * d.e_c, A, "flash attention output");
+    s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
+  }
+  Id o_out = opt_linear(t, d, m, s, d.H, d.H, true, nullptr, "out_proj output");
+  if (d.eager || d.e_c == 4) {  // locals of the attention go; flash saved q, k, v themselves
+    t.free(s.q_s);
+    t.free(s.k);
+    t.free(s.v);
+  }
+  if (ac) t.free(s.ln1.out);
+  if (d.dropout) {  // F.dropout(p > 0) on CUDA: native_dropout's output and its saved bool mask
+    Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
+    s.mask1 = t.alloc(nq, A, "dropout mask");
+    t.free(o_out);
+    o_out = dr;
+  }
+  s.h1 = t.alloc(nq * d.e_r, A, "residual + attention");
+  t.free(o_out);
+  s.ln2 = ln_forward(t, d);
+  Id fc1 = opt_linear(t, d, m, s, d.H, d.I, false, &s.in_fc1, "fc1 output");
+  s.relu = t.alloc(d.BT * d.I * d.e_c, A, "relu (saved)");
+  t.free(fc1);
+  Id fc2 = opt_linear(t, d, m, s, d.I, d.H, true, nullptr, "fc2 output");
+  if (ac) t.free(s.ln2.out);
+  if (d.dropout) {
+    Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
+    s.mask2 = t.alloc(nq, A, "dropout mask");
+    t.free(fc2);
+    fc2 = dr;
+  }
+  s.out = t.alloc(nq * d.e_r, A, "residual + mlp");
+  t.free(fc2);
+}
+
+// addmm backward: weight grad, input grad, bias grad (a reduction over the rows).
+Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id& g, u64 in_f, u64 out_f,
+                       bool in_was_cast, bool contiguous_copy) {
+  gemm_workspace(t, m.ws_autograd);
+  Id cont = contiguous_copy ? t.alloc(d.BT * out_f * d.e_c, Tmp, "grad contiguous") : 0;
+  if (cont) t.free(g);
+  Id gw = t.alloc(in_f * out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "weight grad");
+  Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  Id gb = t.alloc(out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "bias grad");
+  t.free(cont);
+  t.free(g);
+  if (d.autocast) {
+    if (in_was_cast) {
+      Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
+      t.free(gin);
+      gin = g32;
+    }
+    Id w32 = t.alloc(in_f * out_f * 4, Category::kGradients, "weight grad");
+    t.free(gw);
+    gw = w32;
+    Id b32 = t.alloc(out_f * 4, Category::kGradients, "bias grad");
+    t.free(gb);
+    gb = b32;
+  }
+  accumulate(t, w, gw);
+  accumulate(t, b, gb);
+  return gin;
+}
+
+void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, OptSaved& s, Id& g_res, Id& x_in) {
+  const bool ac = d.autocast;
+  const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
+  // (under autocast the weight and bias casts go together after the q projection's backward,
+  // a simplification: each is released with its own matmul's backward)
+  // MLP branch (through fc2's dropout: grad * mask * scale, a new tensor)
+  Id gd2 = 0;
+  if (s.mask2) {
+    gd2 = t.alloc(nq * d.e_c, Tmp, "dropout backward");
+    t.free(s.mask2);
+  }
+  Id g2 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the mlp branch") : gd2;
+  if (ac) t.free(gd2);
+  Id g_relu;
+  {
+    Id gsrc = g2;
+    if (!ac) {
+      gemm_workspace(t, m.ws_autograd);
+      Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
+      g_relu = t.alloc(d.BT * d.I * d.e_c, Tmp, "input grad");
+      Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
+      accumulate(t, p.fc2, gw);
+      accumulate(t, p.fc2b, gb);
+      t.free(gsrc);  // the dropout gradient, if any (else g_res itself, which stays)
+    } else {
+      g_relu = opt_linear_backward(t, d, m, p.fc2, p.fc2b, gsrc, d.I, d.H, false, false);
+    }
+  }
+  Id g_fc1 = t.alloc(d.BT * d.I * d.e_c, Tmp, "relu backward");
+  t.free(g_relu);
+  t.free(s.relu);
+  Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, ac, false);
+  t.free(s.in_fc1);
+  ln_backward(t, d, s.ln2, p.ln2w, p.ln2b, g_ln2, g_res, s.h1);
+  // attention branch
+  Id gd1 = 0;
+  if (s.mask1) {
+    gd1 = t.alloc(nq * d.e_c, Tmp, "dropout backward");
+    t.free(s.mask1);
+  }
+  Id g1 = ac ? t.alloc(nq * 2, Tmp, "grad .to(bf16) into the attention branch") : gd1;
+  if (ac) t.free(gd1);
+  Id g_ctx;
+  if (!ac) {
+    gemm_workspace(t, m.ws_autograd);
+    Id gw = t.alloc(d.H * d.H * d.e_w, Category::kGradients, "weight grad");
+    g_ctx = t.alloc(nq * d.e_c, Tmp, "input grad");
+    Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
+    accumulate(t, p.o, gw);
+    accumulate(t, p.ob, gb);
+    t.free(g1);
+  } else {
+    g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false);
+  }
+  t.free(s.ctx);
+  t.free(s.attn_out);
+  Id gq, gk, gv;
+  if (d.eager || d.e_c == 4) {
+    Id gc = t.alloc(nq * d.e_c, Tmp, "grad contiguous");
+    t.free(g_ctx);
+    gv = t.alloc(nq * d.e_c, Tmp, "grad v");
+    Id gp = t.alloc(bhtt * d.e_c, Tmp, "grad probs");
+    t.free(gc);
+    t.free(s.vc);
+    t.free(s.probs16);
+    if (d.e_c != 4) {
+      Id gp32 = t.alloc(bhtt * 4, Tmp, "grad probs to fp32");
+      t.free(gp);
+      gp = gp32;
+    }
+    Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
+    Id tmp = t.alloc(bhtt * 4, Tmp, "softmax backward grad*out");
+    t.free(tmp);
+    t.free(gp);
+    t.free(s.probs32);
+    if (std::max(d.e_c, d.e_r) != 4) {
+      Id g16 = t.alloc(bhtt * d.e_c, Tmp, "softmax backward to the input dtype");
+      t.free(gsm);
+      gsm = g16;
+    }
+    Id gsc = t.alloc(bhtt * d.e_c, Tmp, "scaling (1.0) backward");
+    t.free(gsm);
+    gk = t.alloc(nq * d.e_c, Tmp, "grad k");
+    gq = t.alloc(nq * d.e_c, Tmp, "grad q");
+    t.free(gsc);
+    t.free(s.qc);
+    t.free(s.kT);
+  } else {
+    gq = t.alloc(nq * d.e_c, Tmp, "grad q");
+    gk = t.alloc(nq * d.e_c, Tmp, "grad k");
+    gv = t.alloc(nq * d.e_c, Tmp, "grad v");
+    Id softmax_d = t.alloc(d.B * d.nh * d.T * 4, Tmp, "flash softmax_d");
+    Id dq_acc = t.alloc(nq * 4, Tmp, "flash dq accumulator");
+    t.free(dq_acc);
+    t.free(softmax_d);
+    t.free(g_ctx);
+    t.free(s.lse);
+    t.free(s.q_s);
+    t.free(s.k);
+    t.free(s.v);
+  }
+  Id gq2 = t.alloc(nq * d.e_c, Tmp, "q scaling backward");
+  t.free(gq);
+  // v, k, q projections (reverse creation order) on contiguous copies of their output grads;
+  // the input grads sum (the first sum out of place)
+  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, ac, true);
+  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, ac, true);
+  Id sum = gin_v;
+  if (!ac) {
+    sum = t.alloc(nq * d.e_c, Tmp, "input grad sum");
+    t.free(gin_v);
+  }
+  t.free(gin_k);
+  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, ac, false);
+  t.free(gin_q);
+  t.free(s.in_q);
+  t.free(s.in_k);
+  t.free(s.in_v);
+  for (int i = 0; i < s.ncasts; ++i) t.free(s.casts[i]);
+  ln_backward(t, d, s.ln1, p.ln1w, p.ln1b, sum, g_res, x_in);
+}
+
+}  // namespace
+
+void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
+  Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
+  Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  t.phase("forward");
+  const u64 bt = d.BT;
+  Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");
+  // OPTDecoder: attention_mask = ones(B, T) (fp32), position_ids = cumsum(mask) * mask - 1
+  Id am = t.alloc(bt * 4, Category::kInputs, "attention_mask ones");
+  Id cs = t.alloc(bt * 4, Category::kInputs, "cumsum");
+  Id mul = t.alloc(bt * 4, Category::kInputs, "cumsum * mask");
+  t.free(cs);
+  Id sub = t.alloc(bt * 4, Category::kInputs, "- 1");
+  t.free(mul);
+  Id pid = t.alloc(bt * 8, Category::kInputs, "position_ids");
+  t.free(sub);
+  Id mask = d.eager || d.e_c == 4 ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
+  Id off = t.alloc(bt * 8, Category::kInputs, "position_ids + offset");
+  Id x_pos = t.alloc(bt * d.H * d.e_r, A, "embed_positions output");
+  t.free(off);
+  Id x = t.alloc(bt * d.H * d.e_r, A, "inputs_embeds + pos_embeds");
+  std::vector<OptSaved> saved(d.L);
+  Id layer_in = x;
+  for (u64 l = 0; l < d.L; ++l) {
+    opt_layer_forward(t, d, m, saved[l], mask);
+    layer_in = saved[l].out;
+  }
+  LnSaved fln;
+  if (m.final_ln) fln = ln_forward(t, d);
+  Id& final_out = m.final_ln ? fln.out : layer_in;
+  t.free(mask);
+  t.free(am);
+  t.free(pid);
+  t.free(x_tok);
+  t.free(x_pos);
+  std::vector<Id> none;
+  Param& head = m.tied ? m.embed : m.lm_head;
+  Head hd = head_forward(t, d, none, final_out, ids);
+  Id gh = head_backward(t, d, m, head, hd, final_out);
+  Id g_res = 0;
+  if (m.final_ln) {
+    ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, saved[d.L - 1].out);
+  } else {
+    g_res = gh;
+  }
+  for (u64 l = d.L; l-- > 0;) opt_layer_backward(t, d, m, m.opt_layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
+  // the embeddings' backward: positions, then tokens (dense gradients, sort buffers)
+  for (Param* p : {&m.pos, &m.embed}) {
+    Id sorted = t.alloc(bt * 8, Tmp, "embedding backward sorted indices");
+    Id orig = t.alloc(bt * 8, Tmp, "embedding backward original indices");
+    Id g = t.alloc(p->bytes, Category::kGradients, "embedding weight grad");
+    t.free(sorted);
+    t.free(orig);
+    accumulate(t, *p, g);
+  }
+  t.free(g_res);
+  t.free(x);
+  t.free(labels);
+  (void)j;
+}
+
+}  // namespace scalelab::predict::detail

@@ -1,0 +1,134 @@
+#pragma once
+// Internals shared by the hf-trainer schedule's files (hf_schedule.cpp: the step around the model,
+// the loss, the optimizer; hf_schedule_llama.cpp, hf_schedule_opt.cpp: the families). Not an API.
+#include <cstdint>
+#include <vector>
+
+#include "predict/hf_schedule.h"
+
+namespace scalelab::predict::detail {
+
+using u64 = std::uint64_t;
+constexpr u64 kCublasWorkspace = u64{32} << 20;  // sm90: CUBLAS_WORKSPACE_CONFIG :4096:8 (torch 2.11)
+
+class Tape {
+ public:
+  explicit Tape(std::vector<ScheduleEvent>& ev) : ev_(ev) {}
+  std::uint32_t alloc(u64 bytes, Category c, const char* label) {
+    ScheduleEvent e;
+    e.kind = ScheduleEvent::kAlloc;
+    e.tensor = next_++;
+    e.bytes = bytes;
+    e.category = c;
+    e.label = label;
+    ev_.push_back(e);
+    return e.tensor;
+  }
+  void free(std::uint32_t& t) {
+    if (t == 0) return;
+    ScheduleEvent e;
+    e.kind = ScheduleEvent::kFree;
+    e.tensor = t;
+    ev_.push_back(e);
+    t = 0;
+  }
+  void phase(const char* name) {
+    ScheduleEvent e;
+    e.kind = ScheduleEvent::kPhase;
+    e.label = name;
+    ev_.push_back(e);
+  }
+
+ private:
+  std::vector<ScheduleEvent>& ev_;
+  std::uint32_t next_ = 1;
+};
+
+using Id = std::uint32_t;
+constexpr auto A = Category::kActivations;
+constexpr auto Tmp = Category::kTemporaries;
+
+struct Dims {
+  u64 B, T, H, I, nh, nkv, hd, qd, kvd, V, L, BT;
+  u64 e_w;      // parameter bytes (4 fp32, 2 bf16)
+  u64 e_c;      // matmul compute bytes (2 under autocast or bf16 weights)
+  u64 e_r;      // residual stream bytes (fp32 weights: 4, also under autocast)
+  u64 e_rope;   // q*cos result: the promotion of q's and cos's dtypes
+  bool autocast;  // fp32 weights with bf16/fp16 autocast: weight-cast cache, input casts
+  bool mixed;     // Trainer bf16=/fp16= (accelerate's convert_outputs_to_fp32)
+  bool eager;
+  bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
+  bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
+};
+
+// One parameter: its tensor ids across steps.
+struct Param {
+  u64 bytes = 0;
+  Id weight = 0, grad = 0, exp_avg = 0, exp_avg_sq = 0;
+  const char* name = "";
+};
+
+struct LayerParams {
+  Param q, k, v, o, gate, up, down, ln1, ln2;
+};
+
+struct Model {
+  Param embed;
+  std::vector<LayerParams> layers;
+  Param norm;
+  Param lm_head;  // untied only
+  bool tied = true;
+  Id inv_freq = 0, inv_freq_orig = 0;
+  Id ws_main = 0, ws_autograd = 0;
+  std::vector<Param*> order;  // module order: the optimizer's and zero_grad's
+  // OPT
+  struct OptLayer {
+    Param k, kb, v, vb, q, qb, o, ob, ln1w, ln1b, fc1, fc1b, fc2, fc2b, ln2w, ln2b;
+  };
+  std::vector<OptLayer> opt_layers;
+  Param pos, flnw, flnb;
+  bool opt = false;
+  bool final_ln = true;
+};
+
+// The cuBLAS workspace of the calling thread, allocated through the caching allocator at its
+// first GEMM and kept for the process's life.
+inline void gemm_workspace(Tape& t, Id& ws) {
+  if (ws == 0) ws = t.alloc(kCublasWorkspace, Category::kWorkspace, "cuBLAS workspace");
+}
+
+// AccumulateGrad: the first gradient of a parameter becomes its .grad (stolen, no copy); a later
+// one is added in place and freed.
+inline void accumulate(Tape& t, Param& p, Id& g) {
+  if (p.grad == 0) {
+    p.grad = g;
+    g = 0;
+  } else {
+    t.free(g);
+  }
+}
+
+Dims dims_of(const HfJob& j);
+void add_param(Model& m, Param& p, u64 bytes, const char* name);
+
+// The LM head and ForCausalLMLoss, shared by the families: lm_head on the last hidden states
+// (logits_to_keep = 0: all positions); the loss: logits.float() (a copy unless fp32), labels
+// padded and shifted (no logits copy), cross_entropy = log_softmax (saved, fp32) + nll_loss; the
+// autocast cache goes when the forward returns; accelerate's convert_outputs_to_fp32 under mixed
+// precision; compute_loss returns and the outputs go. Ends at the backward marker.
+struct Head {
+  Id wl = 0, inl = 0, shift = 0, ls = 0;
+  Id scalars[5] = {};
+};
+Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& final_out, Id& ids);
+// Its backward down to the gradient of the final norm's output.
+Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out);
+
+// The families (hf_schedule_llama.cpp, hf_schedule_opt.cpp): the model's move to the GPU, and
+// one micro-step's forward and backward.
+void load_llama(Tape& t, Model& m, const Dims& d, bool tied);
+void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m);
+void load_opt(Tape& t, Model& m, const Dims& d, const ModelConfig& c);
+void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m);
+
+}  // namespace scalelab::predict::detail

@@ -1,0 +1,114 @@
+// `scalelab plan --stack hf-trainer` end to end: the table, the --json record, and exit 2 for
+// what it does not model.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "../cli/cli_run.h"
+
+namespace scalelab::cli_test {
+namespace {
+
+const std::string kBase =
+    "plan --stack hf-trainer --model llama-3.2-1b --seq-len 1024 --model-precision fp32 --attn eager ";
+
+TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
+  const std::string path = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_test.json";
+  std::remove(path.c_str());
+  const CmdResult r = run(kBase + "--micro-batch-size 6 --device-memory 64GiB --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("max_memory_reserved"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("torch 2.11, transformers 5.17"), std::string::npos) << r.output;
+  const auto j = read_json(path);
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_EQ(j["largest_micro_batch"], 7);
+  EXPECT_EQ(j["device_memory_bytes"], 64ull << 30);
+  EXPECT_EQ(j["versions"]["transformers"], "5.17");
+  EXPECT_GT(j["max_reserved_bytes"].get<std::uint64_t>(), j["max_allocated_bytes"].get<std::uint64_t>());
+  EXPECT_TRUE(j["breakdown_at_peak_allocated"].contains("saved_activations"));
+}
+
+TEST(PlanHfCli, OutOfMemoryIsAPredictionNotAnError) {
+  const CmdResult r = run(kBase + "--micro-batch-size 9 --device-memory 64GiB");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("OUT OF MEMORY"), std::string::npos) << r.output;
+}
+
+TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"plan --stack deepspeed --model llama-3.2-1b", "scalelab, hf-trainer"},
+      {kBase + "--device-memory 64GiB --transformers-version 4.40", "supported: 5.17"},
+      {kBase + "--device-memory 64GiB --torch-version 2.4", "supported: 2.11"},
+      {kBase + "--device-memory 64GiB --micro-batch-size 0", "--micro-batch-size"},
+      {kBase + "--micro-batch-size 1", "--device-memory is required"},
+      {"plan --stack hf-trainer --model qwen2-tiny --seq-len 64 --device-memory 80GiB", "supported: llama, opt"},
+      {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
+      {kBase + "--device-memory 64GiB --fused-kernels --mixed-precision bf16", "--fused-kernels"},
+      {kBase + "--device-memory 64GiB --world-size 8", "DDP"},
+      {kBase + "--device-memory 64GiB --ranks 8", "DDP"},
+      {kBase + "--device-memory 64GiB --freeze q_proj", "--freeze"},
+  };
+  for (const auto& c : cases) {
+    const CmdResult r = run(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
+  }
+}
+
+TEST(PlanHfCli, AbsurdDimensionsAreRefusedAtOnce) {
+  const CmdResult r = run(
+      "plan --stack hf-trainer --model llama-3.2-1b --seq-len 131072 --micro-batch-size 4000000000 "
+      "--device-memory 80GiB");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("2^62"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace scalelab::cli_test
+
+namespace scalelab::cli_test {
+namespace {
+
+TEST(OomSearchPredict, StartsAtThePredictionAndProvesItWithTwoTrials) {
+  const std::string dir = std::string(SCALELAB_BINARY_DIR) + "/oom_search_predict_test";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string workload = "python3 " + std::string(SCALELAB_SOURCE_DIR) +
+                               "/tests/lab/fake_workload.py --batch_size {micro_batch_size} --seq_len {seq_len} "
+                               "--oom_above 7";
+  const CmdResult r = run("oom-search --db " + dir + "/o.db --log-dir " + dir + "/logs --no-telemetry --command '" +
+                          workload + "' --predict hf-trainer --model llama-3.2-1b --seq-len 1024 --device-memory 64GiB");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Largest micro-batch that fits: 7 (verified: 7 fits, 8 runs out of memory)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[2] oom"), std::string::npos) << r.output;  // the second trial proves it
+  EXPECT_EQ(r.output.find("[3]"), std::string::npos) << r.output;      // and there is no third
+  const CmdResult bad = run("oom-search --db " + dir + "/p.db --command '" + workload + "' --predict deepspeed");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("supported: hf-trainer"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace scalelab::cli_test
+
+namespace scalelab::cli_test {
+namespace {
+
+TEST(LadderPredict, EachRungShowsThePrediction) {
+  const std::string dir = std::string(SCALELAB_BINARY_DIR) + "/ladder_predict_test";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  const std::string workload = "python3 " + std::string(SCALELAB_SOURCE_DIR) +
+                               "/tests/lab/fake_workload.py --batch_size {micro_batch_size} --seq_len {seq_len} "
+                               "--model_precision {model_precision} --mixed_precision {mixed_precision} --memory_gb 64";
+  const CmdResult r = run("ladder --db " + dir + "/l.db --no-telemetry --command '" + workload +
+                          "' --predict hf-trainer --model llama-3.2-1b --seq-len 1024 --device-memory 64GiB");
+  EXPECT_NE(r.output.find("7 runs out of memory; plan estimated 7"), std::string::npos) << r.output;
+  const CmdResult bad = run("ladder --db " + dir + "/m.db --command '" + workload + "' --predict x");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+}
+
+}  // namespace
+}  // namespace scalelab::cli_test

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Traces every CPU allocation and free of a real Hugging Face Trainer run on a tiny Llama (the
+hf-trainer predictor's reference without a GPU). Run it in the venv tools/predict/make_venv.sh
+makes (torch 2.11.0, transformers 5.17.0, accelerate 1.13.0, pinned there):
+
+    /work/venvs/predict/bin/python tools/predict/trace_hf.py --out tests/golden/predict/cpu
+
+For each configuration it builds scalelab's llama-tiny shapes (bench/gpu/hf_benchmark.py TINY:
+hidden 64, intermediate 128, 2 layers, 4 heads / 2 KV heads of 16, vocab 256) from a config dict,
+runs 2 Trainer steps on the CPU (adamw_torch, seq-len 32, micro-batch 2, the same Trainer
+arguments as bench/gpu/hf_memory.py) under torch.profiler with profile_memory=True, and writes
+NAME.cpu.events: `# PHASE` lines (forward, backward, optimizer_step, step_end, from hooks on
+the model, accelerate's backward and the optimizer) and one line per allocation `a BYTES` (in
+order, numbered from 0) or free `f N`, for the CPU allocator's requests (exact sizes, no caching).
+
+tests/predict/cpu_trace_test.cpp compares the saved-for-backward tensors (the allocations of
+step 2's forward still live when its backward starts) with scalelab's generated schedule for the
+same job: autograd saves the same tensors on the CPU as on CUDA. What only CUDA does (cuBLAS
+workspaces, kernel temporaries such as reduction buffers, flash attention) is not compared here;
+the H200 traces (bench/gpu/hf_memory.py --trace) cover it.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+CONFIGS = {
+    "llama-tiny-fp32-eager": dict(model_precision="fp32", mixed_precision="no", attn="eager"),
+    "llama-tiny-bf16mixed-eager": dict(model_precision="fp32", mixed_precision="bf16", attn="eager"),
+    "llama-tiny-bf16-eager": dict(model_precision="bf16", mixed_precision="bf16", attn="eager"),
+}
+SEQ, MB, STEPS = 32, 2, 2
+
+
+def run(name, cfg, out_dir):
+    import torch
+    from torch.profiler import profile, ProfilerActivity
+    from transformers import AutoModelForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "gpu"))
+    from hf_benchmark import MODELS, TINY
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    d = json.loads(json.dumps(MODELS["llama-3.2-1b"]))
+    d.update(TINY["llama"])
+    dtype = torch.bfloat16 if cfg["model_precision"] == "bf16" else torch.float32
+    model = AutoModelForCausalLM.from_config(CONFIG_MAPPING["llama"].from_dict(d), attn_implementation=cfg["attn"],
+                                             dtype=dtype)
+
+    class Ids(torch.utils.data.Dataset):
+        def __len__(self):
+            return STEPS * MB
+
+        def __getitem__(self, i):
+            ids = torch.randint(0, 256, (SEQ,), generator=torch.Generator().manual_seed(i))
+            return {"input_ids": ids, "labels": ids.clone()}
+
+    marks = []
+
+    def mark(n):
+        marks.append((time.time_ns(), n))
+
+    class Cb(TrainerCallback):
+        def on_step_end(self, *a, **k):
+            mark("step_end")
+
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=MB, max_steps=STEPS,
+                             learning_rate=5e-5, optim="adamw_torch", bf16=cfg["mixed_precision"] == "bf16",
+                             logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
+                             use_cpu=True, dataloader_num_workers=0, seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=Ids(), callbacks=[Cb()])
+    model.register_forward_pre_hook(lambda *a: mark("forward"))
+    inner = trainer.accelerator.backward
+
+    def backward(*a, **k):
+        mark("backward")
+        return inner(*a, **k)
+    trainer.accelerator.backward = backward
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    register_optimizer_step_pre_hook(lambda *a: mark("optimizer_step"))
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        trainer.train()
+    evs = []
+
+    def walk(n):
+        ef = n.extra_fields
+        if type(ef).__name__ == "_ExtraFields_Allocation" and ef.alloc_size != 0:
+            evs.append((n.start_time_ns, ef.alloc_size, ef.ptr))
+        for c in n.children:
+            walk(c)
+    for r in prof.profiler.kineto_results.experimental_event_tree():
+        walk(r)
+    merged = sorted([(t, 0, s, p) for t, s, p in evs] + [(t, 1, n, None) for t, n in marks], key=lambda x: (x[0], x[1]))
+    live, n, lines = {}, 0, []
+    for t, kind, x, ptr in merged:
+        if kind == 1:
+            lines.append(f"# {x}")
+        elif x > 0:
+            live[ptr] = n
+            lines.append(f"a {x}")
+            n += 1
+        elif ptr in live:
+            lines.append(f"f {live.pop(ptr)}")
+    path = os.path.join(out_dir, name + ".cpu.events")
+    with open(path + ".tmp", "w") as f:
+        f.write(f"# trace of {name}: torch {torch.__version__}, seq {SEQ}, micro-batch {MB}, {STEPS} steps on the CPU\n")
+        f.write("\n".join(lines) + "\n")
+    os.replace(path + ".tmp", path)
+    return path, n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    for name, cfg in CONFIGS.items():
+        if a.only and name not in a.only.split(","):
+            continue
+        path, n = run(name, cfg, a.out)
+        print(f"{path}: {n} allocations", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

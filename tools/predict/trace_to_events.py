@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Turns a caching-allocator event history from bench/gpu/hf_memory.py --trace (NAME.trace.json.gz)
+into the plain-text replay golden that tests/predict/trace_replay_test.cpp feeds to the allocator
+replica: one line per request, `a BYTES` (an allocation, numbered from 0 in order) or `f N` (the
+free of allocation N), after a header with the measured torch.cuda.max_memory_reserved of that
+run (from hf_memory.jsonl beside the trace). The first request is the 4-byte torch.empty(1) that
+created the CUDA context before the recording started (it is never freed).
+
+    python3 tools/predict/trace_to_events.py TRACE.json.gz OUT.events
+"""
+import gzip
+import json
+import sys
+
+
+def main():
+    src, dst = sys.argv[1], sys.argv[2]
+    d = json.load(gzip.open(src, "rt"))
+    import os
+    name = os.path.basename(src).replace(".trace.json.gz", "")
+    measured = None
+    for line in open(os.path.join(os.path.dirname(src), "hf_memory.jsonl")):
+        r = json.loads(line)
+        if r["name"] == name:
+            measured = r["max_reserved_bytes"]
+    live, n, out = {}, 1, ["a 4"]
+    reserved = allocated = peak_r = peak_a = 0
+    sizes = {}
+    for t, action, size, addr, stream in d["events"]:
+        if action == "segment_alloc":
+            reserved += size
+            peak_r = max(peak_r, reserved)
+        elif action == "segment_free":
+            reserved -= size
+        elif action == "alloc":
+            live[addr] = n
+            sizes[n] = size
+            out.append(f"a {size}")
+            n += 1
+        elif action == "free_completed":
+            i = live.pop(addr)
+            out.append(f"f {i}")
+    tmp = dst + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(f"# replay of {name}: {n} allocations; torch.cuda.max_memory_reserved measured by hf_memory.py\n")
+        f.write(f"max_reserved {measured}\n")
+        f.write("\n".join(out) + "\n")
+    os.replace(tmp, dst)
+
+
+if __name__ == "__main__":
+    main()
