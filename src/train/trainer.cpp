@@ -59,6 +59,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"threads", threads},
           {"seed", seed},
           {"data", data},
+          {"val_data", val_data},
+          {"eval_every", eval_every},
+          {"eval_batches", eval_batches},
           {"save", save},
           {"save_precision", save_precision},
           {"max_shard_size", max_shard_size},
@@ -116,6 +119,11 @@ nlohmann::json TrainResult::to_json() const {
   j["losses"] = losses;
   j["final_loss"] = steps.empty() ? nlohmann::json(nullptr) : nlohmann::json(steps.back().loss);
   j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
+  j["val_loss"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().loss);
+  j["val_perplexity"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().perplexity);
+  nlohmann::json ev = nlohmann::json::array();
+  for (const auto& e : evals) ev.push_back(e.to_json());
+  j["evals"] = ev;
   j["error"] = error.empty() ? nlohmann::json(nullptr) : nlohmann::json(error);
   j["learning_rates"] = lrs;
   j["grad_norms"] = norms;
@@ -181,6 +189,11 @@ void validate_train_options(const TrainOptions& o) {
   if (!o.save_precision.empty()) parse_dtype(o.save_precision, "--save-precision");
   if (o.telemetry_interval_ms <= 0) throw InvalidInput("[--telemetry-interval] must be a positive number of ms");
   if (!o.max_shard_size.empty()) parse_bytes(o.max_shard_size, "--max-shard-size");
+  if (o.eval_every < 0) throw InvalidInput("[--eval-every] must be >= 0 (0: evaluate at the end only)");
+  if (o.eval_batches < 0) throw InvalidInput("[--eval-batches] must be >= 0 (0: the whole validation set)");
+  if (o.val_data.empty() && (o.eval_every > 0 || o.eval_batches > 0)) {
+    throw InvalidInput("[--eval-every/--eval-batches] need validation data — add --val-data PATH");
+  }
   parse_lr_schedule(o.lr_scheduler);
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
@@ -319,6 +332,9 @@ class TrainSession {
 
   std::int64_t max_steps() const { return o_.max_steps; }
   void record(const StepRecord& r) { res_.steps.push_back(r); }
+  // --val-data: evaluates after `steps_done` optimizer steps when --eval-every says so (or at the
+  // end, last = true, unless that step was just evaluated), records it and prints its line.
+  void maybe_evaluate(std::int64_t steps_done, bool last);
 
  private:
   const TrainOptions requested_;
@@ -343,6 +359,7 @@ class TrainSession {
   StepBuffers bufs_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataSource> data_;
+  DataOptions val_options_;  // --val-data: a fresh source per evaluation starts at sample 0
   std::optional<StagedBatch> batch_;
   std::vector<kernels::ElementRange> ranges_;
   double loss_scale_ = 1.0;
@@ -482,6 +499,22 @@ void TrainSession::build() {
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
   data_ = with_injected_data_fault(make_data_source(dopt), dopt.rank);
+  if (!o.val_data.empty()) {
+    val_options_ = dopt;
+    val_options_.spec = o.val_data;
+    // Opened once here so that a bad --val-data stops the run before the first step (exit 2).
+    try {
+      auto probe = make_data_source(val_options_);
+      if (o.eval_batches == 0 && probe->num_samples() <= 0) {
+        throw InvalidInput("[--eval-batches] the validation data " + probe->describe() +
+                           " has no known size, so 'the whole set' (--eval-batches 0) is undefined — give "
+                           "--eval-batches N");
+      }
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      throw InvalidInput(what.rfind("[--", 0) == 0 ? what : "[--val-data] " + what);
+    }
+  }
   // The data source writes host memory; on a device the batch is copied up each micro-step.
   batch_.emplace(make_staged_batch(o.micro_batch_size, o.seq_len, dev_));
   ranges_ = optimizer_ranges(layout_);
@@ -596,6 +629,32 @@ StepRecord TrainSession::step(std::int64_t step) {
   return {loss, lr, norm, dt};
 }
 
+void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {
+  const TrainOptions& o = o_;
+  if (o.val_data.empty()) return;
+  const bool periodic = o.eval_every > 0 && steps_done % o.eval_every == 0;
+  if (!periodic && !(last && (res_.evals.empty() || res_.evals.back().step != steps_done))) return;
+  // Not profiled nor traced: the profile and the timeline describe the training steps.
+  ExecContext ctx = *ctx_;
+  ctx.profiler = nullptr;
+  ctx.tracer = nullptr;
+  auto data = make_data_source(val_options_);
+  EvalOptions eo;
+  eo.batches = o.eval_batches;
+  eo.rank = val_options_.rank;
+  eo.world = world_;
+  // The mean over ranks times the ranks: a sum (every rank contributes its tokens and loss sum).
+  if (dp_) eo.sum_over_ranks = [this](double v) { return dp_->mean(v) * static_cast<double>(world_); };
+  EvalRecord e = evaluate_loss(*model_, *data, *batch_, eo, ctx);
+  e.step = steps_done;
+  res_.evals.push_back(e);
+  if (!o.quiet) {
+    std::fprintf(stderr, "eval step %lld/%lld | val loss %.4f | perplexity %.3f | %lld tokens | %.3f s\n",
+                 static_cast<long long>(steps_done), static_cast<long long>(o.max_steps), e.loss, e.perplexity,
+                 static_cast<long long>(e.tokens), e.seconds);
+  }
+}
+
 void TrainSession::finish_ok() {
   const TrainOptions& o = o_;
   res_.measured_steps = static_cast<std::int64_t>(measured_.size());
@@ -660,7 +719,10 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   TrainSession s(requested, dist);
   try {
     s.build();
-    for (std::int64_t step = 0; step < s.max_steps(); ++step) s.record(s.step(step));
+    for (std::int64_t step = 0; step < s.max_steps(); ++step) {
+      s.record(s.step(step));
+      s.maybe_evaluate(step + 1, step + 1 == s.max_steps());
+    }
     s.finish_ok();
   } catch (const OutOfMemory& e) {
     s.finish_oom(e);
