@@ -56,6 +56,13 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
                   "Micro-batches per evaluation and rank (0: the whole validation set once)")
       ->capture_default_str();
   app->add_option("--save", o.save, "Save the trained model as a Hugging Face directory");
+  app->add_option("--save-every", o.save_every,
+                  "Write a resumable checkpoint every N optimizer steps into --save DIR/checkpoint-STEP (0: none)")
+      ->capture_default_str();
+  app->add_option("--save-total-limit", o.save_total_limit, "Keep only the last K checkpoints (0: all)")
+      ->capture_default_str();
+  app->add_option("--resume", o.resume,
+                  "Continue the run that wrote this checkpoint directory (DIR/checkpoint-STEP), bit for bit");
   app->add_option("--save-precision", o.save_precision, "dtype of saved weights: fp32, bf16, fp16 (default: the model's)");
   app->add_option("--max-shard-size", o.max_shard_size,
                   "Shard saved weights above this size (e.g. 5GB), with model.safetensors.index.json");

@@ -26,6 +26,7 @@
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
 #include "train/step_buffers.h"
+#include "train/train_checkpoint.h"
 #include "telemetry/session.h"
 #include "train/precision.h"
 #include "profile/readers.h"
@@ -63,6 +64,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_every", eval_every},
           {"eval_batches", eval_batches},
           {"save", save},
+          {"save_every", save_every},
+          {"save_total_limit", save_total_limit},
+          {"resume", resume},
           {"save_precision", save_precision},
           {"max_shard_size", max_shard_size},
           {"bench_warmup_steps", bench_warmup_steps},
@@ -124,6 +128,8 @@ nlohmann::json TrainResult::to_json() const {
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& e : evals) ev.push_back(e.to_json());
   j["evals"] = ev;
+  if (resumed_from_step > 0) j["resumed_from_step"] = resumed_from_step;
+  if (!checkpoints.empty()) j["checkpoints"] = checkpoints;
   j["error"] = error.empty() ? nlohmann::json(nullptr) : nlohmann::json(error);
   j["learning_rates"] = lrs;
   j["grad_norms"] = norms;
@@ -189,6 +195,11 @@ void validate_train_options(const TrainOptions& o) {
   if (!o.save_precision.empty()) parse_dtype(o.save_precision, "--save-precision");
   if (o.telemetry_interval_ms <= 0) throw InvalidInput("[--telemetry-interval] must be a positive number of ms");
   if (!o.max_shard_size.empty()) parse_bytes(o.max_shard_size, "--max-shard-size");
+  if (o.save_every < 0) throw InvalidInput("[--save-every] must be >= 0 (0: no checkpoints during training)");
+  if (o.save_total_limit < 0) throw InvalidInput("[--save-total-limit] must be >= 0 (0: keep every checkpoint)");
+  if (o.save_every > 0 && o.save.empty()) {
+    throw InvalidInput("[--save-every] needs --save DIR (checkpoints go to DIR/checkpoint-STEP)");
+  }
   if (o.eval_every < 0) throw InvalidInput("[--eval-every] must be >= 0 (0: evaluate at the end only)");
   if (o.eval_batches < 0) throw InvalidInput("[--eval-batches] must be >= 0 (0: the whole validation set)");
   if (o.val_data.empty() && (o.eval_every > 0 || o.eval_batches > 0)) {
@@ -331,6 +342,9 @@ class TrainSession {
   TrainResult finish();
 
   std::int64_t max_steps() const { return o_.max_steps; }
+  std::int64_t start_step() const { return start_step_; }
+  // --save-every: writes <save>/checkpoint-<steps_done> when due (and rotates).
+  void maybe_checkpoint(std::int64_t steps_done);
   void record(const StepRecord& r) { res_.steps.push_back(r); }
   // --val-data: evaluates after `steps_done` optimizer steps when --eval-every says so (or at the
   // end, last = true, unless that step was just evaluated), records it and prints its line.
@@ -364,6 +378,8 @@ class TrainSession {
   std::vector<kernels::ElementRange> ranges_;
   double loss_scale_ = 1.0;
   std::int64_t good_steps_ = 0;
+  std::int64_t start_step_ = 0;          // --resume: the checkpoint's step
+  std::int64_t micro_batches_read_ = 0;  // the data position (this rank's micro-batches)
 };
 
 TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
@@ -489,6 +505,25 @@ void TrainSession::build() {
   } else {
     fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { init_params(host, layout_, cfg, o.seed); });
   }
+  std::optional<TrainCheckpointState> resumed;
+  if (!o.resume.empty()) {
+    if (dp_) {
+      throw InvalidInput("[--resume] resuming a data-parallel run is not supported yet — resume with one process");
+    }
+    resumed = read_train_state(o.resume);
+    check_resume_config(o.resume, resumed->config, res_.config);
+    if (resumed->global_step >= o.max_steps) {
+      throw InvalidInput("[--resume] " + o.resume + " is at step " + std::to_string(resumed->global_step) +
+                         ", not before --max-steps " + std::to_string(o.max_steps) + " — nothing left to run");
+    }
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { load_weights(o.resume, cfg, layout_, host); });
+    fill_through_host(bufs_.m, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg", host); });
+    fill_through_host(bufs_.v, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg_sq", host); });
+    if (!o.quiet) {
+      std::fprintf(stderr, "scalelab train: resuming from %s at step %lld\n", o.resume.c_str(),
+                   static_cast<long long>(resumed->global_step));
+    }
+  }
   if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
   model_ = make_model(cfg, layout_, bufs_.compute_weights, bufs_.grads, pin_.options);
   if (dp_) {
@@ -497,6 +532,10 @@ void TrainSession::build() {
     dp_->set_tracer(tracer_.get());
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
+  if (o.save_every > 0 && dp_) {
+    throw InvalidInput("[--save-every] checkpoints of a data-parallel run are not supported yet — use one process, "
+                       "or --save for the final model");
+  }
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
   data_ = with_injected_data_fault(make_data_source(dopt), dopt.rank);
   if (!o.val_data.empty()) {
@@ -518,6 +557,17 @@ void TrainSession::build() {
   // The data source writes host memory; on a device the batch is copied up each micro-step.
   batch_.emplace(make_staged_batch(o.micro_batch_size, o.seq_len, dev_));
   ranges_ = optimizer_ranges(layout_);
+  if (resumed) {
+    start_step_ = resumed->global_step;
+    res_.resumed_from_step = start_step_;
+    loss_scale_ = resumed->loss_scale;
+    good_steps_ = resumed->good_steps;
+    res_.skipped_steps = resumed->skipped_steps;
+    // The data position: read and drop what the checkpointed run consumed (any source, in order).
+    for (std::int64_t i = 0; i < resumed->micro_batches_read; ++i) data_->next(batch_->host);
+    micro_batches_read_ = resumed->micro_batches_read;
+    bench_warmup_ = start_step_ + std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - start_step_ - 1));
+  }
 
   if (!o.quiet) {
     std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters: %lld trainable, %lld frozen), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads, device %s: %s%s\n",
@@ -544,6 +594,7 @@ StepRecord TrainSession::step(std::int64_t step) {
     {
       ProfileScope p(ctx, "data", Phase::kData);
       data_->next(batch_->host);
+      ++micro_batches_read_;
       batch_->upload();
     }
     model_->set_step(step * o.grad_accum_steps + micro);
@@ -655,6 +706,29 @@ void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {
   }
 }
 
+void TrainSession::maybe_checkpoint(std::int64_t steps_done) {
+  const TrainOptions& o = o_;
+  if (o.save_every <= 0 || steps_done % o.save_every != 0) return;
+  TrainCheckpointState st;
+  st.global_step = steps_done;
+  st.micro_batches_read = micro_batches_read_;
+  st.loss_scale = loss_scale_;
+  st.good_steps = good_steps_;
+  st.skipped_steps = res_.skipped_steps;
+  st.seed = o.seed;
+  st.config = res_.config;
+  for (const auto& r : res_.steps) st.losses.push_back(r.loss);
+  save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param,
+                        host_view_of(bufs_.m, dev_), host_view_of(bufs_.v, dev_), st);
+  const std::string dir = checkpoint_dir_name(o.save, steps_done);
+  res_.checkpoints.push_back(dir);
+  const auto removed = rotate_checkpoints(o.save, o.save_total_limit);
+  if (!o.quiet) {
+    std::fprintf(stderr, "scalelab train: checkpoint %s%s\n", dir.c_str(),
+                 removed.empty() ? "" : (" (removed " + std::to_string(removed.size()) + " older)").c_str());
+  }
+}
+
 void TrainSession::finish_ok() {
   const TrainOptions& o = o_;
   res_.measured_steps = static_cast<std::int64_t>(measured_.size());
@@ -719,8 +793,9 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   TrainSession s(requested, dist);
   try {
     s.build();
-    for (std::int64_t step = 0; step < s.max_steps(); ++step) {
+    for (std::int64_t step = s.start_step(); step < s.max_steps(); ++step) {
       s.record(s.step(step));
+      s.maybe_checkpoint(step + 1);
       s.maybe_evaluate(step + 1, step + 1 == s.max_steps());
     }
     s.finish_ok();

@@ -121,3 +121,26 @@ TEST(GenerateCli, TrainWithValidationThenCompareBaseAndTuned) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ResumeCli, CheckpointsResumeAndRefuseAnotherModel) {
+  const std::string out = testing::TempDir() + "resume_cli";
+  const std::string train = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 4 --threads 1 "
+                            "--save-every 2 --save-total-limit 1 --save " + out;
+  CmdResult r = run_cli(train + " --json " + out + ".json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + out + "/checkpoint-4 (removed 1 older)"), std::string::npos) << r.output;
+  const auto full = read_json(out + ".json");
+  // The last checkpoint is at the last step: nothing left to run; another model: refused naming it.
+  r = run_cli(train + " --resume " + out + "/checkpoint-4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("nothing left to run"), std::string::npos) << r.output;
+  r = run_cli("train --model opt-tiny --seq-len 16 --micro-batch-size 2 --max-steps 6 --threads 1 --resume " + out +
+              "/checkpoint-4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("model_family \"llama\" in the checkpoint, \"opt\" now"), std::string::npos) << r.output;
+  EXPECT_EQ(full["checkpoints"].size(), 2u);
+}
+
+}  // namespace
