@@ -46,9 +46,24 @@ std::string checkpoint_dir_name(const std::string& root, std::int64_t step) {
   return (fs::path(root) / ("checkpoint-" + std::to_string(step))).string();
 }
 
+std::vector<std::string> copy_model_side_files(const std::string& from, const std::string& to) {
+  std::vector<std::string> copied;
+  std::error_code ec;
+  if (from.empty() || !fs::is_directory(from, ec)) return copied;
+  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path src = fs::path(from) / name, dst = fs::path(to) / name;
+    if (!fs::is_regular_file(src, ec)) continue;
+    if (fs::exists(dst, ec) && fs::equivalent(src, dst, ec)) continue;  // saving over the source
+    fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
+    if (ec) throw InvalidInput("[--save] cannot copy '" + src.string() + "' to '" + dst.string() + "': " + ec.message());
+    copied.push_back(name);
+  }
+  return copied;
+}
+
 void save_train_checkpoint(const std::string& root, const ModelConfig& config, const ParamLayout& layout,
                            const Tensor& params, DType param_dtype, const Tensor& m, const Tensor& v,
-                           const TrainCheckpointState& state) {
+                           const TrainCheckpointState& state, const std::string& source_model) {
   const std::string final_dir = checkpoint_dir_name(root, state.global_step);
   const std::string tmp = (fs::path(root) / (".checkpoint-" + std::to_string(state.global_step) + ".tmp." +
                                              std::to_string(::getpid())))
@@ -60,6 +75,7 @@ void save_train_checkpoint(const std::string& root, const ModelConfig& config, c
   SaveOptions so;
   so.dtype = param_dtype;
   save_checkpoint(tmp, config, layout, params, so);
+  copy_model_side_files(source_model, tmp);
   const std::vector<std::int64_t> shape = {m.numel()};
   write_safetensors((fs::path(tmp) / "optimizer.safetensors").string(),
                     {{"exp_avg", shape, m.raw(), m.dtype(), m.dtype()}, {"exp_avg_sq", shape, v.raw(), v.dtype(), v.dtype()}});
@@ -73,7 +89,7 @@ void save_train_checkpoint(const std::string& root, const ModelConfig& config, c
   if (ec) throw InvalidInput("[--save] cannot move the checkpoint into '" + final_dir + "': " + ec.message());
 }
 
-std::vector<std::string> rotate_checkpoints(const std::string& root, std::int64_t limit) {
+std::vector<std::string> rotate_checkpoints(const std::string& root, std::int64_t limit, std::int64_t current) {
   std::vector<std::string> removed;
   if (limit <= 0) return removed;
   std::vector<std::pair<std::int64_t, fs::path>> found;
@@ -85,9 +101,13 @@ std::vector<std::string> rotate_checkpoints(const std::string& root, std::int64_
     if (e.is_directory() && std::regex_match(n, m, name)) found.emplace_back(std::stoll(m[1].str()), e.path());
   }
   std::sort(found.begin(), found.end());
-  for (std::size_t i = 0; i + static_cast<std::size_t>(limit) < found.size(); ++i) {
-    fs::remove_all(found[i].second, ec);
-    removed.push_back(found[i].second.string());
+  std::size_t left = found.size();
+  for (const auto& [step, path] : found) {
+    if (left <= static_cast<std::size_t>(limit)) break;
+    if (step == current) continue;
+    fs::remove_all(path, ec);
+    removed.push_back(path.string());
+    --left;
   }
   return removed;
 }

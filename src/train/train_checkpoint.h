@@ -45,15 +45,22 @@ const std::vector<std::string>& resume_checked_keys();
 std::string checkpoint_dir_name(const std::string& root, std::int64_t step);
 
 // Writes root/checkpoint-<state.global_step> (replacing one of the same step) from host tensors:
-// params (layout.total_numel(), saved as `param_dtype`), m and v (trainable numel). Throws
-// InvalidInput when root cannot be written.
+// params (layout.total_numel(), saved as `param_dtype`), m and v (trainable numel), with the side
+// files of `source_model` (copy_model_side_files). Throws InvalidInput when root cannot be written.
 void save_train_checkpoint(const std::string& root, const ModelConfig& config, const ParamLayout& layout,
                            const Tensor& params, DType param_dtype, const Tensor& m, const Tensor& v,
-                           const TrainCheckpointState& state);
+                           const TrainCheckpointState& state, const std::string& source_model = "");
 
-// Keeps the `limit` checkpoint-<step> directories of root with the highest steps, removes the
-// others (limit 0: keeps all). Returns the removed paths.
-std::vector<std::string> rotate_checkpoints(const std::string& root, std::int64_t limit);
+// The files that travel with a model directory without being weights: generation_config.json (the
+// EOS generate stops at) and the tokenizer's files (tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json). Copies those present in `from` (when it is a directory) into `to`, so
+// a saved or checkpointed model generates and tokenizes as its source did; returns the names copied.
+std::vector<std::string> copy_model_side_files(const std::string& from, const std::string& to);
+
+// Keeps at most `limit` checkpoint-<step> directories in root (limit 0: all): the one of step
+// `current` (just written) always, and removes the others lowest step first — so stale
+// checkpoints an earlier run left with higher steps go before this run's. Returns the removed paths.
+std::vector<std::string> rotate_checkpoints(const std::string& root, std::int64_t limit, std::int64_t current);
 
 // Reads dir/trainer_state.json; throws InvalidInput naming the file when it is missing or malformed.
 TrainCheckpointState read_train_state(const std::string& dir);

@@ -719,10 +719,10 @@ void TrainSession::maybe_checkpoint(std::int64_t steps_done) {
   st.config = res_.config;
   for (const auto& r : res_.steps) st.losses.push_back(r.loss);
   save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param,
-                        host_view_of(bufs_.m, dev_), host_view_of(bufs_.v, dev_), st);
+                        host_view_of(bufs_.m, dev_), host_view_of(bufs_.v, dev_), st, o.model);
   const std::string dir = checkpoint_dir_name(o.save, steps_done);
   res_.checkpoints.push_back(dir);
-  const auto removed = rotate_checkpoints(o.save, o.save_total_limit);
+  const auto removed = rotate_checkpoints(o.save, o.save_total_limit, steps_done);
   if (!o.quiet) {
     std::fprintf(stderr, "scalelab train: checkpoint %s%s\n", dir.c_str(),
                  removed.empty() ? "" : (" (removed " + std::to_string(removed.size()) + " older)").c_str());
@@ -747,6 +747,7 @@ void TrainSession::finish_ok() {
     so.dtype = o.save_precision.empty() ? prec_.param : parse_dtype(o.save_precision, "--save-precision");
     so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
     save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
+    copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
     if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
   }
   res_.loss_scale = prec_.loss_scaling ? loss_scale_ : 0.0;

@@ -2,6 +2,7 @@
 // models of tests/golden/data/textgen, and the inputs they refuse with exit code 2.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -91,6 +92,8 @@ TEST(GenerateCli, TrainWithValidationThenCompareBaseAndTuned) {
   ASSERT_EQ(tr["evals"].size(), 2u);
   EXPECT_EQ(tr["val_loss"], tr["evals"][1]["val_loss"]);
   EXPECT_EQ(tr["config"]["val_data"], val);
+  // The saved model keeps the source's generation_config.json: the same EOS as the base.
+  EXPECT_TRUE(std::ifstream(tuned + "/generation_config.json").good());
 
   const std::string ids = testing::TempDir() + "compare_prompts.txt", json = testing::TempDir() + "compare.json",
                     md = testing::TempDir() + "compare.md";
@@ -126,11 +129,17 @@ namespace {
 
 TEST(ResumeCli, CheckpointsResumeAndRefuseAnotherModel) {
   const std::string out = testing::TempDir() + "resume_cli";
+  std::filesystem::remove_all(out);
+  // A stale checkpoint of a longer earlier run: rotation removes it before this run's.
+  std::filesystem::create_directories(out + "/checkpoint-9");
   const std::string train = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 4 --threads 1 "
                             "--save-every 2 --save-total-limit 1 --save " + out;
   CmdResult r = run_cli(train + " --json " + out + ".json");
   ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + out + "/checkpoint-2 (removed 1 older)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("checkpoint " + out + "/checkpoint-4 (removed 1 older)"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-9"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-2"));
   const auto full = read_json(out + ".json");
   // The last checkpoint is at the last step: nothing left to run; another model: refused naming it.
   r = run_cli(train + " --resume " + out + "/checkpoint-4");
