@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench golden clean sanitize fuzz fuzz-build fuzz-smoke
+.PHONY: all deps configure build test demo bench golden golden-textgen clean sanitize fuzz fuzz-build fuzz-smoke
 
 all: build
 
@@ -32,6 +32,10 @@ bench: build
 
 golden:
 	@tests/golden/make_golden.sh
+
+# Evaluation and generation goldens (PyPI torch + transformers; tests/golden/make_textgen_golden.sh).
+golden-textgen:
+	@tests/golden/make_textgen_golden.sh
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -64,6 +64,11 @@ void print_summary(const TrainResult& r) {
   std::printf("Step time (median): %.3f s over %lld measured steps\n", r.step_time_s,
               static_cast<long long>(r.measured_steps));
   if (!r.steps.empty()) std::printf("Final loss: %.4f\n", r.steps.back().loss);
+  if (!r.evals.empty()) {
+    const EvalRecord& e = r.evals.back();
+    std::printf("Validation loss: %.4f, perplexity %.3f (%lld tokens, after step %lld)\n", e.loss, e.perplexity,
+                static_cast<long long>(e.tokens), static_cast<long long>(e.step));
+  }
   std::printf("Parameters: %lld, FLOPs/token: %.3e\n", static_cast<long long>(r.params), r.flops_per_token);
   if (r.mfu) {
     std::printf("MFU: %.1f%%\n", 100.0 * *r.mfu);

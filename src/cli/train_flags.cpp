@@ -48,7 +48,21 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   app->add_option("--seed", o.seed, "Seed for initialization, data and dropout")->capture_default_str();
   app->add_option("--data", o.data, "synthetic, or a file of little-endian uint32 token ids")->capture_default_str();
+  app->add_option("--val-data", o.val_data,
+                  "Validation data (the same forms as --data): loss and perplexity every --eval-every steps and at the end");
+  app->add_option("--eval-every", o.eval_every, "Evaluate every N optimizer steps (0: only at the end)")
+      ->capture_default_str();
+  app->add_option("--eval-batches", o.eval_batches,
+                  "Micro-batches per evaluation and rank (0: the whole validation set once)")
+      ->capture_default_str();
   app->add_option("--save", o.save, "Save the trained model as a Hugging Face directory");
+  app->add_option("--save-every", o.save_every,
+                  "Write a resumable checkpoint every N optimizer steps into --save DIR/checkpoint-STEP (0: none)")
+      ->capture_default_str();
+  app->add_option("--save-total-limit", o.save_total_limit, "Keep only the last K checkpoints (0: all)")
+      ->capture_default_str();
+  app->add_option("--resume", o.resume,
+                  "Continue the run that wrote this checkpoint directory (DIR/checkpoint-STEP), bit for bit");
   app->add_option("--save-precision", o.save_precision, "dtype of saved weights: fp32, bf16, fp16 (default: the model's)");
   app->add_option("--max-shard-size", o.max_shard_size,
                   "Shard saved weights above this size (e.g. 5GB), with model.safetensors.index.json");

@@ -45,7 +45,7 @@ void for_each_line(const std::string& text, F&& f) {
 
 const char* const kMetricFields[] = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s",
                                      "max_allocated_bytes", "max_reserved_bytes", "final_loss",
-                                     "mfu", "params", "flops_per_token"};
+                                     "val_loss", "val_perplexity", "mfu", "params", "flops_per_token"};
 
 }  // namespace
 

@@ -57,6 +57,10 @@ const ModelFamilySpec* find_family_by_preset(const std::string& preset) {
 
 const char* family_name(ModelFamily f) { return family_spec(f).name.c_str(); }
 
+Tensor Model::forward_cached(const Batch&, KvCache&, ExecContext&) {
+  throw InvalidInput("[generate] this model family has no cached inference path yet");
+}
+
 double resolve_dropout(const ModelConfig& c, double dropout_flag) {
   if (dropout_flag >= 0) return dropout_flag;
   return family_of(c).dropout ? c.dropout : 0.0;

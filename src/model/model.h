@@ -37,6 +37,8 @@ struct Batch {
 // reverse layer order): the hook for overlapping gradient all-reduce with the rest of backward.
 using GradReadyHook = std::function<void(std::int64_t begin, std::int64_t end)>;
 
+struct KvCache;  // model/decoder/kv_cache.h
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -47,6 +49,12 @@ class Model {
   // Forward only: mean loss; when logits_out is non-null it receives the logits [B*S, V] (in the
   // activation dtype).
   virtual double forward_loss(const Batch& batch, ExecContext& ctx, Tensor* logits_out = nullptr) = 0;
+  // Inference with a KV cache (scalelab generate): runs the n tokens of b.inputs ([1, n]; targets
+  // unused) at positions [cache.length, cache.length + n), appends their keys and values to the
+  // cache, advances cache.length by n and returns their logits [n, vocab] (fp32), exactly what a
+  // forward over the whole sequence gives at those positions. CPU, fp32 (model/decoder/kv_cache.h).
+  // The default throws InvalidInput: a family without a cached path.
+  virtual Tensor forward_cached(const Batch& b, KvCache& cache, ExecContext& ctx);
   virtual void set_grad_ready_hook(GradReadyHook hook) { hook_ = std::move(hook); }
   // Micro-steps counted by the model (e.g. to vary dropout masks); the trainer sets it.
   void set_step(std::int64_t step) { step_ = step; }

@@ -114,6 +114,7 @@ class TokenFileData final : public DataSource {
   std::string describe() const override {
     return o_.spec + " (" + std::to_string(n_tokens_) + " tokens, " + std::to_string(n_samples_) + " samples)";
   }
+  std::int64_t num_samples() const override { return n_samples_; }
 
  private:
   void close_map() {

@@ -22,6 +22,9 @@ class DataSource {
   // Fills batch.inputs/targets (int32 [B, S]) with the next micro-batch for this rank.
   virtual void next(Batch& batch) = 0;
   virtual std::string describe() const = 0;
+  // Samples in one pass over the data (a token file: tokens / (seq_len + 1)); 0 when endless or
+  // unknown (synthetic). Evaluation over "the whole set" needs it.
+  virtual std::int64_t num_samples() const { return 0; }
 };
 
 struct DataOptions {

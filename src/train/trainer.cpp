@@ -27,6 +27,7 @@
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
 #include "train/step_buffers.h"
+#include "train/train_checkpoint.h"
 #include "telemetry/session.h"
 #include "train/precision.h"
 #include "profile/readers.h"
@@ -60,7 +61,13 @@ nlohmann::json TrainOptions::to_json() const {
           {"threads", threads},
           {"seed", seed},
           {"data", data},
+          {"val_data", val_data},
+          {"eval_every", eval_every},
+          {"eval_batches", eval_batches},
           {"save", save},
+          {"save_every", save_every},
+          {"save_total_limit", save_total_limit},
+          {"resume", resume},
           {"save_precision", save_precision},
           {"max_shard_size", max_shard_size},
           {"bench_warmup_steps", bench_warmup_steps},
@@ -117,6 +124,13 @@ nlohmann::json TrainResult::to_json() const {
   j["losses"] = losses;
   j["final_loss"] = steps.empty() ? nlohmann::json(nullptr) : nlohmann::json(steps.back().loss);
   j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
+  j["val_loss"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().loss);
+  j["val_perplexity"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().perplexity);
+  nlohmann::json ev = nlohmann::json::array();
+  for (const auto& e : evals) ev.push_back(e.to_json());
+  j["evals"] = ev;
+  if (resumed_from_step > 0) j["resumed_from_step"] = resumed_from_step;
+  if (!checkpoints.empty()) j["checkpoints"] = checkpoints;
   j["error"] = error.empty() ? nlohmann::json(nullptr) : nlohmann::json(error);
   j["learning_rates"] = lrs;
   j["grad_norms"] = norms;
@@ -182,6 +196,16 @@ void validate_train_options(const TrainOptions& o) {
   if (!o.save_precision.empty()) parse_dtype(o.save_precision, "--save-precision");
   if (o.telemetry_interval_ms <= 0) throw InvalidInput("[--telemetry-interval] must be a positive number of ms");
   if (!o.max_shard_size.empty()) parse_bytes(o.max_shard_size, "--max-shard-size");
+  if (o.save_every < 0) throw InvalidInput("[--save-every] must be >= 0 (0: no checkpoints during training)");
+  if (o.save_total_limit < 0) throw InvalidInput("[--save-total-limit] must be >= 0 (0: keep every checkpoint)");
+  if (o.save_every > 0 && o.save.empty()) {
+    throw InvalidInput("[--save-every] needs --save DIR (checkpoints go to DIR/checkpoint-STEP)");
+  }
+  if (o.eval_every < 0) throw InvalidInput("[--eval-every] must be >= 0 (0: evaluate at the end only)");
+  if (o.eval_batches < 0) throw InvalidInput("[--eval-batches] must be >= 0 (0: the whole validation set)");
+  if (o.val_data.empty() && (o.eval_every > 0 || o.eval_batches > 0)) {
+    throw InvalidInput("[--eval-every/--eval-batches] need validation data — add --val-data PATH");
+  }
   parse_lr_schedule(o.lr_scheduler);
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
@@ -319,7 +343,13 @@ class TrainSession {
   TrainResult finish();
 
   std::int64_t max_steps() const { return o_.max_steps; }
+  std::int64_t start_step() const { return start_step_; }
+  // --save-every: writes <save>/checkpoint-<steps_done> when due (and rotates).
+  void maybe_checkpoint(std::int64_t steps_done);
   void record(const StepRecord& r) { res_.steps.push_back(r); }
+  // --val-data: evaluates after `steps_done` optimizer steps when --eval-every says so (or at the
+  // end, last = true, unless that step was just evaluated), records it and prints its line.
+  void maybe_evaluate(std::int64_t steps_done, bool last);
 
  private:
   const TrainOptions requested_;
@@ -348,10 +378,13 @@ class TrainSession {
   StepBuffers bufs_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataSource> data_;
+  DataOptions val_options_;  // --val-data: a fresh source per evaluation starts at sample 0
   std::optional<StagedBatch> batch_;
   std::vector<kernels::ElementRange> ranges_;
   double loss_scale_ = 1.0;
   std::int64_t good_steps_ = 0;
+  std::int64_t start_step_ = 0;          // --resume: the checkpoint's step
+  std::int64_t micro_batches_read_ = 0;  // the data position (this rank's micro-batches)
 };
 
 TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
@@ -498,6 +531,25 @@ void TrainSession::build() {
   } else {
     fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { init_params(host, layout_, cfg, o.seed); });
   }
+  std::optional<TrainCheckpointState> resumed;
+  if (!o.resume.empty()) {
+    if (dp_) {
+      throw InvalidInput("[--resume] resuming a data-parallel run is not supported yet — resume with one process");
+    }
+    resumed = read_train_state(o.resume);
+    check_resume_config(o.resume, resumed->config, res_.config);
+    if (resumed->global_step >= o.max_steps) {
+      throw InvalidInput("[--resume] " + o.resume + " is at step " + std::to_string(resumed->global_step) +
+                         ", not before --max-steps " + std::to_string(o.max_steps) + " — nothing left to run");
+    }
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { load_weights(o.resume, cfg, layout_, host); });
+    fill_through_host(bufs_.m, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg", host); });
+    fill_through_host(bufs_.v, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg_sq", host); });
+    if (!o.quiet) {
+      std::fprintf(stderr, "scalelab train: resuming from %s at step %lld\n", o.resume.c_str(),
+                   static_cast<long long>(resumed->global_step));
+    }
+  }
   if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
   model_ = make_model(cfg, layout_, bufs_.compute_weights, bufs_.grads, pin_.options);
   if (dp_) {
@@ -506,11 +558,42 @@ void TrainSession::build() {
     dp_->set_tracer(tracer_.get());
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
+  if (o.save_every > 0 && dp_) {
+    throw InvalidInput("[--save-every] checkpoints of a data-parallel run are not supported yet — use one process, "
+                       "or --save for the final model");
+  }
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
   data_ = with_injected_data_fault(make_data_source(dopt), dopt.rank);
+  if (!o.val_data.empty()) {
+    val_options_ = dopt;
+    val_options_.spec = o.val_data;
+    // Opened once here so that a bad --val-data stops the run before the first step (exit 2).
+    try {
+      auto probe = make_data_source(val_options_);
+      if (o.eval_batches == 0 && probe->num_samples() <= 0) {
+        throw InvalidInput("[--eval-batches] the validation data " + probe->describe() +
+                           " has no known size, so 'the whole set' (--eval-batches 0) is undefined — give "
+                           "--eval-batches N");
+      }
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      throw InvalidInput(what.rfind("[--", 0) == 0 ? what : "[--val-data] " + what);
+    }
+  }
   // The data source writes host memory; on a device the batch is copied up each micro-step.
   batch_.emplace(make_staged_batch(o.micro_batch_size, o.seq_len, dev_));
   ranges_ = optimizer_ranges(layout_);
+  if (resumed) {
+    start_step_ = resumed->global_step;
+    res_.resumed_from_step = start_step_;
+    loss_scale_ = resumed->loss_scale;
+    good_steps_ = resumed->good_steps;
+    res_.skipped_steps = resumed->skipped_steps;
+    // The data position: read and drop what the checkpointed run consumed (any source, in order).
+    for (std::int64_t i = 0; i < resumed->micro_batches_read; ++i) data_->next(batch_->host);
+    micro_batches_read_ = resumed->micro_batches_read;
+    bench_warmup_ = start_step_ + std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - start_step_ - 1));
+  }
 
   if (!o.quiet) {
     std::fprintf(stderr, "scalelab train: %s (%s, %lld parameters: %lld trainable, %lld frozen), data %s, micro-batch %lld x seq %lld x accum %lld, %d threads, device %s: %s%s\n",
@@ -537,6 +620,7 @@ StepRecord TrainSession::step(std::int64_t step) {
     {
       ProfileScope p(ctx, "data", Phase::kData);
       data_->next(batch_->host);
+      ++micro_batches_read_;
       batch_->upload();
     }
     model_->set_step(step * o.grad_accum_steps + micro);
@@ -623,6 +707,55 @@ StepRecord TrainSession::step(std::int64_t step) {
   return {loss, lr, norm, dt};
 }
 
+void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {
+  const TrainOptions& o = o_;
+  if (o.val_data.empty()) return;
+  const bool periodic = o.eval_every > 0 && steps_done % o.eval_every == 0;
+  if (!periodic && !(last && (res_.evals.empty() || res_.evals.back().step != steps_done))) return;
+  // Not profiled nor traced: the profile and the timeline describe the training steps.
+  ExecContext ctx = *ctx_;
+  ctx.profiler = nullptr;
+  ctx.tracer = nullptr;
+  auto data = make_data_source(val_options_);
+  EvalOptions eo;
+  eo.batches = o.eval_batches;
+  eo.rank = val_options_.rank;
+  eo.world = world_;
+  // The mean over ranks times the ranks: a sum (every rank contributes its tokens and loss sum).
+  if (dp_) eo.sum_over_ranks = [this](double v) { return dp_->mean(v) * static_cast<double>(world_); };
+  EvalRecord e = evaluate_loss(*model_, *data, *batch_, eo, ctx);
+  e.step = steps_done;
+  res_.evals.push_back(e);
+  if (!o.quiet) {
+    std::fprintf(stderr, "eval step %lld/%lld | val loss %.4f | perplexity %.3f | %lld tokens | %.3f s\n",
+                 static_cast<long long>(steps_done), static_cast<long long>(o.max_steps), e.loss, e.perplexity,
+                 static_cast<long long>(e.tokens), e.seconds);
+  }
+}
+
+void TrainSession::maybe_checkpoint(std::int64_t steps_done) {
+  const TrainOptions& o = o_;
+  if (o.save_every <= 0 || steps_done % o.save_every != 0) return;
+  TrainCheckpointState st;
+  st.global_step = steps_done;
+  st.micro_batches_read = micro_batches_read_;
+  st.loss_scale = loss_scale_;
+  st.good_steps = good_steps_;
+  st.skipped_steps = res_.skipped_steps;
+  st.seed = o.seed;
+  st.config = res_.config;
+  for (const auto& r : res_.steps) st.losses.push_back(r.loss);
+  save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param,
+                        host_view_of(bufs_.m, dev_), host_view_of(bufs_.v, dev_), st, o.model);
+  const std::string dir = checkpoint_dir_name(o.save, steps_done);
+  res_.checkpoints.push_back(dir);
+  const auto removed = rotate_checkpoints(o.save, o.save_total_limit, steps_done);
+  if (!o.quiet) {
+    std::fprintf(stderr, "scalelab train: checkpoint %s%s\n", dir.c_str(),
+                 removed.empty() ? "" : (" (removed " + std::to_string(removed.size()) + " older)").c_str());
+  }
+}
+
 void TrainSession::finish_ok() {
   const TrainOptions& o = o_;
   res_.measured_steps = static_cast<std::int64_t>(measured_.size());
@@ -642,6 +775,7 @@ void TrainSession::finish_ok() {
     so.dtype = o.save_precision.empty() ? prec_.param : parse_dtype(o.save_precision, "--save-precision");
     so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
     save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
+    copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
     if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
   }
   res_.loss_scale = prec_.loss_scaling ? loss_scale_ : 0.0;
@@ -706,7 +840,11 @@ TrainResult train(const TrainOptions& requested, DistContext* dist) {
   TrainSession s(requested, dist);
   try {
     s.build();
-    for (std::int64_t step = 0; step < s.max_steps(); ++step) s.record(s.step(step));
+    for (std::int64_t step = s.start_step(); step < s.max_steps(); ++step) {
+      s.record(s.step(step));
+      s.maybe_checkpoint(step + 1);
+      s.maybe_evaluate(step + 1, step + 1 == s.max_steps());
+    }
     s.finish_ok();
   } catch (const OutOfMemory& e) {
     s.finish_oom(e);

@@ -12,6 +12,7 @@
 
 #include "core/context.h"
 #include "distributed/dist_flags.h"
+#include "train/evaluate.h"
 
 namespace scalelab {
 
@@ -43,7 +44,19 @@ struct TrainOptions {
   int threads = 0;            // 0: all cores
   std::uint64_t seed = 42;
   std::string data = "synthetic";
+  // Validation (train/evaluate.h): --val-data SPEC (the same forms as --data), evaluated every
+  // --eval-every optimizer steps (0: only at the end) over --eval-batches micro-batches per rank
+  // (0: the whole set once). Empty val_data: no evaluation.
+  std::string val_data;
+  std::int64_t eval_every = 0;
+  std::int64_t eval_batches = 0;
   std::string save;
+  // Checkpoints during training (train/train_checkpoint.h): every --save-every optimizer steps into
+  // <save>/checkpoint-STEP (0: none), keeping the last --save-total-limit (0: all); --resume
+  // <dir>/checkpoint-K continues that run bit for bit from step K.
+  std::int64_t save_every = 0;
+  std::int64_t save_total_limit = 0;
+  std::string resume;
   std::string save_precision;  // empty: the parameter dtype
   std::string max_shard_size;  // empty: one model.safetensors file
   std::string json;
@@ -88,6 +101,9 @@ struct TrainResult {
   double step_time_s = 0;              // median over measured steps
   std::size_t max_allocated_bytes = 0, max_reserved_bytes = 0;
   std::vector<StepRecord> steps;
+  std::vector<EvalRecord> evals;
+  std::int64_t resumed_from_step = 0;     // --resume: the checkpoint's step (steps holds the later ones)
+  std::vector<std::string> checkpoints;   // --save-every: the checkpoint directories written  // --val-data: each evaluation, in order (the last is val_loss)
   std::int64_t measured_steps = 0;
   std::optional<double> mfu;
   nlohmann::json oom;      // request and usage when status is "oom"

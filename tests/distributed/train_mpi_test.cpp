@@ -406,6 +406,32 @@ TEST_F(TrainMpi, ScaleDryRunPrintsTheLaunchesWithoutRunning) {
   EXPECT_FALSE(fs::exists(db)) << "a dry run must not create the database";
 }
 
+// --val-data under mpirun: each rank evaluates its share of the set (the last global micro-batch's
+// missing samples masked), the loss sums and token counts are reduced; the result is transformers'
+// .loss on the whole set, as with one process (tests/golden/data/textgen).
+TEST_F(TrainMpi, ValidationLossOverRanksEqualsOneProcessAndTransformers) {
+  const std::string m = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/textgen/llama_gqa_untied";
+  std::ifstream ex(m + "/expected.json");
+  const auto expected = nlohmann::json::parse(ex);
+  const std::string flags = "train --model " + m + " --data " + m + "/val.bin --val-data " + m +
+                            "/val.bin --seq-len 12 --micro-batch-size 2 --max-steps 1 --lr 0 --threads 1 --json ";
+  nlohmann::json rec[2];
+  for (int np : {0, 2}) {
+    const std::string json = path("val" + std::to_string(np) + ".json");
+    const SubprocessResult r = scalelab(np, flags + json);
+    ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+    std::ifstream in(json);
+    rec[np / 2] = nlohmann::json::parse(in);
+  }
+  EXPECT_EQ(rec[1]["world_size"], 2);
+  for (const auto& j : rec) {
+    ASSERT_EQ(j["evals"].size(), 1u);
+    EXPECT_EQ(j["evals"][0]["val_tokens"], 7 * 12);  // 7 samples, each once
+    EXPECT_NEAR(j["val_loss"].get<double>(), expected["val_loss"].get<double>(), 1e-5);
+  }
+  EXPECT_EQ(rec[1]["evals"][0]["val_batches"], 2);  // ceil(7 / (2 ranks x 2)) per rank
+}
+
 #endif  // SCALELAB_MPIRUN
 
 }  // namespace

@@ -161,9 +161,13 @@ TEST(Outcome, Native) {
   testing::TempDir dir;
   std::string rec = dir / "r.json";
   testing::write_text(rec, R"({"status":"ok","tokens_per_s":10.0,"tokens_per_s_per_device":10.0,
-    "max_reserved_bytes":2147483648,"step_time_s":0.5,"final_loss":3.0,"mfu":null,"losses":[3.0]})");
+    "max_reserved_bytes":2147483648,"step_time_s":0.5,"final_loss":3.0,"mfu":null,"losses":[3.0],
+    "val_loss":2.5,"val_perplexity":12.18})");
   auto ok = classify_native(exited(0), 10, rec, "");
   EXPECT_EQ(ok.status, TrialStatus::kOk);
+  // Validation loss is a metric of the results store (an analysis target).
+  EXPECT_DOUBLE_EQ(ok.metrics["val_loss"].get<double>(), 2.5);
+  EXPECT_DOUBLE_EQ(ok.metrics["val_perplexity"].get<double>(), 12.18);
   EXPECT_DOUBLE_EQ(ok.metrics["max_reserved_gib"].get<double>(), 2.0);
   EXPECT_FALSE(ok.metrics.contains("mfu"));  // null is not a number
   EXPECT_TRUE(ok.record.contains("losses"));

@@ -21,6 +21,15 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
       for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  if (m == 1 && !trans_a) {
+    // One row (a decoding step: one token through a projection): a matrix-vector product. This
+    // OpenBLAS (0.3.21, Debian 12) runs sgemm with m = 1 as a full GEMM that packs all of B, the
+    // weights, for every call — about twice the memory traffic of sgemv, which it does not
+    // forward to before 0.3.27. c[1, n] = alpha · a[1, k] · op(B) + beta · c.
+    cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, static_cast<blasint>(trans_b ? n : k),
+                static_cast<blasint>(trans_b ? k : n), alpha, b, static_cast<blasint>(ldb), a, 1, beta, c, 1);
+    return;
+  }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
               static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
               static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));

@@ -29,6 +29,21 @@ void AttentionBlock::forward(AttentionActs& a, Tensor& h, Tensor& in, bool relea
   out.forward(h, a.attn, ctx);
 }
 
+void AttentionBlock::forward_cached(AttentionActs& a, Tensor& h, const Tensor& in, KvCache& cache, std::int64_t layer,
+                                    const ActAlloc& alloc, ExecContext& ctx) const {
+  const std::int64_t T = in.dim(0), Q = n_heads * head_dim, ld = Q + 2 * n_kv_heads * head_dim;
+  a.qkv = alloc.act({T, ld}, "qkv");
+  qkv.forward(a.qkv, in, ctx);
+  if (rope) {
+    rope_rows_at(a.qkv, 0, ld, n_heads, head_dim, cache.length, *rope);
+    rope_rows_at(a.qkv, Q, ld, n_kv_heads, head_dim, cache.length, *rope);
+  }
+  a.attn = alloc.act({T, Q}, "attention output");
+  cached_attention(a.attn, a.qkv, cache, layer, n_heads, 1.0f / std::sqrt(static_cast<float>(head_dim)), ctx);
+  h = alloc.act({T, out.w.dim(0)}, "residual stream");
+  out.forward(h, a.attn, ctx);
+}
+
 Tensor AttentionBlock::backward_to_qkv(Tensor& dout, AttentionActs& a, std::int64_t batch, std::int64_t seq,
                                        const ActAlloc& alloc, ExecContext& ctx) {
   const std::int64_t T = batch * seq, Q = n_heads * head_dim, ld = Q + 2 * n_kv_heads * head_dim;

@@ -4,6 +4,7 @@
 // probabilities are kept; flash: only the log-sum-exp), and the output projection.
 #include "kernels/attention.h"
 #include "kernels/rope.h"
+#include "model/decoder/kv_cache.h"
 #include "model/decoder/linear.h"
 #include "model/model.h"
 
@@ -30,6 +31,11 @@ struct AttentionBlock {
   // that backward rebuilds).
   void forward(AttentionActs& a, Tensor& h, Tensor& in, bool release_in, std::int64_t batch, std::int64_t seq,
                const ActAlloc& alloc, ExecContext& ctx) const;
+  // Inference: the same for the rows of `in` [n, H] at positions [cache.length, cache.length + n),
+  // RoPE at those positions, their keys and values appended to `layer` of the cache, attention over
+  // the whole cache (cached_attention). a.qkv and a.attn are allocated as in forward.
+  void forward_cached(AttentionActs& a, Tensor& h, const Tensor& in, KvCache& cache, std::int64_t layer,
+                      const ActAlloc& alloc, ExecContext& ctx) const;
   // From dout (gradient of h's projection output) to the q/k/v gradient, returned (before the
   // q/k/v projection's backward, RoPE undone): allocates "attention output gradient" and "qkv
   // gradient"; drops the caller's dout after the output projection's backward and the block's

@@ -169,6 +169,30 @@ class LlamaModel final : public Model {
     return ls.count ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
 
+  Tensor forward_cached(const Batch& b, KvCache& cache, ExecContext& ctx) override {
+    SCALELAB_CHECK(b.batch == 1, "[llama] cached inference takes one sequence");
+    const std::int64_t T = b.seq;
+    cache_ = &cache;
+    struct Detach {
+      KvCache*& c;
+      ~Detach() { c = nullptr; }
+    } detach{cache_};
+    Tensor x = embed(b, ctx);
+    for (std::int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      Acts a;
+      Tensor out = act_.act({T, H_}, "residual stream");
+      layer_forward(l, x, out, a, b, ctx);
+      x = out;
+    }
+    Tensor xf = act_.act({T, H_}, "final norm output");
+    NormStats sf = norm_.new_stats(T, act_, "final norm mean", "final norm rstd");
+    norm_.forward(xf, sf, x, ctx);
+    Tensor logits = act_.act({T, c_.vocab_size}, "logits");
+    head_.forward(logits, xf, ctx);
+    cache.length += T;
+    return logits;
+  }
+
  private:
   struct Layer {
     Norm ln1, ln2;         // input_layernorm, post_attention_layernorm
@@ -216,7 +240,11 @@ class LlamaModel final : public Model {
     a.y1 = act_.act({T, H_}, "attention norm output");
     w.ln1.forward(a.y1, a.n1, x, ctx);
     // Fused: y1 is dropped once projected and rebuilt from x and the rstd in backward.
-    w.attn.forward(a.att, a.h, a.y1, /*release_in=*/fused, b.batch, b.seq, act_, ctx);
+    if (cache_) {
+      w.attn.forward_cached(a.att, a.h, a.y1, *cache_, l, act_, ctx);
+    } else {
+      w.attn.forward(a.att, a.h, a.y1, /*release_in=*/fused, b.batch, b.seq, act_, ctx);
+    }
     a.n2 = w.ln2.new_stats(T, act_, "rmsnorm mean", "rmsnorm rstd");
     a.y2 = act_.act({T, H_}, "mlp norm output");
     w.ln2.residual_forward(a.h, a.y2, a.n2, x, fused, ctx);  // h = x + o_proj(attn), y2 = rmsnorm(h)
@@ -283,6 +311,7 @@ class LlamaModel final : public Model {
   Linear head_;
   std::pair<std::int64_t, std::int64_t> embed_range_, head_range_;
   std::vector<Layer> layers_;
+  KvCache* cache_ = nullptr;  // set during forward_cached: attention reads and extends it
 };
 
 }  // namespace

@@ -200,6 +200,35 @@ class OptModel final : public Model {
     return ls.count ? ls.sum / static_cast<double>(ls.count) : 0.0;
   }
 
+  Tensor forward_cached(const Batch& b, KvCache& cache, ExecContext& ctx) override {
+    SCALELAB_CHECK(b.batch == 1, "[opt] cached inference takes one sequence");
+    const std::int64_t T = b.seq;
+    if (cache.length + T > c_.max_position_embeddings) {
+      throw InvalidInput("[generate] position " + std::to_string(cache.length + T - 1) +
+                         " is past max_position_embeddings " + std::to_string(c_.max_position_embeddings) +
+                         " — use a shorter prompt or fewer --max-new-tokens");
+    }
+    cache_ = &cache;
+    struct Detach {
+      KvCache*& c;
+      ~Detach() { c = nullptr; }
+    } detach{cache_};
+    Tensor emb_in;
+    Tensor x = embed(b, emb_in, ctx);
+    emb_in = Tensor();
+    for (std::int64_t l = 0; l < c_.num_hidden_layers; ++l) {
+      Acts a;
+      Tensor out = act_.act({T, H_}, "residual stream");
+      layer_forward(l, x, out, a, b, /*training=*/false, ctx);
+      x = out;
+    }
+    HeadActs h = head_forward(x, ctx);
+    Tensor logits = act_.act({T, c_.vocab_size}, "logits");
+    head_.forward(logits, h.xp, ctx);
+    cache.length += T;
+    return logits;
+  }
+
  private:
   struct Layer {
     Norm ln1;             // self_attn_layer_norm (no affine: undefined weight and bias)
@@ -257,7 +286,8 @@ class OptModel final : public Model {
       x = act_.act({T, H_}, "embeddings");
       embedding_forward(x, b.inputs, embed_, ctx);
     }
-    position_embedding_add_forward(x, pos_, b.seq, kPositionOffset, ctx);
+    // With a KV cache the rows continue the cached positions.
+    position_embedding_add_forward(x, pos_, b.seq, kPositionOffset + (cache_ ? cache_->length : 0), ctx);
     return x;
   }
 
@@ -349,7 +379,11 @@ class OptModel final : public Model {
   void attention_forward(Acts& a, const Tensor& in, const Layer& w, const Batch& b, bool training, std::int64_t l,
                          ExecContext& ctx) {
     Tensor input = in;
-    w.attn.forward(a.att, a.h, input, /*release_in=*/false, b.batch, b.seq, act_, ctx);
+    if (cache_) {
+      w.attn.forward_cached(a.att, a.h, input, *cache_, l, act_, ctx);
+    } else {
+      w.attn.forward(a.att, a.h, input, /*release_in=*/false, b.batch, b.seq, act_, ctx);
+    }
     if (training && opt_.dropout > 0) dropout_forward(a.h, dropout_p(), key(l, kSiteAttention), ctx);
   }
 
@@ -466,6 +500,7 @@ class OptModel final : public Model {
   Norm final_norm_;
   std::pair<std::int64_t, std::int64_t> embed_range_, head_range_;
   std::vector<Layer> layers_;
+  KvCache* cache_ = nullptr;  // set during forward_cached: attention and positions continue it
 };
 
 }  // namespace

@@ -1,0 +1,111 @@
+// `scalelab generate`: answers to prompts from a model directory, streamed token by token, with a
+// KV cache (generate/generator.h) and transformers' greedy / temperature / top-k / top-p choice.
+#include <cstdio>
+#include <memory>
+
+#include "cli/command.h"
+#include "cli/generate_common.h"
+#include "core/error.h"
+#include "core/parallel.h"
+#include "train/trainer.h"
+
+namespace scalelab::cli {
+
+namespace {
+
+struct GenerateFlags {
+  std::string model;
+  PromptFlags prompts;
+  GenerateOptions gen;
+  std::vector<std::int32_t> eos;
+  bool no_eos = false;
+  int threads = 0;
+  std::string device_memory;
+  std::string json;
+  bool quiet = false;
+};
+
+}  // namespace
+
+Subcommand add_generate_command(CLI::App& root) {
+  auto f = std::make_shared<GenerateFlags>();
+  auto* app = root.add_subcommand("generate", "Generate text (token ids) from a model with a KV cache");
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app->add_option("--model", f->model, "A Hugging Face model directory (config.json + model.safetensors)")->required();
+  add_prompt_flags(*app, f->prompts);
+  app->get_option("--prompt-ids")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app->get_option("--prompt")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  add_sampling_flags(*app, f->gen, f->eos, f->no_eos);
+  app->get_option("--eos-token-id")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app->add_option("--threads", f->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  app->add_option("--device-memory", f->device_memory, "Memory capacity to enforce (weights + KV cache), e.g. 2GiB");
+  app->add_option("--json", f->json, "Write the answers, timings and memory plan (JSON) to this file");
+  app->add_flag("--quiet", f->quiet, "Only the answers (no header lines on stderr)");
+  return {app, [f] {
+            GenerateOptions g = f->gen;
+            validate_sampling(g.sampling);
+            if (g.max_new_tokens < 1) throw InvalidInput("[--max-new-tokens] must be >= 1");
+            if (f->threads < 0) throw InvalidInput("[--threads] must be >= 0 (0 = all cores)");
+            set_num_threads(f->threads);
+            auto codec = find_text_codec(f->model);
+            const std::vector<Prompt> prompts = read_prompts(f->prompts, codec.get());
+            TextGenerator gen(f->model, f->device_memory);
+            g.eos_token_ids = f->no_eos ? std::vector<std::int32_t>{} : (f->eos.empty() ? model_eos_token_ids(f->model) : f->eos);
+            if (!f->quiet) {
+              std::string eos;
+              for (auto e : g.eos_token_ids) {
+                if (!eos.empty()) eos += ',';
+                eos += std::to_string(e);
+              }
+              std::fprintf(stderr, "scalelab generate: %s (%s, %lld parameters), %s, eos %s, %d threads\n",
+                           f->model.c_str(), gen.config().name.c_str(), static_cast<long long>(gen.params()),
+                           g.sampling.greedy() ? "greedy" : "sampling", eos.empty() ? "none" : eos.c_str(),
+                           num_threads());
+            }
+            nlohmann::json answers = nlohmann::json::array();
+            std::int64_t longest = 0;
+            for (std::size_t i = 0; i < prompts.size(); ++i) {
+              const Prompt& p = prompts[i];
+              longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.ids.size()) + g.max_new_tokens);
+              std::printf("[%zu] %s\n=> ", i + 1, p.text.c_str());
+              std::fflush(stdout);
+              bool first = true;
+              // Streaming: each token as soon as it is chosen (ids; text once a tokenizer is there).
+              GenerationResult r = gen.generate(p.ids, g, [&](std::int32_t tok) {
+                std::printf(first ? "%d" : " %d", tok);
+                first = false;
+                std::fflush(stdout);
+              });
+              std::printf("\n");
+              std::fflush(stdout);  // before the stderr line that follows
+              if (!f->quiet) {
+                std::fprintf(stderr, "    %zu tokens (%s), prefill %.3f s, %.1f tokens/s decoding\n", r.tokens.size(),
+                             r.stop.c_str(), r.prefill_s, r.to_json()["decode_tokens_per_s"].get<double>());
+              }
+              nlohmann::json a = r.to_json();
+              a["prompt"] = p.text;
+              a["prompt_ids"] = p.ids;
+              if (codec) a["text"] = codec->decode(r.tokens);
+              answers.push_back(a);
+            }
+            if (!f->json.empty()) {
+              nlohmann::json j;
+              j["model"] = f->model;
+              j["sampling"] = {{"temperature", g.sampling.temperature}, {"top_k", g.sampling.top_k},
+                               {"top_p", g.sampling.top_p}, {"min_tokens_to_keep", g.sampling.min_tokens_to_keep},
+                               {"seed", g.sampling.seed}, {"greedy", g.sampling.greedy()}};
+              j["max_new_tokens"] = g.max_new_tokens;
+              j["eos_token_ids"] = g.eos_token_ids;
+              j["threads"] = num_threads();
+              j["memory_plan"] = gen.plan(longest);
+              const MemoryStats st = gen.allocator().stats();
+              j["max_allocated_bytes"] = st.peak_allocated;
+              j["max_reserved_bytes"] = st.peak_reserved;
+              j["answers"] = answers;
+              write_json_file(f->json, j);
+            }
+            return 0;
+          }};
+}
+
+}  // namespace scalelab::cli

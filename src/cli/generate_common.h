@@ -1,0 +1,37 @@
+#pragma once
+// What `generate` and `compare` share: reading prompts (token ids, or text through the model's
+// tokenizer seam, generate/text_codec.h) and the sampling flags.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "generate/generator.h"
+#include "generate/text_codec.h"
+
+namespace scalelab::cli {
+
+struct PromptFlags {
+  std::vector<std::string> prompt_ids;  // --prompt-ids 1,2,3 (repeatable)
+  std::vector<std::string> prompts;     // --prompt TEXT (repeatable)
+  std::string prompts_file;             // --prompts-file F: one text prompt per line
+  std::string prompt_ids_file;          // --prompt-ids-file F: one id list per line
+};
+
+struct Prompt {
+  std::string text;  // as given ("5,17,33" for ids)
+  std::vector<std::int32_t> ids;
+};
+
+void add_prompt_flags(CLI::App& app, PromptFlags& f);
+void add_sampling_flags(CLI::App& app, GenerateOptions& g, std::vector<std::int32_t>& eos, bool& no_eos);
+
+// "1,2,3" or "1 2 3" -> ids; throws InvalidInput naming `what`.
+std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& what);
+// Every prompt of the flags, in order (ids first, then text, then the files' lines); text needs a
+// codec (InvalidInput naming --prompt-ids otherwise). At least one prompt.
+std::vector<Prompt> read_prompts(const PromptFlags& f, const TextCodec* codec);
+
+}  // namespace scalelab::cli

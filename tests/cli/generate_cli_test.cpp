@@ -1,0 +1,155 @@
+// End-to-end: `scalelab train --val-data`, `scalelab generate` and `scalelab compare` on the tiny
+// models of tests/golden/data/textgen, and the inputs they refuse with exit code 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli_run.h"
+
+namespace {
+
+using scalelab::cli_test::CmdResult;
+const auto& run_cli = scalelab::cli_test::run;
+using scalelab::cli_test::read_json;
+
+std::string textgen(const std::string& name) {
+  return std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/textgen/" + name;
+}
+
+std::string joined(const nlohmann::json& ids) {
+  std::string s;
+  for (const auto& t : ids) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(t.get<int>());
+  }
+  return s;
+}
+
+TEST(GenerateCli, GreedyIdsStreamedAsTransformersGenerates) {
+  const auto e = read_json(textgen("opt_prenorm") + "/expected.json");
+  const auto& g = e["generate"][0];
+  const std::string json = testing::TempDir() + "generate_cli.json";
+  const CmdResult r = run_cli("generate --model " + textgen("opt_prenorm") + " --prompt-ids 5,17,33,8 --prompt-ids 40 " +
+                              "--max-new-tokens 16 --no-eos --threads 1 --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("=> " + joined(g["greedy"])), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("=> " + joined(e["generate"][1]["greedy"])), std::string::npos) << r.output;
+  const auto j = read_json(json);
+  ASSERT_EQ(j["answers"].size(), 2u);
+  EXPECT_EQ(j["answers"][0]["tokens"], g["greedy"]);
+  EXPECT_EQ(j["answers"][0]["stop"], "length");
+  EXPECT_GT(j["memory_plan"]["kv_cache_bytes"].get<double>(), 0);
+  EXPECT_GE(j["max_allocated_bytes"].get<double>(), j["memory_plan"]["total_bytes"].get<double>());
+  // --eos-token-id: stops right after it.
+  const CmdResult s = run_cli("generate --model " + textgen("opt_prenorm") + " --prompt-ids 5,17,33,8 " +
+                              "--max-new-tokens 16 --threads 1 --eos-token-id " +
+                              std::to_string(g["eos_token_id"].get<int>()));
+  ASSERT_EQ(s.code, 0) << s.output;
+  EXPECT_NE(s.output.find("=> " + joined(g["greedy_with_eos"]) + "\n"), std::string::npos) << s.output;
+  // Sampling with a seed: the same answer twice.
+  const std::string sample = "generate --model " + textgen("llama_gqa_untied") +
+                             " --prompt-ids 1,2,3 --max-new-tokens 8 --temperature 0.8 --top-k 20 --top-p 0.9 "
+                             "--seed 5 --quiet --threads 1";
+  const CmdResult a = run_cli(sample), b = run_cli(sample);
+  ASSERT_EQ(a.code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+}
+
+TEST(GenerateCli, RefusesBadInput) {
+  const std::string m = "generate --model " + textgen("llama_gqa_untied");
+  CmdResult r = run_cli(m + " --prompt 'What is it?'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--prompt-ids"), std::string::npos) << r.output;
+  r = run_cli(m + " --prompt-ids 1,x,3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run_cli(m + " --prompt-ids 1,96");  // vocab 96
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("vocabulary"), std::string::npos) << r.output;
+  r = run_cli(m + " --prompt-ids 1 --max-new-tokens 100");  // max_position_embeddings 64
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("max_position_embeddings"), std::string::npos) << r.output;
+  r = run_cli(m + " --prompt-ids 1 --top-p 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run_cli("generate --model " + testing::TempDir() + "no_such_model --prompt-ids 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  r = run_cli(m + " --prompt-ids 1 --device-memory 100KB");  // the weights alone do not fit
+  EXPECT_EQ(r.code, 3) << r.output;
+}
+
+TEST(GenerateCli, TrainWithValidationThenCompareBaseAndTuned) {
+  const std::string base = textgen("llama_gqa_untied"), val = base + "/val.bin";
+  const std::string tuned = testing::TempDir() + "compare_tuned", rec = testing::TempDir() + "compare_train.json";
+  CmdResult t = run_cli("train --model " + base + " --data " + val + " --val-data " + val +
+                        " --seq-len 12 --micro-batch-size 2 --max-steps 8 --lr 1e-2 --eval-every 4 --threads 1 "
+                        "--save " + tuned + " --json " + rec);
+  ASSERT_EQ(t.code, 0) << t.output;
+  EXPECT_NE(t.output.find("eval step 4/8 | val loss"), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("Validation loss:"), std::string::npos) << t.output;
+  const auto tr = read_json(rec);
+  ASSERT_EQ(tr["evals"].size(), 2u);
+  EXPECT_EQ(tr["val_loss"], tr["evals"][1]["val_loss"]);
+  EXPECT_EQ(tr["config"]["val_data"], val);
+  // The saved model keeps the source's generation_config.json: the same EOS as the base.
+  EXPECT_TRUE(std::ifstream(tuned + "/generation_config.json").good());
+
+  const std::string ids = testing::TempDir() + "compare_prompts.txt", json = testing::TempDir() + "compare.json",
+                    md = testing::TempDir() + "compare.md";
+  {
+    std::ofstream f(ids);
+    f << "5,17,33,8\n\n40\n";
+  }
+  CmdResult c = run_cli("compare --base " + base + " --tuned " + tuned + " --prompt-ids-file " + ids +
+                        " --val-data " + val + " --seq-len 12 --max-new-tokens 6 --threads 1 --json " + json +
+                        " --markdown " + md);
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_NE(c.output.find("| validation loss |"), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("## Prompt 2"), std::string::npos) << c.output;
+  const auto j = read_json(json);
+  // The base's validation loss is transformers' (golden); the tuned model trained on that very
+  // data: lower.
+  const auto e = read_json(base + "/expected.json");
+  EXPECT_NEAR(j["base"]["val_loss"].get<double>(), e["val_loss"].get<double>(), 1e-5);
+  EXPECT_LT(j["tuned"]["val_loss"].get<double>(), j["base"]["val_loss"].get<double>());
+  EXPECT_EQ(j["base"]["answers"].size(), 2u);
+  EXPECT_LE(j["base"]["answers"][0]["tokens"].size(), 6u);  // --max-new-tokens, or fewer at EOS
+  std::ifstream mdf(md);
+  const std::string mdtext((std::istreambuf_iterator<char>(mdf)), std::istreambuf_iterator<char>());
+  EXPECT_NE(mdtext.find("# Base vs tuned"), std::string::npos);
+  // Another vocabulary: refused.
+  c = run_cli("compare --base " + base + " --tuned opt-tiny --prompt-ids 1 --threads 1");
+  EXPECT_EQ(c.code, 2) << c.output;
+}
+
+}  // namespace
+
+namespace {
+
+TEST(ResumeCli, CheckpointsResumeAndRefuseAnotherModel) {
+  const std::string out = testing::TempDir() + "resume_cli";
+  std::filesystem::remove_all(out);
+  // A stale checkpoint of a longer earlier run: rotation removes it before this run's.
+  std::filesystem::create_directories(out + "/checkpoint-9");
+  const std::string train = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 4 --threads 1 "
+                            "--save-every 2 --save-total-limit 1 --save " + out;
+  CmdResult r = run_cli(train + " --json " + out + ".json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + out + "/checkpoint-2 (removed 1 older)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checkpoint " + out + "/checkpoint-4 (removed 1 older)"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-9"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/checkpoint-2"));
+  const auto full = read_json(out + ".json");
+  // The last checkpoint is at the last step: nothing left to run; another model: refused naming it.
+  r = run_cli(train + " --resume " + out + "/checkpoint-4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("nothing left to run"), std::string::npos) << r.output;
+  r = run_cli("train --model opt-tiny --seq-len 16 --micro-batch-size 2 --max-steps 6 --threads 1 --resume " + out +
+              "/checkpoint-4");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("model_family \"llama\" in the checkpoint, \"opt\" now"), std::string::npos) << r.output;
+  EXPECT_EQ(full["checkpoints"].size(), 2u);
+}
+
+}  // namespace
