@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
       cli::add_selftest_command(app),
       cli::add_profile_summary_command(app),
       cli::add_trace_merge_command(app),
+      cli::add_tokenize_command(app),
   };
 
   try {

@@ -47,7 +47,12 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
                   "Device memory capacity to enforce, e.g. 80GiB, 4GiB (default: the device's physical memory)");
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   app->add_option("--seed", o.seed, "Seed for initialization, data and dropout")->capture_default_str();
-  app->add_option("--data", o.data, "synthetic, or a file of little-endian uint32 token ids")->capture_default_str();
+  app->add_option("--data", o.data,
+                  "synthetic; a file of little-endian uint32 token ids (scalelab tokenize); text:FILE or "
+                  "jsonl:FILE[:FIELD], with options ,pad ,shuffle ,split=train|val ,val-fraction=F ,no-eos (docs/data.md)")
+      ->capture_default_str();
+  app->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json for text:/jsonl: data (default: the one in the --model directory)");
   app->add_option("--save", o.save, "Save the trained model as a Hugging Face directory");
   app->add_option("--save-precision", o.save_precision, "dtype of saved weights: fp32, bf16, fp16 (default: the model's)");
   app->add_option("--max-shard-size", o.max_shard_size,

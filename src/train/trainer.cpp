@@ -59,6 +59,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"threads", threads},
           {"seed", seed},
           {"data", data},
+          {"tokenizer", tokenizer},
           {"save", save},
           {"save_precision", save_precision},
           {"max_shard_size", max_shard_size},
@@ -481,7 +482,7 @@ void TrainSession::build() {
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
-  data_ = with_injected_data_fault(make_data_source(dopt), dopt.rank);
+  data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
   // The data source writes host memory; on a device the batch is copied up each micro-step.
   batch_.emplace(make_staged_batch(o.micro_batch_size, o.seq_len, dev_));
   ranges_ = optimizer_ranges(layout_);

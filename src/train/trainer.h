@@ -43,6 +43,7 @@ struct TrainOptions {
   int threads = 0;            // 0: all cores
   std::uint64_t seed = 42;
   std::string data = "synthetic";
+  std::string tokenizer;  // text:/jsonl: data: a tokenizer.json (default: the --model directory's)
   std::string save;
   std::string save_precision;  // empty: the parameter dtype
   std::string max_shard_size;  // empty: one model.safetensors file
