@@ -107,7 +107,8 @@ def edge_cases(extra_specials):
     add = cases.append
     # Contractions in any case, after words and alone.
     for c in ["s", "t", "re", "ve", "m", "ll", "d"]:
-        for v in {c, c.upper(), c.capitalize(), c[::-1].upper()[::-1] if len(c) > 1 else c.upper()}:
+        # Lower, upper, capitalized, and (for two letters) lower-then-upper; in a fixed order.
+        for v in dict.fromkeys([c, c.upper(), c.capitalize(), c[0] + c[1:].upper()]):
             add(f"it'{v} here")
             add(f"'{v}")
             add(f"x '{v}'{v}")
@@ -229,7 +230,7 @@ def write(outdir, name, tok, config, specials, eos, cases=None):
     d = os.path.join(outdir, name)
     os.makedirs(d, exist_ok=True)
     path = os.path.join(d, "tokenizer.json")
-    tok.save(path)
+    tok.save(path, pretty=False)
     if name == "gpt2_style":
         # Older files (GPT-2's own) write merges as "a b" strings; keep this one in that form
         # and check HF reads it back identically.
@@ -255,12 +256,82 @@ def write(outdir, name, tok, config, specials, eos, cases=None):
     print(f"{name}: vocab {tok.get_vocab_size()}, {len(golden['cases'])} cases, {n_lines} corpus lines")
 
 
+WHISPER = "openai-whisper==20250625"  # whisper/assets/gpt2.tiktoken: GPT-2's ranks
+LLAMA_MODELS = "llama-models==0.3.0"  # llama_models/llama3/tokenizer.model: Llama 3's ranks
+
+
+def fetch_real(workdir):
+    """pip-downloads the two packages (no dependencies) and returns the two rank files."""
+    import glob
+    import subprocess
+    import tarfile
+    import zipfile
+    os.makedirs(workdir, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", workdir, WHISPER, LLAMA_MODELS],
+                   check=True)
+    for t in glob.glob(os.path.join(workdir, "openai_whisper-*.tar.gz")):
+        with tarfile.open(t) as f:
+            f.extractall(workdir, filter="data")
+    for w in glob.glob(os.path.join(workdir, "llama_models-*.whl")):
+        with zipfile.ZipFile(w) as f:
+            f.extractall(os.path.join(workdir, "llama_models_whl"))
+    gpt2 = glob.glob(os.path.join(workdir, "openai_whisper-*", "whisper", "assets", "gpt2.tiktoken"))[0]
+    llama3 = glob.glob(os.path.join(workdir, "llama_models_whl", "llama_models", "llama3", "tokenizer.model"))[0]
+    return gpt2, llama3
+
+
+def real_gpt2(ranks_file):
+    """GPT-2 in its original tokenizer.json form (BPE + the ByteLevel pre-tokenizer with GPT-2's
+    regex, merges as transformers' TikTokenConverter derives them from the ranks)."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    vocab, merges = TikTokenConverter(vocab_file=ranks_file).extract_vocab_merges_from_model(ranks_file)
+    vocab["<|endoftext|>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens(["<|endoftext|>"])
+    return tok
+
+
+def real_llama3(ranks_file):
+    """Llama 3 as transformers converts it (TikTokenConverter: Split with Llama 3's regex,
+    ignore_merges), 256 special tokens and the BOS template of Meta's tokenizer.json."""
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|reserved_special_token_1|>",
+                "<|finetune_right_pad_id|>", "<|step_id|>", "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>",
+                "<|eot_id|>", "<|python_tag|>", "<|image|>"]
+    specials += [f"<|reserved_special_token_{2 + i}|>" for i in range(256 - len(specials))]
+    tok = TikTokenConverter(vocab_file=ranks_file, pattern=LLAMA3_PATTERN, additional_special_tokens=specials).converted()
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A <|begin_of_text|> $B:1",
+                                      special_tokens=[("<|begin_of_text|>", bos)]),
+    ])
+    return tok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "tokenizer"))
+    ap.add_argument("--real", action="store_true",
+                    help=f"also convert the real GPT-2 ({WHISPER}) and Llama 3 ({LLAMA_MODELS}) vocabularies (pip download)")
+    ap.add_argument("--real-only", action="store_true", help="only the real vocabularies")
+    ap.add_argument("--workdir", default="/tmp/scalelab-tokenizer-golden")
     args = ap.parse_args()
     if not os.path.isdir(LICENSES):
         sys.exit(f"{LICENSES} is missing (Debian's base-files ships it)")
+    if args.real or args.real_only:
+        gpt2_file, llama3_file = fetch_real(args.workdir)
+        g = real_gpt2(gpt2_file)
+        write(args.out, "real_gpt2", g, {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"},
+              ["<|endoftext|>"], g.token_to_id("<|endoftext|>"))
+        l = real_llama3(llama3_file)
+        write(args.out, "real_llama3", l, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
+              ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"], l.token_to_id("<|end_of_text|>"))
+        if args.real_only:
+            return
     g = train_gpt2_style(1200)
     write(args.out, "gpt2_style", g, {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"},
           ["<|endoftext|>"], g.token_to_id("<|endoftext|>"))
