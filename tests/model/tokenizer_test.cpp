@@ -72,7 +72,9 @@ TEST_P(GoldenTokenizer, CasesMatchHuggingFace) {
     // decode(encode(s)) == s byte for byte, except where the tokenizer itself changes the text
     // (add_prefix_space in the ignore_merges pair; [MARK] strips the spaces around it).
     const bool changes_text = GetParam().find("ignore_merges") != std::string::npos || text.find("[MARK]") != std::string::npos;
-    if (is_valid_utf8(text) && !changes_text) EXPECT_EQ(t.decode(plain), text) << "round trip, input hex " << c["hex"];
+    if (is_valid_utf8(text) && !changes_text) {
+      EXPECT_EQ(t.decode(plain), text) << "round trip, input hex " << c["hex"];
+    }
     ++n;
   }
   EXPECT_GT(n, 5);
@@ -81,7 +83,9 @@ TEST_P(GoldenTokenizer, CasesMatchHuggingFace) {
 TEST_P(GoldenTokenizer, LicenseCorpusLinesMatchHuggingFace) {
   const fs::path dir = kGolden / GetParam();
   const json g = json::parse(slurp(dir / "golden.json"));
-  if (!g.contains("corpus")) GTEST_SKIP() << GetParam() << " has case goldens only";
+  if (!g.contains("corpus")) {
+    GTEST_SKIP() << GetParam() << " has case goldens only";
+  }
   const Tokenizer t = Tokenizer::load((dir / "tokenizer.json").string());
   int files = 0;
   std::size_t lines_checked = 0;
@@ -110,7 +114,9 @@ TEST_P(GoldenTokenizer, LicenseCorpusLinesMatchHuggingFace) {
     lines_checked += lines.size();
     ++files;
   }
-  if (files == 0) GTEST_SKIP() << "no license file of the goldens is on this system (/usr/share/common-licenses)";
+  if (files == 0) {
+    GTEST_SKIP() << "no license file of the goldens is on this system (/usr/share/common-licenses)";
+  }
   EXPECT_GT(lines_checked, 100u);
 }
 
