@@ -106,9 +106,17 @@ void SplitRegex::split(std::string_view text, std::vector<std::pair<std::size_t,
   std::size_t pos = 0, last = 0;
   while (pos <= n) {
     // The text was checked (sanitized) once before: no UTF check per call.
-    const int rc = jit_ ? pcre2_jit_match(code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr)
-                        : pcre2_match(code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-    if (rc < 0) break;  // PCRE2_ERROR_NOMATCH (or a resource limit: the rest is one gap)
+    int rc = jit_ ? pcre2_jit_match(code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr)
+                  : pcre2_match(code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    // The JIT's stack can run out where the interpreter (heap frames) still copes.
+    if (rc < 0 && rc != PCRE2_ERROR_NOMATCH && jit_) rc = pcre2_match(code, subject, n, pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(rc, msg, sizeof msg);
+      throw InvalidInput("[tokenizer] the pre-tokenizer regex failed on a text of " + std::to_string(n) + " bytes (PCRE2: " +
+                         reinterpret_cast<const char*>(msg) + ") — split the text into smaller documents");
+    }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
     const std::size_t b = ov[0], e = ov[1];
     if (e == b) {

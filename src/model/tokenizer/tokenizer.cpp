@@ -368,7 +368,9 @@ Tokenizer Tokenizer::from_json(std::string_view text, const std::string& origin)
     const json added = j.value("added_tokens", json::array());
     for (const json& a : added) max_id = std::max(max_id, a.at("id").get<std::uint32_t>()), any = true;
     if (!any) bad(origin, "the vocabulary is empty");
-    if (max_id > 50'000'000u) bad(origin, "token id " + std::to_string(max_id) + " is implausibly large");
+    if (max_id >= (1u << 22)) {
+      bad(origin, "token id " + std::to_string(max_id) + " is implausibly large (vocabularies have fewer than 4,194,304 tokens)");
+    }
     t->vocab_size = static_cast<std::int64_t>(max_id) + 1;
     t->id_bytes.assign(static_cast<std::size_t>(t->vocab_size), {});
     t->defined.assign(static_cast<std::size_t>(t->vocab_size), 0);
