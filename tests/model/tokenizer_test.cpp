@@ -121,7 +121,7 @@ TEST_P(GoldenTokenizer, LicenseCorpusLinesMatchHuggingFace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, GoldenTokenizer,
-                         ::testing::Values("gpt2_style", "llama3_style", "ignore_merges", "no_ignore_merges",
+                         ::testing::Values("gpt2_style", "llama3_style", "smollm_style", "ignore_merges", "no_ignore_merges",
                                            "real_gpt2", "real_llama3"));
 
 TEST(Tokenizer, SpecialTokenRolesFromTokenizerConfig) {

@@ -126,8 +126,17 @@ void parse_pre_tokenizer(const json& p, const std::string& origin, TokenizerImpl
     t.pre.push_back(std::move(step));
     return;
   }
+  if (type == "Digits") {
+    // tokenizers' Digits splits on char::is_numeric (the N categories): each digit alone, or
+    // runs of them; the same as an Isolated split on \p{N} or \p{N}+ (SmolLM's tokenizer).
+    PreStep step;
+    step.regex = std::make_unique<SplitRegex>(p.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)", origin);
+    t.pre_kind += t.pre_kind.empty() ? "digits" : "+digits";
+    t.pre.push_back(std::move(step));
+    return;
+  }
   bad(origin, "pre-tokenizer type '" + type +
-                  "' is not supported — only ByteLevel, Split (Isolated) and Sequence of them (byte-level BPE tokenizers)");
+                  "' is not supported — only ByteLevel, Split (Isolated), Digits and Sequence of them (byte-level BPE tokenizers)");
 }
 
 bool has_byte_level(const json& d) {

@@ -88,6 +88,19 @@ def train_llama3_style(vocab_size):
     return tok
 
 
+def train_smollm_style(vocab_size):
+    """SmolLM/SmolLM2's pre-tokenizer: every digit alone, then GPT-2's ByteLevel."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(corpus_texts(), trainer)
+    return tok
+
+
 def ignore_merges_tokenizer(ignore):
     """A hand-made vocabulary where BPE and ignore_merges disagree: merges make "a"+"bc" of
     "abc", but "abc" itself is in the vocabulary."""
@@ -338,6 +351,9 @@ def main():
     l = train_llama3_style(1500)
     write(args.out, "llama3_style", l, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"},
           ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "[MARK]"], l.token_to_id("<|end_of_text|>"))
+    s = train_smollm_style(1000)
+    write(args.out, "smollm_style", s, {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"},
+          ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], s.token_to_id("<|endoftext|>"))
     for ignore, name in [(True, "ignore_merges"), (False, "no_ignore_merges")]:
         t = ignore_merges_tokenizer(ignore)
         small = [w.encode() for w in ["abc", " abc", "abcabc", "abc abc", "ab", "bc", "aabbcc", "cab", "a", "abcd", "zabc"]]
