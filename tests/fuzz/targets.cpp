@@ -15,6 +15,7 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/tokenizer/tokenizer.h"
 #include "train/data.h"
@@ -205,13 +206,26 @@ Outcome run_tokenizer_json(const std::uint8_t* data, std::size_t size) {
   });
 }
 
+// --- GGUF: open, dequantize every tensor, build the tokenizer of the metadata
+Outcome run_gguf(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = scratch() / "model.gguf";
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    const GgufFile f = GgufFile::open(path.string());
+    for (const GgufTensor& t : f.tensors()) {
+      if (f.dequantize(t).size() != static_cast<std::size_t>(t.numel())) throw ContractViolation("dequantize gave the wrong count");
+    }
+    if (f.metadata().contains("tokenizer.ggml.model")) (void)f.tokenizer().encode("Hello 123 <|end_of_text|>", true);
+  });
+}
+
 }  // namespace
 
 const std::vector<Target>& targets() {
   static const std::vector<Target> t = {
       {"safetensors", run_safetensors}, {"checkpoint", run_checkpoint}, {"checkpoint_index", run_checkpoint_index},
       {"config", run_config},           {"sweep_spec", run_sweep_spec}, {"token_file", run_token_file},
-      {"tokenizer_json", run_tokenizer_json}};
+      {"tokenizer_json", run_tokenizer_json}, {"gguf", run_gguf}};
   return t;
 }
 

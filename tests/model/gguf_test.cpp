@@ -1,0 +1,90 @@
+// GGUF reading against the PyPI `gguf` package (tests/golden/gguf/make_gguf_golden.py): every
+// tensor type dequantized bit for bit as gguf.quants.dequantize does, the tokenizer in the
+// metadata encoding as HF `tokenizers` does, and truncated or unsupported files refused.
+#include "model/gguf.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace scalelab {
+namespace {
+
+namespace fs = std::filesystem;
+const fs::path kDir = fs::path(SCALELAB_SOURCE_DIR) / "tests/golden/data/gguf";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Gguf, DequantizesAsTheGgufPackage) {
+  const GgufFile f = GgufFile::open((kDir / "tiny.gguf").string());
+  const auto expected = nlohmann::json::parse(slurp(kDir / "expected.json"));
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.metadata()["general.architecture"], "llama");
+  ASSERT_EQ(f.tensors().size(), expected["tensors"].size());
+  for (const auto& [name, e] : expected["tensors"].items()) {
+    const GgufTensor& t = f.tensor(name);
+    EXPECT_EQ(ggml_type_name(t.type), e["type"].get<std::string>());
+    EXPECT_EQ(t.shape, e["shape"].get<std::vector<std::int64_t>>()) << name;
+    const auto values = f.dequantize(t);
+    const auto bits = e["bits"].get<std::vector<std::uint32_t>>();
+    ASSERT_EQ(values.size(), bits.size()) << name;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(values[i]), bits[i]) << name << "[" << i << "] = " << values[i];
+    }
+  }
+}
+
+TEST(Gguf, TokenizerFromMetadataEncodesAsHuggingFace) {
+  const GgufFile f = GgufFile::open((kDir / "tiny.gguf").string());
+  const tok::Tokenizer t = f.tokenizer();
+  const auto expected = nlohmann::json::parse(slurp(kDir / "expected.json"));
+  for (const auto& c : expected["texts"]) {
+    const std::string text = c["text"];
+    EXPECT_EQ(t.encode(text, true), c["ids"].get<std::vector<std::uint32_t>>()) << text;
+  }
+  ASSERT_TRUE(t.eos_id().has_value());
+  EXPECT_EQ(*t.eos_id(), *t.token_to_id("<|end_of_text|>"));
+}
+
+void expect_refused(const std::string& bytes, const std::string& needle) {
+  const fs::path p = fs::temp_directory_path() / ("scalelab_gguf_" + std::to_string(::getpid()) + ".gguf");
+  std::ofstream(p, std::ios::binary) << bytes;
+  try {
+    (void)GgufFile::open(p.string());
+    FAIL() << "accepted (" << needle << ")";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+  fs::remove(p);
+}
+
+TEST(Gguf, RefusesTruncatedCorruptAndUnsupportedFiles) {
+  const std::string good = slurp(kDir / "tiny.gguf");
+  expect_refused(good.substr(0, good.size() - 100), "is truncated");
+  expect_refused(good.substr(0, 1000), "truncated");
+  expect_refused(good.substr(0, 10), "too few");
+  std::string bad = good;
+  bad[0] = 'X';
+  expect_refused(bad, "not a GGUF file");
+  // The q4_1 tensor's type field made Q6_K (14): name, n_dims 2, two uint64 dims, then the type.
+  bad = good;
+  const std::string name = std::string("q4_1") + std::string("\x02\x00\x00\x00", 4);
+  const std::size_t at = bad.find(name);
+  ASSERT_NE(at, std::string::npos);
+  bad[at + name.size() + 16] = 14;
+  expect_refused(bad, "type Q6_K (14)");
+}
+
+}  // namespace
+}  // namespace scalelab
