@@ -1,7 +1,9 @@
 #include "train/text_data.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -349,6 +351,16 @@ std::unique_ptr<DataSource> make_text_data_source(const DataOptions& o, const Te
     }
     to.eos = tok.eos_id();
   }
+  // Progress on large corpora (a line every 5 s; short ones print nothing).
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last = t0;
+  to.progress = [&](std::size_t done, std::size_t total, std::uint64_t bytes, std::uint64_t total_bytes) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done == total || now - last < std::chrono::seconds(5)) return;
+    last = now;
+    std::fprintf(stderr, "[data] %s: tokenized %zu/%zu documents (%.1f/%.1f MB)\n", spec.path.c_str(), done, total,
+                 static_cast<double>(bytes) / 1e6, static_cast<double>(total_bytes) / 1e6);
+  };
   const TokenizedCorpus tc = tokenize_corpus(tok, corpus, to);
   const std::int64_t block = o.seq_len + 1;
   std::vector<std::int32_t> tokens;

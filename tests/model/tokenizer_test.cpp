@@ -145,6 +145,18 @@ TEST(Tokenizer, BatchEqualsOneByOne) {
   for (std::size_t i = 0; i < texts.size(); ++i) EXPECT_EQ(batch[i], t.encode(texts[i], true));
 }
 
+TEST(Tokenizer, MegabyteRunsRoundTrip) {
+  // One pre-token of a megabyte (the regex's repeats, the long-piece merge strategy).
+  for (const char* name : {"gpt2_style", "llama3_style"}) {
+    const Tokenizer t = Tokenizer::load((kGolden / name / "tokenizer.json").string());
+    for (const std::string& s : {std::string(1 << 20, ' '), std::string(1 << 20, 'a'), std::string(1 << 20, '7'),
+                                 std::string(1 << 19, '\n') + "x", std::string(1 << 18, '!') + " end"}) {
+      const auto ids = t.encode(s, false);
+      EXPECT_EQ(t.decode(ids), s) << name << " run of " << s.size();
+    }
+  }
+}
+
 TEST(Tokenizer, SanitizeMatchesPythonReplace) {
   // bytes.decode("utf-8", "replace") of each input, written out.
   EXPECT_EQ(sanitize_utf8("\xff"), "\xEF\xBF\xBD");

@@ -89,18 +89,11 @@ SplitRegex::~SplitRegex() {
 
 void SplitRegex::split(std::string_view text, std::vector<std::pair<std::size_t, std::size_t>>& out) const {
   auto* code = static_cast<pcre2_code*>(code_);
-  // Match data per thread and pattern: keyed by the code pointer (a thread rarely uses more than two).
-  thread_local std::vector<std::pair<const void*, std::unique_ptr<MatchData>>> cache;
-  pcre2_match_data* md = nullptr;
-  for (auto& [k, v] : cache) {
-    if (k == code_) md = v->md;
-  }
-  if (!md) {
-    auto m = std::make_unique<MatchData>();
-    m->md = pcre2_match_data_create_from_pattern(code, nullptr);
-    md = m->md;
-    cache.emplace_back(code_, std::move(m));
-  }
+  // One match data per thread: only the whole match's offsets are read, so one pair is enough
+  // for any pattern (a pattern with groups then returns 0, "ovector too small", and a match).
+  thread_local MatchData tl;
+  if (!tl.md) tl.md = pcre2_match_data_create(1, nullptr);
+  pcre2_match_data* md = tl.md;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const std::size_t n = text.size();
   std::size_t pos = 0, last = 0;
