@@ -30,9 +30,11 @@ Corpus read_input(const std::string& input) {
   if (colon != std::string::npos && !fs::exists(input)) {
     const std::string path = input.substr(0, colon), field = input.substr(colon + 1);
     if (field.empty()) throw InvalidInput("[tokenize] --input '" + input + "': empty field after ':' — write FILE.jsonl:FIELD");
+    if (fs::path(path).extension() == ".parquet") return Corpus::read_parquet(path, field);
     return Corpus::read_jsonl(path, field);
   }
   const std::string ext = fs::path(input).extension().string();
+  if (ext == ".parquet") return Corpus::read_parquet(input, "text");
   if (ext == ".jsonl" || ext == ".ndjson") return Corpus::read_jsonl(input, "text");
   return Corpus::read_text(input);
 }
@@ -118,7 +120,8 @@ Subcommand add_tokenize_command(CLI::App& root) {
   app->add_option("--tokenizer", f->tokenizer, "Hugging Face tokenizer.json (byte-level BPE), or a model directory holding one")
       ->required();
   app->add_option("--input", f->input,
-                  "Corpus: a text file (documents are blank-line-separated blocks) or FILE.jsonl[:FIELD] (default field: text)")
+                  "Corpus: a text file (documents are blank-line-separated blocks), FILE.jsonl[:FIELD] or FILE.parquet[:COLUMN] "
+                  "(default field: text; Parquet needs python3 with pyarrow)")
       ->required();
   app->add_option("--out", f->out, "Output token file (little-endian uint32 ids)")->required();
   app->add_flag("--append-eos", f->append_eos, "Append the EOS token after each document");

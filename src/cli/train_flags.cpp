@@ -48,8 +48,8 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   app->add_option("--seed", o.seed, "Seed for initialization, data and dropout")->capture_default_str();
   app->add_option("--data", o.data,
-                  "synthetic; a file of little-endian uint32 token ids (scalelab tokenize); text:FILE or "
-                  "jsonl:FILE[:FIELD], with options ,pad ,shuffle ,split=train|val ,val-fraction=F ,no-eos (docs/data.md)")
+                  "synthetic; a file of little-endian uint32 token ids (scalelab tokenize); text:FILE, "
+                  "jsonl:FILE[:FIELD] or parquet:FILE[:COLUMN], with options ,pad ,shuffle ,split=train|val ,val-fraction=F ,no-eos (docs/data.md)")
       ->capture_default_str();
   app->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json for text:/jsonl: data (default: the one in the --model directory)");

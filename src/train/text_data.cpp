@@ -9,7 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "core/error.h"
+#include "core/subprocess.h"
 #include "train/data.h"
 
 namespace scalelab {
@@ -39,7 +42,9 @@ bool blank(std::string_view line) {
 
 }  // namespace
 
-bool is_text_spec(const std::string& spec) { return spec.rfind("text:", 0) == 0 || spec.rfind("jsonl:", 0) == 0; }
+bool is_text_spec(const std::string& spec) {
+  return spec.rfind("text:", 0) == 0 || spec.rfind("jsonl:", 0) == 0 || spec.rfind("parquet:", 0) == 0;
+}
 
 TextSpec parse_text_spec(const std::string& spec) {
   TextSpec s;
@@ -51,6 +56,9 @@ TextSpec parse_text_spec(const std::string& spec) {
   } else if (spec.rfind("jsonl:", 0) == 0) {
     s.kind = TextSpec::Kind::kJsonl;
     body = spec.substr(6);
+  } else if (spec.rfind("parquet:", 0) == 0) {
+    s.kind = TextSpec::Kind::kParquet;
+    body = spec.substr(8);
   } else {
     throw InvalidInput("[data] '" + spec + "' is not a text:FILE or jsonl:FILE:FIELD spec");
   }
@@ -63,7 +71,7 @@ TextSpec parse_text_spec(const std::string& spec) {
     b = c + 1;
   }
   s.path = parts[0];
-  if (s.kind == TextSpec::Kind::kJsonl) {
+  if (s.kind != TextSpec::Kind::kText) {
     const std::size_t colon = s.path.rfind(':');
     if (colon != std::string::npos) {
       s.field = s.path.substr(colon + 1);
@@ -102,8 +110,12 @@ TextSpec parse_text_spec(const std::string& spec) {
 }
 
 Corpus Corpus::read(const TextSpec& spec) {
-  Corpus c = spec.kind == TextSpec::Kind::kText ? read_text(spec.path) : read_jsonl(spec.path, spec.field);
-  return c;
+  switch (spec.kind) {
+    case TextSpec::Kind::kText: return read_text(spec.path);
+    case TextSpec::Kind::kJsonl: return read_jsonl(spec.path, spec.field);
+    case TextSpec::Kind::kParquet: return read_parquet(spec.path, spec.field);
+  }
+  return read_text(spec.path);
 }
 
 Corpus Corpus::read_text(const std::string& path) {
@@ -175,6 +187,78 @@ Corpus Corpus::read_jsonl(const std::string& path, const std::string& field) {
     throw InvalidInput("[data] '" + path + "' has no non-blank '" + field + "' text — the corpus is empty");
   }
   return c;
+}
+
+namespace {
+
+// Writes the column as JSONL ({"text": ...} per non-null row); exit 3: no pyarrow; 4: no such
+// column or not a string column; 5: not a Parquet file.
+constexpr const char* kParquetHelper = R"(import json, sys
+try:
+    import pyarrow.parquet as pq
+except ImportError:
+    sys.exit(3)
+path, column, out = sys.argv[1:4]
+try:
+    names = pq.read_schema(path).names
+    if column not in names:
+        print(f"no column '{column}'; the columns are {', '.join(names)}", file=sys.stderr); sys.exit(4)
+    table = pq.read_table(path, columns=[column])
+except SystemExit:
+    raise
+except Exception as e:
+    print(f"not a readable Parquet file: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr); sys.exit(5)
+with open(out, "w") as f:
+    for v in table.column(column).to_pylist():
+        if v is None:
+            continue
+        if not isinstance(v, str):
+            print(f"column '{column}' holds {type(v).__name__} values, not strings", file=sys.stderr); sys.exit(4)
+        f.write(json.dumps({"text": v}) + "\n")
+)";
+
+}  // namespace
+
+Corpus Corpus::read_parquet(const std::string& path, const std::string& column) {
+  if (!std::ifstream(path).good()) throw InvalidInput("[data] cannot read '" + path + "' — check the path");
+  const std::string convert = "python3 -c \"import json, pyarrow.parquet as pq; [print(json.dumps({'text': t})) for t in "
+                              "pq.read_table('" + path + "').column('" + column + "').to_pylist() if t is not None]\" > data.jsonl";
+  char tmpl[] = "/tmp/scalelab-parquet-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  if (fd < 0) throw RuntimeError("[data] cannot create a temporary file for '" + path + "'");
+  ::close(fd);
+  const std::string out = tmpl;
+  SubprocessSpec spec;
+  spec.argv = {"python3", "-c", kParquetHelper, path, column, out};
+  SubprocessResult r;
+  try {
+    r = run_subprocess(spec);
+  } catch (const SubprocessStartError&) {
+    std::remove(out.c_str());
+    throw InvalidInput("[data] '" + path + "' is Parquet, read through python3 with pyarrow, but python3 cannot be started — "
+                       "convert it to JSONL elsewhere (" + convert + ") and use jsonl:data.jsonl");
+  }
+  const int code = r.started && r.status.exited ? r.status.code : -1;
+  if (code != 0) {
+    std::remove(out.c_str());
+    if (code == 3) {
+      throw InvalidInput("[data] '" + path + "' is Parquet and python3 cannot import pyarrow — pip install pyarrow, or convert it: " +
+                         convert + " and use jsonl:data.jsonl");
+    }
+    std::string why = r.output;
+    while (!why.empty() && (why.back() == '\n' || why.back() == '\r')) why.pop_back();
+    if (why.rfind('\n') != std::string::npos) why = why.substr(why.rfind('\n') + 1);
+    throw InvalidInput("[data] '" + path + "': cannot read column '" + column + "' (" + why + ")");
+  }
+  try {
+    Corpus c = read_jsonl(out, "text");
+    c.path_ = path;
+    std::remove(out.c_str());
+    return c;
+  } catch (const InvalidInput&) {
+    std::remove(out.c_str());
+    throw InvalidInput("[data] '" + path + "': column '" + column + "' has no non-blank text — the corpus is empty");
+  }
 }
 
 void Corpus::select(const std::vector<std::size_t>& keep) {

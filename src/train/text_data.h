@@ -7,6 +7,9 @@
 //                                  holding only spaces/tabs/CR counts as blank); a file
 //                                  without blank lines is one document
 //   jsonl:FILE[:FIELD][,OPTION...] one document per JSON line, its string FIELD (default "text")
+//   parquet:FILE[:COLUMN][,OPTION...] one document per row of a string COLUMN (default "text"),
+//                                  read by a small python3 helper where pyarrow is importable
+//                                  (otherwise an error that says how to convert to JSONL)
 // Options: pad            one document per sample, padded; pad positions are masked out of
 //                         the loss (targets -100), a longer document continues in the next sample
 //          shuffle        seeded shuffling of the samples (reshuffled every epoch; --seed)
@@ -33,16 +36,16 @@ struct TextSourceOptions;
 class DataSource;
 
 struct TextSpec {
-  enum class Kind { kText, kJsonl } kind = Kind::kText;
+  enum class Kind { kText, kJsonl, kParquet } kind = Kind::kText;
   std::string path;
-  std::string field = "text";  // jsonl
+  std::string field = "text";  // jsonl, parquet
   bool pad = false, shuffle = false, eos = true;
   std::string split;           // "", "train" or "val"
   double val_fraction = 0.05;
   std::string spec;            // as given
 };
 
-// True for "text:..." and "jsonl:..." specs.
+// True for "text:...", "jsonl:..." and "parquet:..." specs.
 bool is_text_spec(const std::string& spec);
 // Throws InvalidInput naming the spec for an unknown option or a malformed value.
 TextSpec parse_text_spec(const std::string& spec);
@@ -55,6 +58,9 @@ class Corpus {
   // Plain text file, documents as blank-line blocks (used by `scalelab tokenize`).
   static Corpus read_text(const std::string& path);
   static Corpus read_jsonl(const std::string& path, const std::string& field);
+  // A string column of a Parquet file through python3 + pyarrow (InvalidInput saying how to
+  // convert the file when pyarrow is not importable).
+  static Corpus read_parquet(const std::string& path, const std::string& column);
   std::size_t size() const { return docs_.size(); }
   std::string_view doc(std::size_t i) const { return docs_[i]; }
   const std::vector<std::string_view>& docs() const { return docs_; }

@@ -219,6 +219,18 @@ TEST(TextData, BadCorporaAreClearErrors) {
   EXPECT_TRUE(s.shuffle);
   EXPECT_EQ(s.split, "val");
 
+  // Parquet: without pyarrow, a message saying how to convert; with it, this non-Parquet file is refused.
+  TmpText pq("not parquet", ".parquet");
+  try {
+    (void)Corpus::read_parquet(pq.path, "text");
+    FAIL() << "a text file read as Parquet";
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find(pq.path), std::string::npos) << m;
+    EXPECT_TRUE(m.find("pip install pyarrow") != std::string::npos || m.find("cannot read column") != std::string::npos) << m;
+  }
+  EXPECT_EQ(parse_text_spec("parquet:d.parquet:body").field, "body");
+
   // A validation set shorter than one sample.
   TmpText small("tiny\n");
   DataOptions d{"text:" + small.path, 64, 1, 1200, 0, 0, 1};
