@@ -7,7 +7,7 @@ namespace scalelab::cli {
 void add_train_flags(CLI::App* app, TrainOptions& o) {
   // A flag given twice takes its last value (so a wrapper can append overrides).
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app->add_option("--model", o.model, "Preset name (llama-small, llama-3.2-1b, ...) or a Hugging Face model directory")
+  app->add_option("--model", o.model, "Preset name (llama-small, llama-3.2-1b, ...), a Hugging Face model directory, or a Llama GGUF file")
       ->capture_default_str();
   app->add_option("--seq-len", o.seq_len, "Tokens per sample")->capture_default_str();
   app->add_option("--micro-batch-size", o.micro_batch_size, "Samples per micro-batch per device")->capture_default_str();

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/dtype.h"
@@ -85,7 +87,14 @@ nlohmann::json read_value(Cursor& c, std::uint32_t type, const std::string& path
     case 3: return c.get<std::int16_t>("an int16 value");
     case 4: return c.get<std::uint32_t>("a uint32 value");
     case 5: return c.get<std::int32_t>("an int32 value");
-    case 6: return c.get<float>("a float32 value");
+    case 6: {
+      // As the shortest decimal that reads back as this float32 (1e-05, not 9.99999974e-06):
+      // the value the converter wrote from the config.
+      const float v = c.get<float>("a float32 value");
+      char buf[32];
+      const auto r = std::to_chars(buf, buf + sizeof buf, v);
+      return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+    }
     case 7: return c.get<std::uint8_t>("a bool value") != 0;
     case 8: return c.str("a string value");
     case 9: {

@@ -162,5 +162,33 @@ TEST(TrainTextData, PaddedModeTrainsAndNeedsATokenizer) {
   EXPECT_NE(r.output.find("--tokenizer"), std::string::npos) << r.output;
 }
 
+// A GGUF file (tests/golden/gguf/make_gguf_golden.py) trains exactly as the same weights in a
+// Hugging Face directory, its tokenizer coming from the GGUF metadata, and saves an HF directory.
+TEST(TrainTextData, GgufModelTrainsAsTheHfDirectoryAndSavesOne) {
+  TmpDir d;
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "Section " + std::to_string(i) + ". Terms and conditions for copying.\n\n";
+  const std::string in = d.file("c.txt", text);
+  const fs::path g = fs::path(SCALELAB_SOURCE_DIR) / "tests/golden/data/gguf";
+  const std::string common = " --data text:" + in + " --seq-len 16 --micro-batch-size 2 --max-steps 3 --threads 1 --quiet --json ";
+  auto r = run("train --model " + (g / "llama_tiny.gguf").string() + common + (d.path / "a.json").string() + " --save " +
+               (d.path / "saved").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run("train --model " + (g / "llama_tiny_hf").string() + common + (d.path / "b.json").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(read_json((d.path / "a.json").string())["losses"], read_json((d.path / "b.json").string())["losses"]);
+  EXPECT_TRUE(fs::exists(d.path / "saved/config.json"));
+  EXPECT_TRUE(fs::exists(d.path / "saved/model.safetensors"));
+  // A truncated GGUF: exit 2 naming it.
+  const std::string cut = d.file("cut.gguf", [&] {
+    std::ifstream f(g / "llama_tiny.gguf", std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    return s.substr(0, s.size() / 2);
+  }());
+  r = run("train --model " + cut + " --max-steps 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("cut.gguf' is truncated"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace scalelab::cli_test

@@ -6,11 +6,17 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "core/allocator.h"
 #include "core/error.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/gguf_model.h"
+#include "model/params.h"
 
 namespace scalelab {
 namespace {
@@ -84,6 +90,33 @@ TEST(Gguf, RefusesTruncatedCorruptAndUnsupportedFiles) {
   ASSERT_NE(at, std::string::npos);
   bad[at + name.size() + 16] = 14;
   expect_refused(bad, "type Q6_K (14)");
+}
+
+// The same random Llama written by the generator as llama.cpp's converter writes it and as
+// save_pretrained does: the config and every weight (Q/K unpermuted) must come out identical.
+TEST(GgufModel, LoadsAsTheHuggingFaceCheckpoint) {
+  const std::string gg = (kDir / "llama_tiny.gguf").string(), hf = (kDir / "llama_tiny_hf").string();
+  ASSERT_TRUE(is_gguf_path(gg));
+  EXPECT_FALSE(is_gguf_path(hf));
+  const ModelConfig a = resolve_model(gg), b = resolve_model(hf);
+  EXPECT_EQ(describe_config(a), describe_config(b));
+  EXPECT_EQ(a.to_hf_json().dump(), b.to_hf_json().dump());
+  EXPECT_TRUE(has_weights(gg));
+  const ParamLayout layout = ParamLayout::build(b);
+  static DeviceAllocator alloc(make_host_backend(), std::size_t{1} << 30);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor ta = Tensor::empty({layout.total_numel()}, dt, alloc, "gguf");
+    Tensor tb = Tensor::empty({layout.total_numel()}, dt, alloc, "hf");
+    const LoadSummary sa = load_weights(gg, a, layout, ta);
+    (void)load_weights(hf, b, layout, tb);
+    EXPECT_EQ(sa.tensors, static_cast<std::int64_t>(layout.params().size()));
+    ASSERT_EQ(std::memcmp(ta.data<std::uint8_t>(), tb.data<std::uint8_t>(), ta.nbytes()), 0) << "dtype " << static_cast<int>(dt);
+  }
+  // Its tokenizer is the one in the metadata.
+  const tok::Tokenizer t = tok::find_tokenizer(gg);
+  const tok::Tokenizer u = tok::find_tokenizer(hf);
+  EXPECT_EQ(t.encode("Hello, world 123 <|end_of_text|>"), u.encode("Hello, world 123 <|end_of_text|>"));
+  EXPECT_EQ(t.eos_id(), u.eos_id());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/gguf.h"
 #include "model/tokenizer/bpe.h"
 #include "model/tokenizer/regex.h"
 #include "model/tokenizer/utf8.h"
@@ -549,6 +550,9 @@ Tokenizer Tokenizer::load(const std::string& path) {
 
 Tokenizer find_tokenizer(const std::string& model) {
   namespace fs = std::filesystem;
+  if (fs::is_regular_file(model) && model.size() > 5 && model.compare(model.size() - 5, 5, ".gguf") == 0) {
+    return GgufFile::open(model).tokenizer();  // the tokenizer.ggml.* metadata
+  }
   if (fs::is_regular_file(model)) return Tokenizer::load(model);
   if (fs::is_directory(model)) {
     const fs::path p = fs::path(model) / "tokenizer.json";

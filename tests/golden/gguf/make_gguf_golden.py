@@ -70,5 +70,90 @@ def main():
     print(f"wrote {path} ({os.path.getsize(path)} bytes) and expected.json")
 
 
+def permute(w, n_head, n_head_kv):
+    """llama.cpp convert_hf_to_gguf.py's LlamaModel.permute: the rows of each head interleaved
+    for its rotary layout (reimplemented from its description, numpy only)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def llama_tiny():
+    """A random tiny Llama twice: as llama.cpp's converter writes it (llama_tiny.gguf: llama.*
+    metadata, llama.cpp tensor names, Q/K permuted, F32, the llama3_style tokenizer) and as
+    transformers' save_pretrained does (llama_tiny_hf/: config.json + model.safetensors + the
+    tokenizer files)."""
+    from safetensors.numpy import save_file
+    hidden, inter, layers, heads, kv, vocab = 32, 64, 2, 4, 2, 1536
+    hd = hidden // heads
+    rng = np.random.default_rng(11)
+    hf = {"model.embed_tokens.weight": rng.standard_normal((vocab, hidden)), "model.norm.weight": 1 + 0.1 * rng.standard_normal(hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        hf[p + "input_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(hidden)
+        hf[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.standard_normal(hidden)
+        hf[p + "self_attn.q_proj.weight"] = rng.standard_normal((heads * hd, hidden))
+        hf[p + "self_attn.k_proj.weight"] = rng.standard_normal((kv * hd, hidden))
+        hf[p + "self_attn.v_proj.weight"] = rng.standard_normal((kv * hd, hidden))
+        hf[p + "self_attn.o_proj.weight"] = rng.standard_normal((hidden, heads * hd))
+        hf[p + "mlp.gate_proj.weight"] = rng.standard_normal((inter, hidden))
+        hf[p + "mlp.up_proj.weight"] = rng.standard_normal((inter, hidden))
+        hf[p + "mlp.down_proj.weight"] = rng.standard_normal((hidden, inter))
+    hf = {k: (0.05 * v if v.ndim == 2 else v).astype(np.float32) for k, v in hf.items()}
+    d = os.path.join(out, "llama_tiny_hf")
+    os.makedirs(d, exist_ok=True)
+    save_file(hf, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    tok = Tokenizer.from_file(os.path.join(tok_dir, "tokenizer.json"))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden, "intermediate_size": inter,
+              "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
+              "max_position_embeddings": 256, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "tie_word_embeddings": True,
+              "hidden_act": "silu", "torch_dtype": "float32", "bos_token_id": tok.token_to_id("<|begin_of_text|>"),
+              "eos_token_id": tok.token_to_id("<|end_of_text|>")}
+    json.dump(config, open(os.path.join(d, "config.json"), "w"), indent=1)
+    for f in ["tokenizer.json", "tokenizer_config.json"]:
+        open(os.path.join(d, f), "wb").write(open(os.path.join(tok_dir, f), "rb").read())
+
+    w = gguf.GGUFWriter(os.path.join(out, "llama_tiny.gguf"), arch="llama")
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(500000.0)
+    w.add_layer_norm_rms_eps(1e-05)
+    names = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    w.add_tensor("token_embd.weight", hf["model.embed_tokens.weight"])
+    w.add_tensor("output_norm.weight", hf["model.norm.weight"])
+    for i in range(layers):
+        for k, g in names.items():
+            v = hf[f"model.layers.{i}.{k}.weight"]
+            if k == "self_attn.q_proj":
+                v = permute(v, heads, heads)
+            elif k == "self_attn.k_proj":
+                v = permute(v, heads, kv)
+            w.add_tensor(f"blk.{i}.{g}.weight", np.ascontiguousarray(v))
+    j = json.load(open(os.path.join(tok_dir, "tokenizer.json")))
+    by_id = {v: k for k, v in tok.get_vocab(with_added_tokens=True).items()}
+    added = {a["id"]: a for a in j["added_tokens"]}
+    tokens = [by_id[i] for i in range(tok.get_vocab_size())]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i in added and added[i]["special"] else 4 if i in added else 1 for i in range(len(tokens))])
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in j["model"]["merges"]])
+    w.add_bos_token_id(config["bos_token_id"])
+    w.add_eos_token_id(config["eos_token_id"])
+    w.add_add_bos_token(True)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print("wrote llama_tiny.gguf and llama_tiny_hf/")
+
+
 if __name__ == "__main__":
     main()
+    llama_tiny()
