@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench golden clean sanitize fuzz fuzz-build
+.PHONY: all deps configure build test demo bench golden tokenizer-golden clean sanitize fuzz fuzz-build
 
 all: build
 
@@ -29,6 +29,10 @@ bench: build
 
 golden:
 	@tests/golden/make_golden.sh
+
+# Tokenizer and GGUF reference data (HF tokenizers, the gguf package; docs/data.md).
+tokenizer-golden:
+	@tests/golden/tokenizer/make_tokenizer_golden.sh --real
 
 clean:
 	rm -rf $(BUILD_DIR)
