@@ -42,7 +42,7 @@ Corpus read_input(const std::string& input) {
 int run(const TokenizeFlags& f) {
   namespace fs = std::filesystem;
   if (f.threads > 0) set_num_threads(f.threads);
-  const tok::Tokenizer tok = tok::Tokenizer::load(f.tokenizer);
+  const tok::Tokenizer tok = tok::find_tokenizer(f.tokenizer);  // a tokenizer.json, a model directory or a GGUF file
   const Corpus corpus = read_input(f.input);
   TokenizeOptions o;
   o.add_special_tokens = !f.no_special_tokens;
@@ -115,9 +115,9 @@ int run(const TokenizeFlags& f) {
 }  // namespace
 
 Subcommand add_tokenize_command(CLI::App& root) {
-  auto* app = root.add_subcommand("tokenize", "Tokenize a text or JSONL corpus into a token file for train --data");
+  auto* app = root.add_subcommand("tokenize", "Tokenize a text, JSONL or Parquet corpus into a token file for train --data");
   auto f = std::make_shared<TokenizeFlags>();
-  app->add_option("--tokenizer", f->tokenizer, "Hugging Face tokenizer.json (byte-level BPE), or a model directory holding one")
+  app->add_option("--tokenizer", f->tokenizer, "Hugging Face tokenizer.json (byte-level BPE), a model directory holding one, or a GGUF file")
       ->required();
   app->add_option("--input", f->input,
                   "Corpus: a text file (documents are blank-line-separated blocks), FILE.jsonl[:FIELD] or FILE.parquet[:COLUMN] "
@@ -129,11 +129,7 @@ Subcommand add_tokenize_command(CLI::App& root) {
   app->add_flag("--no-special-tokens", f->no_special_tokens, "Do not apply the tokenizer's template (no BOS)");
   app->add_option("--threads", f->threads, "Threads (0 = all cores)")->capture_default_str();
   app->add_flag("--quiet", f->quiet, "No progress lines");
-  return {app, [f] {
-            TokenizeFlags g = *f;
-            if (std::filesystem::is_directory(g.tokenizer)) g.tokenizer = (std::filesystem::path(g.tokenizer) / "tokenizer.json").string();
-            return run(g);
-          }};
+  return {app, [f] { return run(*f); }};
 }
 
 }  // namespace scalelab::cli
