@@ -12,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "model/tokenizer/utf8.h"
 
 namespace scalelab {
 
@@ -322,7 +323,7 @@ tok::Tokenizer GgufFile::tokenizer() const {
   };
   const auto& model = need("tokenizer.ggml.model");
   if (!model.is_string() || model.get<std::string>() != "gpt2") {
-    throw InvalidInput("[gguf] '" + path_ + "': tokenizer.ggml.model is " + model.dump() +
+    throw InvalidInput("[gguf] '" + path_ + "': tokenizer.ggml.model is " + model.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
                        "; only \"gpt2\" (byte-level BPE) is supported — pass --tokenizer with a tokenizer.json");
   }
   const auto& tokens = need("tokenizer.ggml.tokens");
@@ -333,6 +334,9 @@ tok::Tokenizer GgufFile::tokenizer() const {
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     if (!tokens[i].is_string()) throw InvalidInput("[gguf] '" + path_ + "': token " + std::to_string(i) + " is not a string");
     const std::string s = tokens[i].get<std::string>();
+    if (!tok::is_valid_utf8(s)) {
+      throw InvalidInput("[gguf] '" + path_ + "': token " + std::to_string(i) + " is not valid UTF-8 — the tokenizer metadata is corrupt");
+    }
     // llama.cpp token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
     const int type = i < types.size() && types[i].is_number() ? types[i].get<int>() : 1;
     if (type == 3 || type == 4) {
@@ -381,7 +385,10 @@ tok::Tokenizer GgufFile::tokenizer() const {
                            {"pair", nlohmann::json::array()},
                            {"special_tokens", {{name, {{"id", name}, {"ids", {bos}}, {"tokens", {name}}}}}}};
   }
-  tok::Tokenizer t = tok::Tokenizer::from_json(j.dump(), path_ + " (tokenizer.ggml.*)");
+  // Invalid UTF-8 elsewhere (a merge) is replaced in the dump; the merge then fails to match
+  // the vocabulary and from_json says so.
+  tok::Tokenizer t = tok::Tokenizer::from_json(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                               path_ + " (tokenizer.ggml.*)");
   if (m.contains("tokenizer.ggml.eos_token_id") && m["tokenizer.ggml.eos_token_id"].is_number_unsigned()) {
     const auto eos = m["tokenizer.ggml.eos_token_id"].get<std::uint32_t>();
     if (eos < t.vocab_size()) t.set_eos_id(eos);

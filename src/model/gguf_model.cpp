@@ -69,7 +69,7 @@ ModelConfig config_from_gguf(const std::string& path) {
   j["num_key_value_heads"] = m.contains("llama.attention.head_count_kv") ? m["llama.attention.head_count_kv"] : j["num_attention_heads"];
   j["rope_theta"] = m.contains("llama.rope.freq_base") ? m["llama.rope.freq_base"] : nlohmann::json(10000.0);
   if (m.contains("llama.rope.scaling.type") && m["llama.rope.scaling.type"] != "none") {
-    throw InvalidInput("[gguf] '" + path + "': RoPE scaling '" + m["llama.rope.scaling.type"].dump() + "' is not supported");
+    throw InvalidInput("[gguf] '" + path + "': RoPE scaling '" + m["llama.rope.scaling.type"].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "' is not supported");
   }
   const GgufTensor& emb = f.tensor("token_embd.weight");
   j["vocab_size"] = emb.shape[0];
