@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench golden tokenizer-golden clean sanitize fuzz fuzz-build
+.PHONY: all deps configure build test demo bench golden tokenizer-golden clean sanitize fuzz fuzz-build fuzz-smoke
 
 all: build
 
@@ -18,8 +18,11 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The suite, then (unless FUZZ_SMOKE=0) the fuzz harnesses' smoke run (fuzz-smoke, below).
+FUZZ_SMOKE ?= 1
 test: build
 	@cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@if [ "$(FUZZ_SMOKE)" != 0 ]; then $(MAKE) --no-print-directory fuzz-smoke; fi
 
 demo: build
 	@scripts/demo.sh $(BUILD_DIR)
@@ -37,27 +40,33 @@ tokenizer-golden:
 clean:
 	rm -rf $(BUILD_DIR)
 
-# Hardening (docs/reliability.md). Neither runs in CI: on CI's 2 cores each build takes most of
-# an hour. Both use clang and their own build directory, with CUDA off.
+# Hardening (docs/reliability.md), with clang, each in its own build directory. `make sanitize`
+# builds everything with the sanitizers (most of an hour on 2 cores): by hand only. The fuzz
+# build compiles only the parsers and the harnesses (about 20 files): `make test` (CI) runs
+# fuzz-smoke.
 SANITIZE_DIR ?= build-asan
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
+FUZZ_SMOKE_SECONDS ?= 5
 FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file
 HARDEN_CMAKE = -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCALELAB_WITH_CUDA=OFF -DSCALELAB_WITH_NCCL=OFF -DSCALELAB_WERROR=OFF
 
 # ASan + UBSan over the whole suite; OpenMPI's own leaks are suppressed (tests/sanitize/lsan.supp).
-sanitize:
-	@scripts/deps.sh clang libclang-rt-dev libomp-dev
+sanitize: deps
 	@CC=clang CXX=clang++ cmake -S . -B $(SANITIZE_DIR) $(HARDEN_CMAKE) -DSCALELAB_SANITIZE=ON -DSCALELAB_BENCH=OFF >/dev/null
 	@cmake --build $(SANITIZE_DIR) -j $(JOBS)
 	@cd $(SANITIZE_DIR) && $(CURDIR)/tests/sanitize/run.sh -j $(JOBS) $(CTEST_ARGS)
 
-# libFuzzer harnesses (tests/fuzz/), each run FUZZ_SECONDS on its committed corpus and dictionary;
-# what they find lands in $(FUZZ_DIR)/fuzz/<target>/ (new corpus) and crash-* files there.
-fuzz-build:
-	@scripts/deps.sh clang libclang-rt-dev libomp-dev
-	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) $(HARDEN_CMAKE) -DSCALELAB_FUZZ=ON -DSCALELAB_TESTS=OFF -DSCALELAB_BENCH=OFF >/dev/null
+# libFuzzer harnesses (tests/fuzz/), each run FUZZ_SECONDS (fuzz) or FUZZ_SMOKE_SECONDS
+# (fuzz-smoke) on its committed corpus and dictionary; new inputs land in
+# $(FUZZ_DIR)/fuzz/corpus/<target>/, findings in $(FUZZ_DIR)/fuzz/findings/ (scripts/fuzz.sh).
+# clang, libclang-rt-dev (libFuzzer, the sanitizers' runtimes) and libomp-dev are in scripts/deps.sh.
+fuzz-build: deps
+	@CC=clang CXX=clang++ cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCALELAB_WERROR=OFF -DSCALELAB_FUZZ=ON >/dev/null
 	@cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_all
 
 fuzz: fuzz-build
 	@for t in $(FUZZ_TARGETS); do scripts/fuzz.sh $(FUZZ_DIR) $$t -max_total_time=$(FUZZ_SECONDS) || exit 1; done
+
+fuzz-smoke: fuzz-build
+	@for t in $(FUZZ_TARGETS); do FUZZ_SMOKE=1 scripts/fuzz.sh $(FUZZ_DIR) $$t -max_total_time=$(FUZZ_SMOKE_SECONDS) || exit 1; done

@@ -13,6 +13,7 @@ PKGS=(
   libxgboost-dev                 # gradient-boosted feature importance (analysis)
   libpcre2-dev                   # tokenizer pre-tokenizer regexes (Unicode classes, lookahead, JIT)
   python3                        # test helper scripts (fake workloads, fake nvidia-smi)
+  clang libclang-rt-dev libomp-dev  # the fuzz harnesses (libFuzzer; make test runs them briefly) and make sanitize
   "$@"
 )
 

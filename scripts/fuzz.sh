@@ -3,21 +3,26 @@
 # Usage: scripts/fuzz.sh BUILD_DIR TARGET [libFuzzer flags, e.g. -runs=1000000 or -max_total_time=60]
 # New inputs go to BUILD_DIR/fuzz/corpus/TARGET (the committed corpus is only read); a finding is
 # written as BUILD_DIR/fuzz/findings/TARGET-crash-* (or -leak-, -timeout-, -oom-) and the run exits
-# non-zero. The last
-# line printed is the execution count, for docs/reliability.md.
+# non-zero. The last line printed is the execution count, for docs/reliability.md.
+# FUZZ_SMOKE=1 (make fuzz-smoke): start from the committed corpus only, in a working corpus
+# emptied first (BUILD_DIR/fuzz/smoke/TARGET), and log to TARGET.smoke.log, so that the smoke run
+# takes the same time however long the harness was fuzzed here, and leaves the long runs' files alone.
 set -euo pipefail
 build="$(cd "$1" && pwd)" target=$2
 shift 2
 root="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$build/fuzz/fuzz_$target"
 [ -x "$bin" ] || { echo "fuzz: $bin not built (make fuzz-build)" >&2; exit 2; }
-work="$build/fuzz/corpus/$target"
+work="$build/fuzz/corpus/$target" log="$build/fuzz/$target.log"
+if [ "${FUZZ_SMOKE:-0}" = 1 ]; then
+  work="$build/fuzz/smoke/$target" log="$build/fuzz/$target.smoke.log"
+  rm -rf "$work"
+fi
 findings="$build/fuzz/findings"
 mkdir -p "$work" "$findings"
 dict=()
 [ -f "$root/tests/fuzz/dict/$target.dict" ] && dict=(-dict="$root/tests/fuzz/dict/$target.dict")
 # 10 s per input is a hang; 2 GiB of RSS or one allocation of 1 GiB is an out-of-memory.
-log="$build/fuzz/$target.log"
 set +e
 (cd "$build/fuzz" && ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
   "./fuzz_$target" "${dict[@]}" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -print_final_stats=1 \

@@ -85,6 +85,13 @@ for b in "${bins[@]}"; do
     copied[$name]="$path"
   done < <(ldd "$b")
 done
+# Loaded with dlopen, so ldd does not list it: libcupti (the CUDA backend's GPU activity profiler,
+# --profile / --trace on CUDA; 4 MiB). The GPU machine's toolkit keeps it under extras/ or not at
+# all, so the package brings the one this build's headers match.
+cupti=$(ldconfig -p 2>/dev/null | awk '/libcupti\.so\.13 / {print $NF; exit}')
+[ -z "$cupti" ] && cupti=$(find /usr/local/cuda/ /usr/local/cuda/extras/CUPTI -name 'libcupti.so.13' 2>/dev/null | head -1)
+if [ -n "$cupti" ]; then cp -L "$cupti" "$out/lib/"; else echo "package-device.sh: libcupti.so.13 not found: GPU activity tables will be missing" >&2; fi
+
 if [ ${#not_found[@]} -gt 0 ]; then
   printf 'package-device.sh: not found on this machine: %s\n' "${not_found[@]}" >&2
   exit 1

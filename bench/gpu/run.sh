@@ -3,7 +3,8 @@
 #
 #   bench/gpu/run.sh check                 # the device, scalelab selftest --device cuda, GPU test binaries
 #   bench/gpu/run.sh profile               # attention alone (PyTorch SDPA backends) and scalelab's
-#                                          # train --profile with cuDNN's and its own flash attention
+#                                          # train unprofiled / --profile with CUDA events + CUPTI /
+#                                          # events only / synchronized scopes (PROFILE_MB, default 8)
 #   bench/gpu/run.sh bench [compare args]  # the device, then bench/gpu/compare.py in the time left
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
@@ -14,7 +15,8 @@
 # scalelab). Everything is logged to $OUT/run.log (OUT defaults to runs/gpu-<time>/); compare.py
 # writes $OUT/compare.json and $OUT/compare.md. The summary is printed last.
 #
-# Environment: RUN_BUDGET_S (default 570: a 10-minute call less a margin), TEST_FILTER (a
+# Environment: RUN_BUDGET_S (default 570: a 10-minute call less a margin), PROFILE_ATTENTION=0 (profile:
+# skip the PyTorch attention op), PROFILE_MB (profile: micro-batch, default 8), TEST_FILTER (a
 # --gtest_filter for the test binaries), TEST_TIMEOUT_S (per binary, default 240),
 # SELFTEST_TIMEOUT_S (default 180), SANITIZER_TIMEOUT_S (default 100), BUILD_TIMEOUT_S (default 420), SCALELAB_NO_BUILD (set: never
 # try the build), PYTHON (default python3), WHEELS_DIR (default $SCALELAB_DEVICE_DIR/wheels: pure-
@@ -248,21 +250,41 @@ isolate_selftest() {
 # The attention op alone on PyTorch's SDPA backends, then scalelab's step profile with cuDNN's
 # SDPA and with its own flash kernels (llama-3.2-1b, bf16, flash, fused, micro-batch 8).
 run_profile() {
-  section "attention alone: PyTorch SDPA (bench/gpu/attention_op.py)"
-  timeout 90 "$PY" bench/gpu/attention_op.py 2>&1 | tee "$OUT/attention_op.txt"
-  add "attention op: $(grep -E '^(flash|cudnn) ' "$OUT/attention_op.txt" | awk '{printf "%s fwd %s ms bwd %s ms; ", $1, $2, $4}')"
+  if [ "${PROFILE_ATTENTION:-1}" != 0 ]; then
+    section "attention alone: PyTorch SDPA (bench/gpu/attention_op.py)"
+    timeout 90 "$PY" bench/gpu/attention_op.py 2>&1 | tee "$OUT/attention_op.txt"
+    add "attention op: $(grep -E '^(flash|cudnn) ' "$OUT/attention_op.txt" | awk '{printf "%s fwd %s ms bwd %s ms; ", $1, $2, $4}')"
+  fi
   [ -z "$SL" ] && return
-  local impl
-  for impl in cudnn own; do
-    section "scalelab train --profile, flash attention: $impl"
-    [ "$(left)" -lt 90 ] && { add "profile $impl: skipped (time)"; continue; }
-    SCALELAB_CUDA_FLASH=$impl timeout 90 "$SL" train --device cuda --model llama-3.2-1b --seq-len 1024 \
-      --micro-batch-size 8 --model-precision bf16 --attn flash --fused-kernels --max-steps 5 --profile \
-      --json "$OUT/profile-$impl.json" >"$OUT/profile-$impl.log" 2>&1
+  # The same short run four ways: unprofiled; --profile --trace (op scopes timed with CUDA events,
+  # CUPTI activity); events without CUPTI; the old synchronized scopes. Step times side by side say
+  # what profiling costs; the CUPTI tables say where the device idles (launch-bound fraction).
+  local args=(train --device cuda --model llama-3.2-1b --seq-len 1024 --micro-batch-size "${PROFILE_MB:-8}"
+    --model-precision bf16 --attn flash --fused-kernels --max-steps 6 --bench-warmup-steps 2)
+  local name env extra
+  for name in plain events-cupti events sync; do
+    [ "$(left)" -lt 60 ] && { add "profile $name: skipped (time)"; continue; }
+    section "scalelab train, profiling: $name"
+    env=(); extra=()
+    case "$name" in
+      events-cupti) extra=(--profile --trace "$OUT/profile.trace.json") ;;
+      events) env=(SCALELAB_CUPTI=0); extra=(--profile) ;;
+      sync) env=(SCALELAB_CUPTI=0 SCALELAB_PROFILE_SYNC=1); extra=(--profile) ;;
+    esac
+    env "${env[@]}" timeout 120 "$SL" "${args[@]}" "${extra[@]}" --json "$OUT/profile-$name.json" \
+      >"$OUT/profile-$name.log" 2>&1
     local rc=$?
-    grep -E "Step time|^  [a-z]" "$OUT/profile-$impl.log" | head -16
-    add "profile $impl: exit $rc, $(grep -m1 'Step time' "$OUT/profile-$impl.log"); attention $(awk '$1 == "attention" {printf "%s %s s/%s calls; ", $2, $3, $5}' "$OUT/profile-$impl.log")"
+    grep -E "Step time|GPU activity|^  [a-z]" "$OUT/profile-$name.log" | head -18
+    add "profile $name: exit $rc, $(grep -m1 'Step time' "$OUT/profile-$name.log")"
   done
+  if [ -f "$OUT/profile.trace.json" ]; then
+    section "scalelab profile-summary of the CUPTI trace"
+    "$SL" profile-summary --top 25 "$OUT/profile.trace.json" > "$OUT/profile-summary.md" 2>&1
+    head -c 6000 "$OUT/profile-summary.md"
+    grep -E "device_idle_fraction|launch_api_s|sync_api_s" "$OUT/profile-summary.md" | head -5
+    add "profile-summary: $(grep -E 'device_idle_fraction' "$OUT/profile-summary.md" | head -1)"
+    gzip -f "$OUT/profile.trace.json"
+  fi
 }
 
 run_bench() {

@@ -9,6 +9,7 @@
 
 #include "core/allocator.h"  // parse_bytes
 #include "core/error.h"
+#include "lab/external_profile.h"
 #include "lab/spec.h"
 #include "lab/trial_telemetry.h"
 
@@ -152,6 +153,7 @@ ResolvedWorkload resolve_workload(const WorkloadFlags& f, const std::vector<std:
     std::set<std::string> all = provided;
     for (const auto& [k, v] : out.params) all.insert(k);
     out.workload.check_placeholders(all, f.spec.empty() ? "--command" : f.spec);
+    lab::nsys_available(out.workload);  // profile = "nsys" without nsys: exit 2 before the database is opened
   }
   return out;
 }

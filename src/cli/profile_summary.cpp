@@ -19,6 +19,7 @@ Subcommand add_profile_summary_command(CLI::App& root) {
   struct Opts {
     std::string file, format = "md", output;
     bool all_steps = false;
+    std::size_t top = 0;
   };
   auto o = std::make_shared<Opts>();
   auto* app = root.add_subcommand(
@@ -29,10 +30,12 @@ Subcommand add_profile_summary_command(CLI::App& root) {
   app->add_option("--format", o->format, "md, csv or json")->capture_default_str();
   app->add_flag("--all-steps", o->all_steps, "scalelab traces: include the warm-up steps (default: measured steps only)");
   app->add_option("-o,--output", o->output, "Write the summary to this file instead of stdout");
+  app->add_option("--top", o->top, "Markdown: at most N rows per table (0: all; GPU kernel tables can run to hundreds)");
   return {app, [o] {
             const profile::Format f = profile::parse_format(o->format);
             const profile::Report r = profile::summarize_file(o->file, o->all_steps);
-            const std::string text = profile::render(r, f);
+            const std::string text =
+                f == profile::Format::kMarkdown ? profile::render_markdown(r, o->top) : profile::render(r, f);
             if (o->output.empty()) {
               std::fwrite(text.data(), 1, text.size(), stdout);
             } else {

@@ -1,5 +1,6 @@
 // `scalelab results`: tables from the results database alone — the sweeps, a sweep's summary,
-// its trials, an OOM search, a ladder, or telemetry samples — as Markdown, CSV or JSON.
+// its trials, an OOM search, a ladder, telemetry samples, or profiles side by side — as Markdown,
+// CSV or JSON.
 #include <cstdio>
 
 #include "cli/command.h"
@@ -26,9 +27,12 @@ Subcommand add_results_command(CLI::App& root) {
   app->add_option("--view", f->view,
                   "auto (the sweep's own table), sweeps, summary (one row per configuration, repeats as "
                   "median/min/max), trials, oom, ladder, scale (a scaling study's table and recommendations), "
-                  "telemetry (samples, long format), profile (trials run with --profile: op families side by side)")
+                  "telemetry (samples, long format), profile (profiled trials: op families or GPU kernels side by side), "
+                  "profile-compare (every trial's profile figures side by side: launch / sync API time, host-to-device "
+                  "copies, NCCL kernels, ...; without --sweep, the trials of every sweep)")
       ->capture_default_str()
-      ->check(CLI::IsMember({"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry", "profile"}));
+      ->check(CLI::IsMember(
+          {"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry", "profile", "profile-compare"}));
   app->add_option("--format", f->format, "md, csv or json")->capture_default_str();
   app->add_option("--where", f->where,
                   "Keep rows where KEY OP VALUE (OP: = != < <= > >=), e.g. status=ok or micro_batch_size>=4; "
@@ -80,6 +84,8 @@ Subcommand add_results_command(CLI::App& root) {
                                                       : lab::summary_table(store.trials(), filters);
             else if (view == "trials") table = lab::trials_table(store.trials(id, f->all), filters, order);
             else if (view == "profile") table = lab::profile_table(store.trials(id, false), filters, order);
+            else if (view == "profile-compare")
+              table = lab::profile_compare_table(store.trials(id, false), filters, order, !sweep);
             else if (view == "oom") table = lab::oom_search_table(*sweep, store, filters);
             else if (view == "ladder") table = lab::ladder_sweep_table(*sweep, store, filters);
             else if (view == "scale") {

@@ -4,6 +4,8 @@
 
 #include "cli/command.h"
 #include "cli/lab_common.h"
+#include "core/subprocess.h"
+#include "lab/external_profile.h"
 #include "lab/runner.h"
 #include "lab/spec.h"
 #include "lab/sweep.h"
@@ -36,6 +38,7 @@ Subcommand add_sweep_command(CLI::App& root) {
             // --timeout on the command line beats the spec's timeout, which beats the default.
             if (app->get_option("--timeout")->count() == 0 && spec.timeout_s) options.timeout_s = *spec.timeout_s;
 
+            const bool nsys_wanted = !spec.workload.is_native() && spec.workload.profile.tool == lab::ProfileTool::kNsys;
             if (f->dry_run) {
               auto combos = spec.expand();
               std::printf("sweep '%s': %zu configurations x %d repeats = %zu trials\n", spec.name.c_str(), combos.size(),
@@ -46,12 +49,23 @@ Subcommand add_sweep_command(CLI::App& root) {
               ctx.key = "<trial>";
               ctx.log_path = "<log-dir>/<trial>.log";
               ctx.record_path = "<log-dir>/<trial>.json";
+              if (nsys_wanted) {
+                const bool found = !find_executable("nsys").empty();
+                ctx.nsys = found || !spec.workload.profile.optional;
+                if (!found)
+                  std::printf("# nsys is not on PATH: %s\n", spec.workload.profile.optional
+                                                                 ? "the trials would run unprofiled (profile = \"nsys?\")"
+                                                                 : "a real run refuses (exit 2)");
+              }
               for (const auto& p : combos) {
                 std::printf("%s\n", lab::build_launch(spec.workload, options.engine, p, ctx).display.c_str());
               }
               return 0;
             }
 
+            // Before the runner opens the database: a spec that needs nsys where there is none is
+            // refused (exit 2) without a trace in the results.
+            lab::nsys_available(spec.workload);
             lab::Runner runner(options, "sweep", spec.name);
             lab::SweepRunSummary summary;
             if (runner.run([&] { summary = lab::run_sweep(spec, runner.store(), options, runner.progress()); },

@@ -76,7 +76,7 @@ void print_summary(const TrainResult& r) {
     if (r.profile.contains("summary")) {
       profile::Report rep = profile::report_from_json(r.profile["summary"]);
       rep.file = "this run";
-      const std::string text = profile::render_markdown(rep);
+      const std::string text = profile::render_markdown(rep, 15);
       std::fwrite(text.data(), 1, text.size(), stdout);
     }
   }

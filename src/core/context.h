@@ -50,6 +50,39 @@ struct DeviceOptions {
 
 class Tracer;
 
+// Op scopes timed on an asynchronous device's queue (CUDA events) instead of by synchronizing:
+// ProfileScope marks its start and end on the device's queue; flush(), called once the device has
+// been synchronized (the trainer: at the end of each step), reads when the device reached each
+// mark and adds the scopes to the Profiler (per-family table) and the Tracer (complete events of
+// category "op" on the track "GPU: op families (CUDA events)", device time placed on the host's
+// time base from the window's first mark). The host never waits inside a step, so the profiled
+// run keeps the overlap of host and device that an unprofiled one has, and each family's time is
+// the time the device spent between its first and last kernel.
+class DeviceTiming {
+ public:
+  // Synchronizes the device (through the timer) and opens the first window.
+  DeviceTiming(DeviceTimer& timer, Profiler* profiler, Tracer* tracer);
+  int mark() { return timer_.mark(); }
+  void record(const char* family, Phase phase, int start_mark, int end_mark);
+  // Synchronizes, turns the window's scopes into profiler rows and trace events, opens a new window.
+  void flush();
+  std::size_t pending() const { return pending_.size(); }
+
+ private:
+  struct Pending {
+    const char* family;
+    Phase phase;
+    int start, end;
+  };
+  void open_window();
+  DeviceTimer& timer_;
+  Profiler* profiler_;
+  Tracer* tracer_;
+  int track_ = -1;
+  std::chrono::steady_clock::time_point window_start_;
+  std::vector<Pending> pending_;
+};
+
 struct ExecContext {
   DeviceAllocator* alloc = nullptr;
   Profiler* profiler = nullptr;  // null: not profiling
@@ -58,6 +91,9 @@ struct ExecContext {
   // Where scopes also open named ranges for an external profiler (the CUDA runtime: NVTX, which
   // nsys shows); null: none. The trainer sets it on CUDA, with or without --profile / --trace.
   DeviceRuntime* ranges = nullptr;
+  // Set when op scopes on an asynchronous device are timed with its queue's timer (CUDA events)
+  // rather than by synchronizing around each scope; null otherwise.
+  DeviceTiming* device_timing = nullptr;
   DeviceType device() const { return alloc->device(); }
   // Whether scopes record anything (timing) — ranges alone need no clock.
   bool timing() const { return profiler != nullptr || tracer != nullptr; }
@@ -67,13 +103,12 @@ struct ExecContext {
 // complete event of category "op" named after the family, args.phase) when either is on, and
 // opens a named range on ctx.ranges (NVTX on CUDA) when set; free otherwise.
 //
-// The clock is the host's wall clock. On an asynchronous device (CUDA) the host returns from a
-// kernel launch before the kernel has run, so when profiling on CUDA the scope synchronizes the
-// device at its start and at its end: each scope then measures the kernels it queued (and the
-// launch overhead), at the cost of the overlap between host and device that an unprofiled run
-// keeps — profiled steps are slower than unprofiled ones, and the per-family split is what counts.
-// (CUDA events recorded on the stream would time the kernels without stalling the host: a later
-// improvement.) The meta device runs nothing and a CPU scope needs no synchronization.
+// The clock is the host's wall clock on the CPU. On an asynchronous device (CUDA) the host returns
+// from a kernel launch before the kernel has run, so there the scope is timed on the device's
+// queue when ctx.device_timing is set (CUDA events: no stall, see DeviceTiming); without it, it
+// synchronizes the device at its start and at its end, so that each scope measures the kernels it
+// queued (and the launch overhead), at the cost of the overlap between host and device. The meta
+// device runs nothing and a CPU scope needs no synchronization.
 class ProfileScope {
  public:
   ProfileScope(const ExecContext& ctx, const char* family, Phase phase);
@@ -89,7 +124,9 @@ class ProfileScope {
   DeviceRuntime* ranges_;
   const char* family_;
   Phase phase_;
-  DeviceRuntime* sync_ = nullptr;  // set when timing on an asynchronous device
+  DeviceRuntime* sync_ = nullptr;  // set when timing on an asynchronous device by synchronizing
+  DeviceTiming* timing_ = nullptr;  // set when timing on an asynchronous device's queue
+  int start_mark_ = -1;
   int uncaught_ = 0;               // std::uncaught_exceptions() at the start
   std::chrono::steady_clock::time_point start_;
 };

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -24,6 +25,36 @@ std::string device_type_name(DeviceType d);  // "cpu", "cuda", "meta"
 DeviceType parse_device_type(const std::string& name, const char* flag = "--device");
 
 class MemoryBackend;
+class Tracer;
+
+// Times work on an asynchronous device's queue without stalling the host (CUDA: events recorded
+// on the stream). The profiler marks the start and end of each op scope; after the device has
+// been synchronized, collect() says when each mark was reached, relative to the first mark of the
+// window, and starts the next window.
+class DeviceTimer {
+ public:
+  virtual ~DeviceTimer() = default;
+  // Queues a mark behind the work queued so far; returns its index in the current window.
+  virtual int mark() = 0;
+  // Waits for the device; microseconds from mark 0 to each mark of the window; starts a new window.
+  virtual std::vector<double> collect() = 0;
+};
+
+// What a device's own activity profiler records (CUDA: CUPTI), written into a Tracer as events:
+// cat "kernel", "gpu_memcpy", "gpu_memset" on one track per stream, "cuda_runtime" on one track per
+// host thread that called the runtime. start() returns false and says why when unavailable (no
+// libcupti, another profiler holds it); flush() moves what was recorded so far into the tracer.
+class ActivityProfiler {
+ public:
+  virtual ~ActivityProfiler() = default;
+  virtual bool start(Tracer* tracer, std::string* why) = 0;
+  virtual void flush() = 0;
+  virtual void stop() = 0;  // flushes, then disables recording
+  // Records lost because the profiler's buffers were full (0 when none).
+  virtual std::uint64_t dropped() const = 0;
+  // One line naming the source ("CUPTI 13.0 activity: kernels, memcpy, memset, runtime API").
+  virtual std::string describe() const = 0;
+};
 
 class DeviceRuntime {
  public:
@@ -50,6 +81,10 @@ class DeviceRuntime {
   // thread's timeline); nested as the calls nest on each thread. Default: nothing.
   virtual void range_push(const char* name) { (void)name; }
   virtual void range_pop() {}
+  // The device's queue timer (nullptr: the device runs synchronously with the host, or has none).
+  virtual DeviceTimer* timer() { return nullptr; }
+  // A new activity profiler for this device (nullptr: none).
+  virtual std::unique_ptr<ActivityProfiler> activity_profiler() { return nullptr; }
 };
 
 // The runtime of a device; throws RuntimeError (exit 1) naming what is missing when the device is

@@ -62,6 +62,30 @@ void Tracer::complete(std::string name, const char* cat, Clock::time_point start
   push(std::move(e));
 }
 
+void Tracer::complete_us(std::string name, const char* cat, double ts_us, double dur_us, int tid, const char* phase,
+                         std::int64_t index, std::int64_t bytes) {
+  Event e;
+  e.name = std::move(name);
+  e.cat = cat;
+  e.phase = phase;
+  e.ts = ts_us;
+  e.dur = std::max(0.0, dur_us);
+  e.index = index;
+  e.bytes = bytes;
+  e.tid = tid;
+  e.ph = 'X';
+  push(std::move(e));
+}
+
+int Tracer::track(const std::string& name) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (std::size_t i = 0; i < tracks_.size(); ++i) {
+    if (tracks_[i] == name) return kFirstTrackTid + static_cast<int>(i);
+  }
+  tracks_.push_back(name);
+  return kFirstTrackTid + static_cast<int>(tracks_.size() - 1);
+}
+
 void Tracer::counter(const char* name, Clock::time_point t, const char* key1, double v1, const char* key2,
                      double v2) {
   Event e;
@@ -108,10 +132,13 @@ nlohmann::json Tracer::to_json() const {
   ev.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", pid}}}});
   std::set<int> tids{kMainTid};
   for (const auto& e : events_) tids.insert(e.tid);
+  for (std::size_t i = 0; i < tracks_.size(); ++i) tids.insert(kFirstTrackTid + static_cast<int>(i));
   for (int tid : tids) {
-    const std::string tname = tid == kMainTid   ? "main"
-                              : tid == kCommTid ? "communication"
-                                                : "thread " + std::to_string(tid);
+    const std::size_t track = static_cast<std::size_t>(tid - kFirstTrackTid);
+    const std::string tname = tid == kMainTid                                 ? "main"
+                              : tid == kCommTid                               ? "communication"
+                              : tid >= kFirstTrackTid && track < tracks_.size() ? tracks_[track]
+                                                                              : "thread " + std::to_string(tid);
     ev.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", tname}}}});
     ev.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", pid}, {"tid", tid}, {"args", {{"sort_index", tid}}}});
   }

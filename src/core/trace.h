@@ -62,6 +62,15 @@ class Tracer {
   // when >= 0.
   void complete(std::string name, const char* cat, Clock::time_point start, Clock::time_point end,
                 const char* phase = nullptr, std::int64_t index = -1, std::int64_t bytes = -1, int tid = -1);
+  // The same with times in microseconds on this tracer's time base (events measured by another
+  // clock: the device's, CUPTI's), on a track from track().
+  void complete_us(std::string name, const char* cat, double ts_us, double dur_us, int tid, const char* phase = nullptr,
+                   std::int64_t index = -1, std::int64_t bytes = -1);
+  // The tid of a named track that is not a host thread ("GPU: op families (CUDA events)", "CUDA
+  // stream 7 (CUPTI)"): the same name gives the same tid; tids from kFirstTrackTid up, named in the
+  // metadata.
+  static constexpr int kFirstTrackTid = 1000;
+  int track(const std::string& name);
   // A counter sample: series `key1` (and `key2` when not null) of counter `name` (literals).
   void counter(const char* name, Clock::time_point t, const char* key1, double v1, const char* key2 = nullptr,
                double v2 = 0);
@@ -102,6 +111,7 @@ class Tracer {
   nlohmann::json other_ = nlohmann::json::object();
   std::atomic<std::size_t> dropped_{0};
   std::atomic<int> next_tid_{2};
+  std::vector<std::string> tracks_;  // tid kFirstTrackTid + i (under mu_)
 };
 
 // The trace file of a rank: FILE itself with one rank; with several, "run.trace.json" becomes

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/subprocess.h"
+#include "lab/external_profile.h"
 #include "lab/interrupted.h"
 #include "lab/log_tail.h"
 #include "lab/outcome.h"
@@ -68,9 +69,13 @@ TrialExecutor::TrialExecutor(ResultsStore& store, std::int64_t sweep_id, std::st
       options_(std::move(options)),
       progress_(progress) {
   if (options_.profile && !workload_.is_native()) {
-    throw InvalidInput("[--profile] profiles the native engine's trials; for an external command, profile it "
-                       "with its own tools (torch.profiler, nsys) and read the result with `scalelab "
-                       "profile-summary FILE`");
+    throw InvalidInput("[--profile] profiles the native engine's trials; for an external command, set "
+                       "[workload] profile = \"nsys\" (or \"torch\") in its spec (docs/profiling.md), or profile it "
+                       "with its own tools and read the result with `scalelab profile-summary FILE`");
+  }
+  nsys_ = nsys_available(workload_);  // InvalidInput when the spec needs nsys and it is missing
+  if (!workload_.is_native() && workload_.profile.tool == ProfileTool::kNsys && !nsys_) {
+    progress_.note("nsys is not on PATH: the trials run unprofiled (profile = \"nsys?\")");
   }
   if (workload_.is_native() && find_executable(options_.engine).empty()) {
     throw InvalidInput("[lab] the engine '" + options_.engine +
@@ -121,6 +126,13 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   ctx.log_path = (fs::path(dir_) / (ctx.key + ".log")).string();
   ctx.record_path = (fs::path(dir_) / (ctx.key + ".json")).string();
   ctx.profile = options_.profile;
+  ctx.nsys = nsys_;
+  const bool external_profile = !workload_.is_native() && workload_.profile.tool != ProfileTool::kNone;
+  if (external_profile && (workload_.profile.tool == ProfileTool::kTorch || ctx.nsys)) {
+    std::error_code ec;
+    fs::create_directories(ctx.profile_dir(), ec);
+    if (ec) throw InvalidInput("[lab] cannot create the profile directory " + ctx.profile_dir() + " (" + ec.message() + ")");
+  }
 
   Launch launch = options_.launcher ? options_.launcher->launch(workload_, options_.engine, params, ctx)
                                    : build_launch(workload_, options_.engine, params, ctx);
@@ -135,6 +147,8 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
   ps.env = launch.env;
   ps.env.emplace_back("SCALELAB_SWEEP", sweep_name_);
   ps.env.emplace_back("SCALELAB_TRIAL_KEY", ctx.key);
+  if (!workload_.is_native() && workload_.profile.tool == ProfileTool::kTorch)
+    ps.env.emplace_back(kTorchTraceEnv, ctx.profile_dir() + "/torch_trace.json");
   ps.cwd = launch.cwd;
   ps.log_path = ctx.log_path;
   ps.log_header = "# scalelab " SCALELAB_VERSION " trial of '" + sweep_name_ + "' (" + label + ", repeat " +
@@ -159,15 +173,36 @@ TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, con
     progress_.finish();
     throw Interrupted("[lab] interrupted during trial " + label + " (not recorded; it runs again on resume)");
   }
+  Json profile;
+  if (external_profile) {
+    ProfileRun pr;
+    pr.timeout_s = options_.timeout_s;
+    pr.kill_grace_s = options_.kill_grace_s;
+    pr.cancel = options_.cancel;
+    pr.tick = tick;
+    bool cancelled = false;
+    profile = collect_external_profile(workload_, ctx, proc, pr, cancelled);
+    if (cancelled) {
+      progress_.finish();
+      throw Interrupted("[lab] interrupted while summarizing the profile of trial " + label +
+                        " (not recorded; it runs again on resume)");
+    }
+  }
 
   std::string log_text = read_file_tail(ctx.log_path, kLogTailBytes);
   if (log_text.rfind(ps.log_header, 0) == 0) log_text = log_text.substr(ps.log_header.size());
+  if (ctx.nsys) log_text = strip_nsys_lines(log_text);
   TrialOutcome out = workload_.is_native() ? classify_native(proc, ps.timeout_s, ctx.record_path, log_text)
                                            : classify_external(workload_, proc, ps.timeout_s, log_text);
   rec.status = out.status;
   rec.reason = out.reason;
   rec.metrics = out.metrics;
   rec.record = out.record;
+  if (!profile.is_null()) {
+    // Where a native trial's --profile summary is (record.profile.summary), so the views read both.
+    if (!rec.record.is_object()) rec.record = Json::object();
+    rec.record["profile"] = profile;
+  }
   if (proc.exited()) rec.exit_code = proc.exit_code();
   if (proc.started && !proc.status.exited) rec.signal = proc.status.signal;
 

@@ -103,6 +103,7 @@ class TrialExecutor {
   Progress& progress_;
   std::string dir_;
   std::set<std::string> ran_now_;  // "hash/repeat" of trials run by this executor
+  bool nsys_ = false;              // external trials run under nsys profile (lab/external_profile.h)
 };
 
 // "27542.2 tokens/s/device, 3.21 GiB" for ok trials, the reason otherwise.

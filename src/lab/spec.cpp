@@ -9,6 +9,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "lab/external_profile.h"
 
 namespace scalelab::lab {
 namespace {
@@ -92,6 +93,10 @@ Workload parse_workload(const toml::table* t, const std::string& source, const f
   std::string type = "native";
   if (const auto* n = t->get("type")) type = expect_string(*n, source, "workload.type");
   if (type == "native") {
+    if (const auto* p = t->get("profile")) {
+      throw InvalidInput("[" + at(source, p->source()) + "] workload.profile is for external commands — profile the "
+                         "native engine's trials with `scalelab sweep --profile` (its own summaries and timeline)");
+    }
     check_keys(*t, source, "[workload] (type = \"native\")", {"type"});
     return Workload::native();
   }
@@ -100,7 +105,8 @@ Workload parse_workload(const toml::table* t, const std::string& source, const f
                        "' — use \"native\" (scalelab train) or \"external\" (a command template)");
   }
   check_keys(*t, source, "[workload] (type = \"external\")",
-             {"type", "command", "metrics", "oom_pattern", "required_metrics", "map", "env", "cwd"});
+             {"type", "command", "metrics", "oom_pattern", "required_metrics", "map", "env", "cwd", "profile",
+              "profile_args", "profile_rank_env"});
   const toml::node* cmd = t->get("command");
   if (!cmd) {
     throw InvalidInput("[" + at(source, t->source()) + "] an external workload needs command = \"...\" "
@@ -184,6 +190,41 @@ Workload parse_workload(const toml::table* t, const std::string& source, const f
     }
     w.cwd = dir.string();
   }
+  if (const auto* p = t->get("profile")) {
+    const std::string tool = expect_string(*p, source, "workload.profile");
+    if (tool == "nsys" || tool == "nsys?") {
+      w.profile.tool = ProfileTool::kNsys;
+      w.profile.optional = tool == "nsys?";
+    } else if (tool == "torch") {
+      w.profile.tool = ProfileTool::kTorch;
+    } else if (tool != "none") {
+      throw InvalidInput("[" + at(source, p->source()) + "] workload.profile is '" + tool +
+                         "' — use \"nsys\" (run each trial under nsys profile; nsys must be on PATH), \"nsys?\" "
+                         "(the same, unprofiled where nsys is missing), \"torch\" (read the PyTorch profiler trace the "
+                         "script writes to $SCALELAB_TORCH_TRACE) or \"none\"");
+    }
+  }
+  for (const char* key : {"profile_args", "profile_rank_env"}) {
+    const auto* n = t->get(key);
+    if (n && w.profile.tool != ProfileTool::kNsys) {
+      throw InvalidInput("[" + at(source, n->source()) + "] workload." + key + " needs profile = \"nsys\"");
+    }
+  }
+  if (const auto* a = t->get("profile_args")) {
+    const auto* arr = a->as_array();
+    if (!arr) throw InvalidInput("[" + at(source, a->source()) + "] workload.profile_args must be a list of words (nsys profile options)");
+    for (const auto& el : *arr) w.profile.args.push_back(expect_string(el, source, "each of workload.profile_args"));
+  }
+  if (const auto* r = t->get("profile_rank_env")) {
+    w.profile.rank_env = expect_string(*r, source, "workload.profile_rank_env");
+    if (w.profile.rank_env.empty() || !std::all_of(w.profile.rank_env.begin(), w.profile.rank_env.end(), [](char c) {
+          return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+        })) {
+      throw InvalidInput("[" + at(source, r->source()) + "] workload.profile_rank_env must be an environment variable "
+                         "name (e.g. PMI_RANK)");
+    }
+  }
+  validate_profile(w, source + ": [workload]");
   return w;
 }
 
@@ -200,26 +241,84 @@ bool ExcludeRule::matches(const ParamMap& params) const {
   return true;
 }
 
-std::vector<ParamMap> SweepSpec::expand() const {
-  std::vector<ParamMap> out{ParamMap{}};
-  for (const auto& [name, values] : parameters) {
-    std::vector<ParamMap> next;
-    next.reserve(out.size() * values.size());
-    for (const auto& partial : out) {
-      for (const auto& v : values) {
-        ParamMap p = partial;
-        p[name] = v;
-        next.push_back(std::move(p));
+namespace {
+
+// The combinations as indices into each parameter's values (mixed radix, the last parameter
+// varying fastest), with the exclude rules precomputed per value: whether a combination is
+// excluded is then a few table lookups, without building its ParamMap or comparing texts. For a
+// spec of 100,000 combinations (kMaxSweepCombinations) this is what makes parsing and expanding
+// cheap; expand() builds maps only for the combinations it keeps.
+class Combinations {
+ public:
+  explicit Combinations(const SweepSpec& spec) : spec_(spec), index_(spec.parameters.size(), 0) {
+    for (const auto& rule : spec.excludes) {
+      Rule r;
+      bool possible = true;
+      for (const auto& [key, values] : rule.match) {
+        // The parameter a ParamMap would hold under `key`: the last one of that name.
+        std::size_t pi = spec.parameters.size();
+        for (std::size_t i = 0; i < spec.parameters.size(); ++i)
+          if (spec.parameters[i].first == key) pi = i;
+        if (pi == spec.parameters.size()) {
+          possible = false;  // ExcludeRule::matches: a key the combination lacks never matches
+          break;
+        }
+        std::vector<char> allowed;
+        for (const auto& d : spec.parameters[pi].second) {
+          bool any = false;
+          for (const auto& v : values) any = any || param_text(v) == param_text(d);
+          allowed.push_back(any ? 1 : 0);
+        }
+        r.emplace_back(pi, std::move(allowed));
       }
+      if (possible) rules_.push_back(std::move(r));
     }
-    out = std::move(next);
+    for (const auto& [name, values] : spec.parameters) done_ = done_ || values.empty();
   }
+
+  bool done() const { return done_; }
+  bool excluded() const {
+    for (const auto& r : rules_) {
+      bool all = true;
+      for (const auto& [pi, allowed] : r) all = all && allowed[index_[pi]];
+      if (all) return true;
+    }
+    return false;
+  }
+  ParamMap params() const {
+    ParamMap p;
+    for (std::size_t i = 0; i < index_.size(); ++i) p[spec_.parameters[i].first] = spec_.parameters[i].second[index_[i]];
+    return p;
+  }
+  void next() {
+    for (std::size_t i = index_.size(); i-- > 0;) {
+      if (++index_[i] < spec_.parameters[i].second.size()) return;
+      index_[i] = 0;
+    }
+    done_ = true;
+  }
+
+ private:
+  using Rule = std::vector<std::pair<std::size_t, std::vector<char>>>;
+  const SweepSpec& spec_;
+  std::vector<std::size_t> index_;
+  std::vector<Rule> rules_;
+  bool done_ = false;
+};
+
+// Whether any combination survives the exclude rules (without expanding them).
+bool any_combination_kept(const SweepSpec& spec) {
+  for (Combinations c(spec); !c.done(); c.next())
+    if (!c.excluded()) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<ParamMap> SweepSpec::expand() const {
   std::vector<ParamMap> kept;
-  for (auto& p : out) {
-    bool excluded = false;
-    for (const auto& r : excludes) excluded = excluded || r.matches(p);
-    if (!excluded) kept.push_back(std::move(p));
-  }
+  for (Combinations c(*this); !c.done(); c.next())
+    if (!c.excluded()) kept.push_back(c.params());
   return kept;
 }
 
@@ -394,7 +493,7 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
                          " combinations — split the sweep into several specs, or use fewer values");
     }
   }
-  if (spec.expand().empty()) {
+  if (!any_combination_kept(spec)) {
     throw InvalidInput("[" + source + "] the exclude rules remove every combination — nothing would run");
   }
   return spec;

@@ -18,6 +18,9 @@
 //   # [workload.metrics]   name = "regex with (one group)"
 //   # [workload.map.fused_kernels]   true = "--use_liger"  false = ""
 //   # [workload.env]       NAME = "value with {placeholders}"
+//   # profile = "nsys"               # or "nsys?" (unprofiled where nsys is missing), "torch", "none"
+//   # profile_args = ["--sample=none"]   # more `nsys profile` options
+//   # profile_rank_env = "PMI_RANK"  # per-rank report names under {profiler} (lab/external_profile.h)
 //
 //   [parameters]
 //   model = "llama-small"

@@ -330,6 +330,43 @@ Table ladder_sweep_table(const SweepRow& sweep, const ResultsStore& store, const
   return t;
 }
 
+namespace {
+
+// A trial's stored profile (record.profile: a native --profile run's, or an external workload's
+// nsys / torch profile), or null.
+const Json* stored_profile(const TrialRow& r) {
+  if (!r.record.is_object()) return nullptr;
+  const auto it = r.record.find("profile");
+  if (it == r.record.end() || !it->is_object()) return nullptr;
+  return &*it;
+}
+
+const Json* stored_summary(const TrialRow& r) {
+  const Json* p = stored_profile(r);
+  if (p == nullptr) return nullptr;
+  const auto it = p->find("summary");
+  return it != p->end() && it->is_object() ? &*it : nullptr;
+}
+
+// The table whose rows become a profile view's columns: the engine's op families, nsys's GPU
+// kernels, PyTorch's kernels (its CPU ops when the trace has no kernels).
+const Json* main_table(const Json& summary) {
+  const std::string source = summary.value("source", "");
+  std::vector<std::string> ids = {"op_families"};
+  if (source == "nsys") ids = {"cuda_gpu_kern_sum"};
+  else if (source == "pytorch") ids = {"kernels", "cpu_ops"};
+  if (!summary.contains("tables") || !summary.at("tables").is_array()) return nullptr;
+  for (const auto& id : ids)
+    for (const auto& tb : summary.at("tables"))
+      if (tb.is_object() && tb.value("id", "") == id) return &tb;
+  return nullptr;
+}
+
+// The most columns of names (kernels) an external profile adds to the profile view.
+constexpr std::size_t kMaxNameColumns = 8;
+
+}  // namespace
+
 Table profile_table(const std::vector<TrialRow>& rows_in, const std::vector<Filter>& filters,
                     const std::vector<std::string>& param_order) {
   std::vector<Json> objects;
@@ -338,24 +375,22 @@ Table profile_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
   std::set<std::int64_t> ids;
   for (const auto& o : objects) ids.insert(o["trial_id"].get<std::int64_t>());
 
-  // The op-family table of each profiled trial, and the families' totals over all of them.
+  // The main table of each profiled trial, and its names' totals over all of them.
   std::map<std::string, double> family_total;
   std::vector<std::pair<const TrialRow*, const Json*>> profiled;
   std::size_t without = 0;
+  bool all_native = true, any_native = false;
   for (const auto& r : rows_in) {
     if (!ids.count(r.trial_id)) continue;
-    const Json* fams = nullptr;  // points into r.record (not into a copy)
-    if (r.record.is_object() && r.record.contains("profile") && r.record.at("profile").is_object() &&
-        r.record.at("profile").contains("summary")) {
-      const Json& summary = r.record.at("profile").at("summary");
-      if (summary.contains("tables") && summary.at("tables").is_array())
-        for (const auto& tb : summary.at("tables"))
-          if (tb.is_object() && tb.value("id", "") == "op_families") fams = &tb;
-    }
+    const Json* summary = stored_summary(r);
+    const Json* fams = summary ? main_table(*summary) : nullptr;  // points into r.record (not into a copy)
     if (fams == nullptr) {
       ++without;
       continue;
     }
+    const bool native = summary->value("source", "") == "scalelab";
+    all_native = all_native && native;
+    any_native = any_native || native;
     for (const auto& row : fams->value("rows", Json::array()))
       family_total[row.value("name", "")] += row.value("total", 0.0);
     profiled.emplace_back(&r, fams);
@@ -364,13 +399,23 @@ Table profile_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
   for (const auto& [name, total] : family_total) families.push_back(name);
   std::stable_sort(families.begin(), families.end(),
                    [&](const std::string& a, const std::string& b) { return family_total[a] > family_total[b]; });
+  std::size_t left_out = 0;
+  if (!all_native && families.size() > kMaxNameColumns) {
+    left_out = families.size() - kMaxNameColumns;
+    families.resize(kMaxNameColumns);
+  }
 
   Table t;
   t.columns = {{"trial_id", "trial", CellFormat::kInt}, {"status", "status"}};
   for (const auto& p : varying_params(rows_in, param_order)) t.columns.push_back({p, p});
-  t.columns.push_back({"step_time_s", "step s (median)", CellFormat::kFixed3});
-  t.columns.push_back({"op_time_fraction", "in ops %", CellFormat::kFixed1});
-  for (const auto& f : families) t.columns.push_back({"pct_" + f, f + " %", CellFormat::kFixed1});
+  if (any_native) {
+    t.columns.push_back({"step_time_s", "step s (median)", CellFormat::kFixed3});
+    t.columns.push_back({"op_time_fraction", "in ops %", CellFormat::kFixed1});
+  }
+  for (const auto& f : families) {
+    std::string title = f.size() > 48 ? f.substr(0, 45) + "..." : f;
+    t.columns.push_back({"pct_" + f, title + " %", CellFormat::kFixed1});
+  }
   for (const auto& [r, fams] : profiled) {
     Json row = Json::object();
     const Json flat = flatten_trial(*r);
@@ -378,7 +423,7 @@ Table profile_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
     row["status"] = flat.value("status", "");
     for (const auto& c : t.columns)
       if (!row.contains(c.key) && flat.contains(c.key)) row[c.key] = flat[c.key];
-    const Json derived = r->record.at("profile").at("summary").value("derived", Json::object());
+    const Json derived = stored_summary(*r)->value("derived", Json::object());
     if (derived.contains("step_time_median_s")) row["step_time_s"] = derived["step_time_median_s"];
     if (derived.contains("op_time_fraction_of_steps"))
       row["op_time_fraction"] = 100.0 * derived["op_time_fraction_of_steps"].get<double>();
@@ -387,9 +432,117 @@ Table profile_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
     t.rows.push_back(std::move(row));
   }
   if (without > 0) {
-    t.notes.push_back(std::to_string(without) + " trial(s) without a profile (run with --profile to record one)");
+    t.notes.push_back(std::to_string(without) +
+                      " trial(s) without a profile (run with --profile to record one; an external command: "
+                      "[workload] profile = \"nsys\" or \"torch\")");
   }
-  t.notes.push_back("each family's share of the op time of the measured steps (Time % as nsys stats prints it)");
+  if (all_native) {
+    t.notes.push_back("each family's share of the op time of the measured steps (Time % as nsys stats prints it)");
+  } else {
+    t.notes.push_back("external trials: each GPU kernel's share of the kernel time (Time % as nsys stats prints it)");
+    if (left_out > 0) {
+      t.notes.push_back(std::to_string(left_out) + " more kernel(s) not shown; `--format json` or `scalelab "
+                        "profile-summary` on a trial's stats file has them all");
+    }
+  }
+  return t;
+}
+
+Table profile_compare_table(const std::vector<TrialRow>& rows_in, const std::vector<Filter>& filters,
+                            const std::vector<std::string>& param_order, bool with_sweep) {
+  // Derived figures, in the order a reader compares them (the reference study's first); others
+  // follow by name.
+  static const std::vector<std::pair<std::string, std::pair<std::string, CellFormat>>> known = {
+      {"launch_api_s", {"launch API s", CellFormat::kSig4}},
+      {"sync_api_s", {"sync API s", CellFormat::kSig4}},
+      {"memcpy_htod_s", {"memcpy HtoD s", CellFormat::kSig4}},
+      {"memcpy_htod_mb", {"memcpy HtoD MB", CellFormat::kSig4}},
+      {"memcpy_htod_gb_per_s", {"HtoD GB/s", CellFormat::kSig4}},
+      {"nccl_kernel_s", {"NCCL kernels s", CellFormat::kSig4}},
+      {"device_idle_fraction", {"device idle", CellFormat::kFixed3}},
+      {"step_time_median_s", {"step s (median)", CellFormat::kSig4}},
+      {"op_time_fraction_of_steps", {"in ops", CellFormat::kFixed3}},
+      {"comm_time_s", {"comm s", CellFormat::kSig4}},
+      {"comm_exposed_s", {"comm exposed s", CellFormat::kSig4}},
+      {"comm_hidden_fraction", {"comm hidden", CellFormat::kFixed3}},
+  };
+  std::vector<Json> objects;
+  std::set<std::string> present;
+  for (const auto& r : rows_in) {
+    Json o = flatten_trial(r);
+    const Json* p = stored_profile(r);
+    o["profile"] = p ? p->value("status", std::string(stored_summary(r) ? "ok" : "none")) : std::string("none");
+    if (p) {
+      if (p->contains("tool")) o["profile_tool"] = p->at("tool");
+      else if (const Json* s = stored_summary(r)) o["profile_tool"] = s->value("source", "");
+      if (p->contains("reason")) o["profile_reason"] = p->at("reason");
+      if (p->contains("ranks") && p->at("ranks").is_array()) o["profile_ranks"] = p->at("ranks").size();
+    }
+    if (const Json* s = stored_summary(r)) {
+      Json derived = s->value("derived", Json::object());
+      // nsys: the bytes copied host to device (cuda_gpu_mem_size_sum, in MB as nsys prints them)
+      // and the copies' bandwidth — what pinned memory changes.
+      if (s->contains("tables") && s->at("tables").is_array()) {
+        for (const auto& tb : s->at("tables")) {
+          if (!tb.is_object() || tb.value("id", "") != "cuda_gpu_mem_size_sum" || tb.value("unit", "") != "MB") continue;
+          double mb = 0;
+          for (const auto& row : tb.value("rows", Json::array())) {
+            const std::string name = row.value("name", "");
+            if (name.find("Host-to-Device") != std::string::npos || name.find("HtoD") != std::string::npos)
+              mb += row.value("total", 0.0);
+          }
+          derived["memcpy_htod_mb"] = mb;
+          const double secs = derived.value("memcpy_htod_s", 0.0);
+          if (secs > 0) derived["memcpy_htod_gb_per_s"] = mb * 1e-3 / secs;
+        }
+      }
+      for (auto it = derived.begin(); it != derived.end(); ++it) {
+        if (!it.value().is_number() || o.contains(it.key())) continue;
+        o[it.key()] = it.value();
+        present.insert(it.key());
+      }
+    }
+    objects.push_back(std::move(o));
+  }
+  objects = apply_filters(objects, filters);
+  std::set<std::int64_t> ids;
+  for (const auto& o : objects) ids.insert(o["trial_id"].get<std::int64_t>());
+  std::vector<TrialRow> kept;
+  for (const auto& r : rows_in)
+    if (ids.count(r.trial_id)) kept.push_back(r);
+
+  Table t;
+  if (with_sweep) t.columns.push_back({"sweep", "sweep"});
+  t.columns.push_back({"trial_id", "trial", CellFormat::kInt});
+  t.columns.push_back({"status", "status"});
+  for (const auto& p : varying_params(kept, param_order)) t.columns.push_back({p, p});
+  t.columns.push_back({"tokens_per_s_per_device", "tokens/s/device", CellFormat::kFixed1});
+  t.columns.push_back({"profile", "profile"});
+  if (std::any_of(objects.begin(), objects.end(), [](const Json& o) { return o.contains("profile_ranks"); }))
+    t.columns.push_back({"profile_ranks", "reports", CellFormat::kInt});
+  for (const auto& [key, how] : known)
+    if (present.count(key)) t.columns.push_back({key, how.first, how.second});
+  for (const auto& key : present) {
+    const bool listed = std::any_of(known.begin(), known.end(), [&](const auto& k) { return k.first == key; });
+    if (!listed) t.columns.push_back({key, key, CellFormat::kSig4});
+  }
+  const bool any_reason = std::any_of(objects.begin(), objects.end(), [](const Json& o) { return o.contains("profile_reason"); });
+  if (any_reason) t.columns.push_back({"profile_reason", "profile note"});
+  t.rows = std::move(objects);
+  const auto count = [&](const char* status) {
+    return std::count_if(t.rows.begin(), t.rows.end(), [&](const Json& o) { return o.value("profile", "") == status; });
+  };
+  if (const auto n = count("none"); n > 0) {
+    t.notes.push_back(std::to_string(n) + " trial(s) without a profile (native: run with --profile; external: "
+                      "[workload] profile = \"nsys\" or \"torch\")");
+  }
+  if (const auto n = count("failed"); n > 0) {
+    t.notes.push_back(std::to_string(n) + " trial(s) whose profile failed (the reason is in the profile note; the "
+                      "trial itself is recorded as it ended)");
+  }
+  t.notes.push_back("seconds are totals over the profiled run: over every process in one report (nsys around "
+                    "torchrun), rank 0's where each rank wrote a report (\"reports\" > 1); `--format json` has every "
+                    "figure");
   return t;
 }
 

@@ -50,7 +50,17 @@ Table telemetry_table(const std::vector<TelemetrySample>& samples);
 // varying parameters, the median step time and each op family's share of the measured steps, the
 // families in columns ordered by their total time over the trials, so trials compare side by side.
 // A note counts the trials without a profile.
+// External trials profiled with [workload] profile = "nsys" / "torch" show their GPU kernels
+// instead (the 8 with the most time over the trials).
 Table profile_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
                     const std::vector<std::string>& param_order);
+// One row per trial (profiled or not): its parameters, throughput, its profile's status
+// ("ok", "failed", "skipped", "none") and the derived figures of its summary side by side —
+// launch_api_s, sync_api_s, memcpy_htod_s, nccl_kernel_s (nsys), device_idle_fraction (PyTorch),
+// step_time_median_s, op_time_fraction_of_steps (native), communication hidden / exposed — and a
+// failed profile's reason. `with_sweep`: a sweep column (trials of several sweeps). Filters see
+// the figures and "profile", "profile_tool", "profile_reason" too.
+Table profile_compare_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
+                            const std::vector<std::string>& param_order, bool with_sweep);
 
 }  // namespace scalelab::lab

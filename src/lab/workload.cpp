@@ -1,6 +1,7 @@
 #include "lab/workload.h"
 
 #include "core/error.h"
+#include "lab/external_profile.h"
 
 namespace scalelab::lab {
 
@@ -11,8 +12,8 @@ const char* const kDefaultMemoryPattern =
 const char* const kDefaultOomPattern =
     R"(out of (?:[a-z]+ )?memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED|cudaErrorMemoryAllocation)";
 
-const std::vector<std::string> kBuiltinPlaceholders = {"sweep", "repeat", "trial_key", "log_path",
-                                                       "trial_dir"};
+const std::vector<std::string> kBuiltinPlaceholders = {"sweep",    "repeat",    "trial_key",
+                                                       "log_path", "trial_dir", "profiler"};
 
 std::regex compile_pattern(const std::string& pattern, const std::string& where, bool need_group) {
   // libstdc++'s regex compiler accumulates a number in a signed integer without checking it:
@@ -49,9 +50,17 @@ Workload Workload::external(const std::string& command, const std::string& where
   Workload w;
   w.kind = WorkloadKind::kExternal;
   w.shell_command = CommandTemplate(command, where);
-  w.set_metric("tokens_per_s_per_device", kDefaultThroughputPattern, where);
-  w.set_metric("max_reserved_gib", kDefaultMemoryPattern, where);
-  w.set_oom_pattern(kDefaultOomPattern, where);
+  // The default patterns are compiled once per process and copied (a copy of a std::regex shares
+  // its compiled automaton): libstdc++'s compiler is slow (case-insensitive, each bracket
+  // expression builds a 256-entry table through the locale; the three defaults took most of the
+  // time of parsing a sweep spec), and every sweep spec or --command builds these.
+  static const std::regex throughput = compile_pattern(kDefaultThroughputPattern, "default throughput pattern", true);
+  static const std::regex memory = compile_pattern(kDefaultMemoryPattern, "default memory pattern", true);
+  static const std::regex oom = compile_pattern(kDefaultOomPattern, "default oom pattern", false);
+  w.metrics = {{"tokens_per_s_per_device", kDefaultThroughputPattern, throughput},
+               {"max_reserved_gib", kDefaultMemoryPattern, memory}};
+  w.oom_pattern = kDefaultOomPattern;
+  w.oom_regex = oom;
   w.required_metrics = {"tokens_per_s_per_device"};
   return w;
 }
@@ -118,6 +127,13 @@ Json Workload::identity() const {
     id["env"] = e;
   }
   if (!cwd.empty()) id["cwd"] = cwd;
+  // A profiled trial is another measurement (the profiler's overhead): turning profiling on runs
+  // the trials again rather than reusing unprofiled ones. "nsys?" and "nsys" are the same.
+  if (profile.tool != ProfileTool::kNone) {
+    id["profile"] = profile_tool_name(profile.tool);
+    if (!profile.args.empty()) id["profile_args"] = profile.args;
+    if (!profile.rank_env.empty()) id["profile_rank_env"] = profile.rank_env;
+  }
   return id;
 }
 
@@ -129,6 +145,7 @@ Json Workload::describe() const {
     d["metrics"] = m;
     d["oom_pattern"] = oom_pattern;
     d["required_metrics"] = required_metrics;
+    if (profile.optional) d["profile_optional"] = true;
   }
   return d;
 }
@@ -159,8 +176,14 @@ Launch build_launch(const Workload& workload, const std::string& engine, const P
     return launch;
   }
 
+  // {profiler}: the nsys words in front of each rank's program (when nsys wraps this trial).
+  bool in_command = workload.shell_command && workload.shell_command->uses("profiler");
+  for (const auto& t : workload.argv_command) in_command = in_command || t.uses("profiler");
+  const bool per_rank = ctx.nsys && in_command;
+  const std::vector<std::string> profiler = per_rank ? nsys_profile_words(workload, ctx, true) : std::vector<std::string>{};
   bool quote = false;
   auto value = [&](const std::string& name) -> std::string {
+    if (name == "profiler") return join_display(profiler);
     if (name == "sweep") return quote ? shell_quote(ctx.sweep) : ctx.sweep;
     if (name == "repeat") return std::to_string(ctx.repeat);
     if (name == "trial_key") return quote ? shell_quote(ctx.key) : ctx.key;
@@ -187,10 +210,22 @@ Launch build_launch(const Workload& workload, const std::string& engine, const P
     launch.display = cmd;
   } else {
     for (const auto& t : workload.argv_command) {
+      if (t.is_single_placeholder() && t.uses("profiler")) {
+        launch.argv.insert(launch.argv.end(), profiler.begin(), profiler.end());
+        continue;
+      }
       std::string word = t.render(value);
       if (word.empty() && t.is_single_placeholder()) continue;
       launch.argv.push_back(word);
     }
+    launch.display = join_display(launch.argv);
+  }
+  if (ctx.nsys && !per_rank) {
+    // The whole command under nsys (it follows the processes the command starts: torchrun's
+    // workers, a shell's children).
+    std::vector<std::string> argv = nsys_profile_words(workload, ctx, false);
+    argv.insert(argv.end(), launch.argv.begin(), launch.argv.end());
+    launch.argv = std::move(argv);
     launch.display = join_display(launch.argv);
   }
   quote = false;

@@ -17,6 +17,22 @@ namespace scalelab::lab {
 
 enum class WorkloadKind { kNative, kExternal };
 
+// How the lab profiles an external workload's trials ([workload] profile = ..., see
+// lab/external_profile.h and docs/profiling.md).
+enum class ProfileTool { kNone, kNsys, kTorch };
+
+struct WorkloadProfile {
+  ProfileTool tool = ProfileTool::kNone;
+  // "nsys?": when nsys is not on PATH the trials run unprofiled (their profile is "skipped")
+  // instead of the runner refusing to start.
+  bool optional = false;
+  std::vector<std::string> args;  // profile_args: more `nsys profile` options, before the command
+  // profile_rank_env: the environment variable holding a rank's number, for per-rank report names
+  // under {profiler} ("" = by launcher: OMPI_COMM_WORLD_RANK for mpirun/mpiexec, SLURM_PROCID for
+  // srun, the process id otherwise).
+  std::string rank_env;
+};
+
 // A metric read from an external workload's log: the first capture group of the last line that
 // matches (case-insensitive, ECMAScript syntax), as a number.
 struct MetricRule {
@@ -36,7 +52,9 @@ extern const char* const kDefaultMemoryPattern;
 extern const char* const kDefaultOomPattern;
 
 // Placeholders every trial provides besides its parameters.
-extern const std::vector<std::string> kBuiltinPlaceholders;  // sweep, repeat, trial_key, log_path, trial_dir
+// sweep, repeat, trial_key, log_path, trial_dir, profiler (the `nsys profile ...` words where a
+// launcher starts each rank: `mpirun -np 4 {profiler} python train.py`; empty when not profiling)
+extern const std::vector<std::string> kBuiltinPlaceholders;
 
 // Compiles `pattern` case-insensitively; InvalidInput naming `where` when it does not compile or
 // (with need_group) has no capture group.
@@ -59,6 +77,7 @@ struct Workload {
   std::map<std::string, std::map<std::string, std::string>> value_map;
   std::vector<std::pair<std::string, CommandTemplate>> env;  // extra environment, templated
   std::string cwd;                                            // working directory ("" = runner's)
+  WorkloadProfile profile;                                    // external only
 
   // A native workload.
   static Workload native();
@@ -95,6 +114,11 @@ struct TrialContext {
   // the run record, hence in the database) and --trace <dir>/<key>.trace.json (its timeline).
   bool profile = false;
   std::string trace_path() const { return dir + "/" + key + ".trace.json"; }
+  // External trials with [workload] profile = "nsys" when nsys is on PATH: the command runs under
+  // `nsys profile` (lab/external_profile.h), its reports in profile_dir().
+  bool nsys = false;
+  // Where an external trial's profile goes: <dir>/<key>.profile/
+  std::string profile_dir() const { return dir + "/" + key + ".profile"; }
 };
 
 struct Launch {
@@ -105,6 +129,8 @@ struct Launch {
 };
 
 // The command for one trial. Native: {engine, "train", flags..., "--json", record_path}.
+// External with ctx.nsys: the command under `nsys profile ...` (nsys_profile_words), either the
+// whole command or, where it has {profiler}, each rank the launcher starts.
 // Throws InvalidInput when a placeholder has no value.
 Launch build_launch(const Workload& workload, const std::string& engine, const ParamMap& params,
                     const TrialContext& ctx);

@@ -59,6 +59,84 @@ void add_table(Report& r, const char* id, const char* title, const Samples& s, b
   r.tables.push_back(table_from_samples(id, title, s));
 }
 
+// GPU activity as PyTorch's profiler and scalelab's CUPTI backend write it (Chrome trace events
+// of category kernel / cuda_runtime / cuda_driver / gpu_memcpy / gpu_memset): the tables and the
+// derived figures both readers share.
+struct GpuActivity {
+  // PyTorch's reader: table "communication" and comm_* figures; scalelab's, where "communication"
+  // is the DDP engine's own: "nccl_kernels" and nccl_comm_*.
+  std::string comm_table = "communication", comm_prefix;
+  Samples kernels, api, memops, nccl;
+  std::map<int, std::vector<Interval>> busy, compute, comm;
+  std::map<std::string, double> bytes;
+  double launch_us = 0, sync_us = 0;
+
+  // Takes the event when its category is GPU activity; returns whether it did.
+  bool add(const std::string& cat, const std::string& name, const json& e, int pid, double ts, double dur) {
+    const double ns = dur * 1e3;
+    if (cat == "kernel") {
+      kernels[name].push_back(ns);
+      busy[pid].push_back({ts, ts + dur});
+      if (contains(lower(name), "nccl")) {
+        nccl[name].push_back(ns);
+        comm[pid].push_back({ts, ts + dur});
+      } else {
+        compute[pid].push_back({ts, ts + dur});
+      }
+      return true;
+    }
+    if (cat == "cuda_runtime" || cat == "cuda_driver") {
+      api[name].push_back(ns);
+      if (contains(name, "LaunchKernel")) launch_us += dur;
+      if (contains(name, "Synchronize")) sync_us += dur;
+      return true;
+    }
+    if (cat == "gpu_memcpy" || cat == "gpu_memset") {
+      memops[name].push_back(ns);
+      busy[pid].push_back({ts, ts + dur});
+      const json args = e.value("args", json::object());
+      if (args.contains("bytes")) bytes[name] += num(args, "bytes");
+      return true;
+    }
+    return false;
+  }
+
+  void finish(Report& r) {
+    add_table(r, "kernels", "GPU kernels", kernels);
+    add_table(r, "cuda_api", "CUDA API (runtime and driver)", api);
+    add_table(r, "gpu_memory_ops", "GPU memory operations (memcpy / memset by kind)", memops);
+    add_table(r, comm_table.c_str(), "Communication (NCCL kernels)", nccl);
+    if (!busy.empty()) {
+      double span = 0, covered_us = 0;
+      for (auto& [pid, v] : busy) {
+        const auto m = merge_intervals(v);
+        span += m.back().end - m.front().start;
+        covered_us += covered(m);
+      }
+      r.derived["device_busy_s"] = covered_us * 1e-6;
+      r.derived["device_span_s"] = span * 1e-6;
+      r.derived["device_idle_fraction"] = span > 0 ? 1.0 - covered_us / span : 0.0;
+    }
+    if (!api.empty()) {
+      r.derived["launch_api_s"] = launch_us * 1e-6;
+      r.derived["sync_api_s"] = sync_us * 1e-6;
+    }
+    if (!comm.empty()) {
+      double total = 0, hidden = 0;
+      for (auto& [pid, v] : comm) {
+        const auto c = merge_intervals(v);
+        total += covered(c);
+        hidden += overlap(c, merge_intervals(compute[pid]));
+      }
+      r.derived[comm_prefix + "comm_time_s"] = total * 1e-6;
+      r.derived[comm_prefix + "comm_hidden_s"] = hidden * 1e-6;
+      r.derived[comm_prefix + "comm_exposed_s"] = (total - hidden) * 1e-6;
+      r.derived[comm_prefix + "comm_hidden_fraction"] = total > 0 ? hidden / total : 0.0;
+    }
+    for (const auto& [name, b] : bytes) r.derived["bytes " + name] = b;
+  }
+};
+
 }  // namespace
 
 Report summarize_scalelab_trace(const json& trace, bool all_steps) {
@@ -81,6 +159,9 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
   std::map<int, std::vector<Interval>> allreduce, waits;
   std::map<std::pair<int, int>, std::vector<Interval>> op_spans;
   std::vector<double> steps;
+  GpuActivity gpu;  // CUPTI's records (CUDA runs with --trace / --profile)
+  gpu.comm_table = "nccl_kernels";
+  gpu.comm_prefix = "nccl_";
   for (const auto& e : events_of(trace)) {
     if (str(e, "ph") != "X") continue;
     const int pid = pid_of(e);
@@ -90,6 +171,7 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
     const json args = e.value("args", json::object());
     const std::string phase = str(args, "phase");
     const double ns = dur * 1e3;
+    if (gpu.add(cat, name, e, pid, ts, dur)) continue;
     if (cat == "op") {
       ops[name].push_back(ns);
       op_phases[phase.empty() ? name : name + " (" + phase + ")"].push_back(ns);
@@ -107,7 +189,12 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
       if (name == "ddp wait") waits[pid].push_back({ts, ts + dur});
     }
   }
-  add_table(r, "op_families", "Op families (host time of each op front; CUDA: synchronized)", ops, true);
+  const std::string op_timing = other.value("op_timing", std::string());
+  const std::string op_title = op_timing.rfind("device queue", 0) == 0
+                                   ? "Op families (device time between each op front's first and last kernel, CUDA events)"
+                               : op_timing.empty() ? "Op families (host time of each op front)"
+                                                   : "Op families (host time of each op front, synchronized per scope)";
+  add_table(r, "op_families", op_title.c_str(), ops, true);
   add_table(r, "op_phases", "Op families by phase", op_phases);
   add_table(r, "regions", "Steps and phases", regions);
   add_table(r, "layers", "Layers", layers);
@@ -134,6 +221,15 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
     r.notes.push_back("communication is hidden when the all-reduce ran while backward computed, exposed when it "
                       "ran while the step waited for it (the DDP wait)");
   }
+  const bool have_gpu = !gpu.kernels.empty() || !gpu.api.empty();
+  gpu.finish(r);
+  if (have_gpu) {
+    r.notes.push_back("GPU tables from CUPTI: " + other.value("gpu_activity", std::string("activity records")) +
+                      "; device_idle_fraction is the time between the first and last GPU activity with no "
+                      "kernel or copy running (launch-bound when high)");
+  } else if (other.contains("gpu_activity")) {
+    r.notes.push_back("no GPU activity tables: " + other.value("gpu_activity", std::string("")));
+  }
   if (other.value("world_size", 1) > 1 || other.value("merged", false)) {
     r.notes.push_back("tables sum over every rank in the file");
   }
@@ -144,10 +240,8 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
 Report summarize_torch_trace(const json& trace) {
   Report r;
   r.source = "pytorch";
-  Samples cpu, annotations, kernels, api, memops, nccl;
-  std::map<int, std::vector<Interval>> busy, compute, comm;
-  std::map<std::string, double> bytes;
-  double launch_us = 0, sync_us = 0;
+  Samples cpu, annotations;
+  GpuActivity gpu;
   for (const auto& e : events_of(trace)) {
     if (str(e, "ph") != "X") continue;
     std::string cat = lower(str(e, "cat"));
@@ -165,61 +259,15 @@ Report summarize_torch_trace(const json& trace) {
     } else if (cat == "user_annotation") {
       if (name.rfind("ProfilerStep#", 0) == 0) name = "ProfilerStep#*";
       annotations[name].push_back(ns);
-    } else if (cat == "kernel") {
-      kernels[name].push_back(ns);
-      busy[pid].push_back({ts, ts + dur});
-      if (contains(lower(name), "nccl")) {
-        nccl[name].push_back(ns);
-        comm[pid].push_back({ts, ts + dur});
-      } else {
-        compute[pid].push_back({ts, ts + dur});
-      }
-    } else if (cat == "cuda_runtime" || cat == "cuda_driver") {
-      api[name].push_back(ns);
-      if (contains(name, "LaunchKernel")) launch_us += dur;
-      if (contains(name, "Synchronize")) sync_us += dur;
-    } else if (cat == "gpu_memcpy" || cat == "gpu_memset") {
-      memops[name].push_back(ns);
-      busy[pid].push_back({ts, ts + dur});
-      const json args = e.value("args", json::object());
-      if (args.contains("bytes")) bytes[name] += num(args, "bytes");
+    } else {
+      gpu.add(cat, name, e, pid, ts, dur);
     }
   }
   add_table(r, "cpu_ops", "CPU ops (aten, nested ops counted in each)", cpu, true);
   add_table(r, "user_annotations", "User annotations", annotations);
-  add_table(r, "kernels", "GPU kernels", kernels);
-  add_table(r, "cuda_api", "CUDA API (runtime and driver)", api);
-  add_table(r, "gpu_memory_ops", "GPU memory operations (memcpy / memset by kind)", memops);
-  add_table(r, "communication", "Communication (NCCL kernels)", nccl);
-  if (!busy.empty()) {
-    double span = 0, covered_us = 0;
-    for (auto& [pid, v] : busy) {
-      const auto m = merge_intervals(v);
-      span += m.back().end - m.front().start;
-      covered_us += covered(m);
-    }
-    r.derived["device_busy_s"] = covered_us * 1e-6;
-    r.derived["device_span_s"] = span * 1e-6;
-    r.derived["device_idle_fraction"] = span > 0 ? 1.0 - covered_us / span : 0.0;
-  }
-  if (!api.empty()) {
-    r.derived["launch_api_s"] = launch_us * 1e-6;
-    r.derived["sync_api_s"] = sync_us * 1e-6;
-  }
-  if (!comm.empty()) {
-    double total = 0, hidden = 0;
-    for (auto& [pid, v] : comm) {
-      const auto c = merge_intervals(v);
-      total += covered(c);
-      hidden += overlap(c, merge_intervals(compute[pid]));
-    }
-    r.derived["comm_time_s"] = total * 1e-6;
-    r.derived["comm_hidden_s"] = hidden * 1e-6;
-    r.derived["comm_exposed_s"] = (total - hidden) * 1e-6;
-    r.derived["comm_hidden_fraction"] = total > 0 ? hidden / total : 0.0;
-  }
-  for (const auto& [name, b] : bytes) r.derived["bytes " + name] = b;
-  if (kernels.empty()) r.notes.push_back("no GPU kernels in this trace (a CPU-only profile)");
+  const bool no_kernels = gpu.kernels.empty();
+  gpu.finish(r);
+  if (no_kernels) r.notes.push_back("no GPU kernels in this trace (a CPU-only profile)");
   return r;
 }
 

@@ -165,7 +165,7 @@ std::string derived_value(const nlohmann::json& v) {
 
 }  // namespace
 
-std::string render_markdown(const Report& r) {
+std::string render_markdown(const Report& r, std::size_t max_rows) {
   std::ostringstream o;
   o << "# Profile summary: " << r.file << " (" << r.source << ")\n";
   for (const auto& t : r.tables) {
@@ -178,7 +178,13 @@ std::string render_markdown(const Report& r) {
     o << "| Time (%) | Total (" << u << ") | Instances | Avg (" << u << ") | Med (" << u << ") | Min (" << u
       << ") | Max (" << u << ") | StdDev (" << u << ") | Name |\n";
     o << "|---:|---:|---:|---:|---:|---:|---:|---:|:---|\n";
+    std::size_t shown = 0;
     for (const auto& row : t.rows) {
+      if (max_rows > 0 && shown == max_rows) {
+        o << "| | | | | | | | | (" << t.rows.size() - max_rows << " more rows: `scalelab profile-summary` on the trace, or the run record) |\n";
+        break;
+      }
+      ++shown;
       char pct[32];
       std::snprintf(pct, sizeof pct, "%.1f", row.percent);
       o << "| " << pct << " | " << grouped(row.total, u) << " | " << row.instances << " | " << grouped(row.avg, u)

@@ -64,7 +64,8 @@ enum class Format { kMarkdown, kCsv, kJson };
 Format parse_format(const std::string& name);  // md|markdown, csv, json; InvalidInput otherwise
 
 // Markdown: a heading and a table per Table, derived figures and notes after.
-std::string render_markdown(const Report& r);
+// max_rows > 0: at most that many rows per table, then a line saying how many were left out.
+std::string render_markdown(const Report& r, std::size_t max_rows = 0);
 // CSV: one header row, "Table" first, then nsys's columns with units; one row per table row.
 std::string render_csv(const Report& r);
 nlohmann::json to_json(const Report& r);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -335,6 +336,10 @@ class TrainSession {
   std::unique_ptr<DataParallelRun> dp_;
   Profiler profiler_;
   std::unique_ptr<Tracer> tracer_;  // --trace or --profile
+  // On CUDA with --trace/--profile: op scopes timed with CUDA events, and CUPTI's activity.
+  std::unique_ptr<DeviceTiming> timing_;
+  std::unique_ptr<ActivityProfiler> activity_;
+  void stop_device_profiling();
   std::unique_ptr<ExecContext> ctx_;
   std::int64_t tokens_per_step_ = 0, bench_warmup_ = 0, tokens_done_ = 0;
   std::optional<TelemetrySession> tel_;
@@ -440,6 +445,27 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
           t->counter("reserved memory", now, "bytes", static_cast<double>(reserved));
         },
         tracer_.get());
+    if (dev_.type != DeviceType::kCPU && dev_.type != DeviceType::kMeta) {
+      DeviceRuntime& rt = device_runtime(dev_.type);
+      // SCALELAB_PROFILE_SYNC=1: the old way (synchronize around every op scope), for comparison.
+      const char* sync_env = std::getenv("SCALELAB_PROFILE_SYNC");
+      const bool sync_scopes = sync_env && std::string(sync_env) == "1";
+      if (DeviceTimer* timer = rt.timer(); timer && !sync_scopes) {
+        timing_ = std::make_unique<DeviceTiming>(*timer, o.profile ? &profiler_ : nullptr, tracer_.get());
+        ctx_->device_timing = timing_.get();
+      }
+      tracer_->set_other("op_timing", timing_ ? "device queue (CUDA events)" : "host clock, synchronized per scope");
+      // The device's own activity (CUDA: CUPTI) unless SCALELAB_CUPTI=0.
+      const char* cupti_env = std::getenv("SCALELAB_CUPTI");
+      std::string why = "off (SCALELAB_CUPTI=0)";
+      if (!(cupti_env && std::string(cupti_env) == "0")) {
+        activity_ = rt.activity_profiler();
+        why = "none for this device";
+        if (activity_ && !activity_->start(tracer_.get(), &why)) activity_.reset();
+      }
+      tracer_->set_other("gpu_activity", activity_ ? activity_->describe() : why);
+      if (!activity_ && !o.quiet) std::fprintf(stderr, "scalelab train: GPU activity profiling: %s\n", why.c_str());
+    }
   }
   tokens_per_step_ = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
   // Telemetry samples from before the first step to after the last; a run that throws still
@@ -571,6 +597,7 @@ StepRecord TrainSession::step(std::int64_t step) {
   }
   if (prec_.loss_scaling && ++good_steps_ % 2000 == 0) loss_scale_ *= 2.0;
   dev_.synchronize();  // an asynchronous device: the step ends when its kernels have run
+  if (timing_) timing_->flush();
   const auto t_end = std::chrono::steady_clock::now();
   const double dt = std::chrono::duration<double>(t_end - t0).count();
   if (tracer_) {
@@ -605,6 +632,7 @@ void TrainSession::finish_ok() {
   res_.tokens_per_s_per_device = res_.tokens_per_s;
   res_.step_time_s = median(measured_);
   if (o.peak_tflops > 0) res_.mfu = res_.flops_per_token * res_.tokens_per_s_per_device / (o.peak_tflops * 1e12);
+  stop_device_profiling();
   if (o.profile) {
     res_.profile = profile_json(profiler_, measured_time_);
     // The nsys-shaped tables, from the timeline of the same (measured) steps.
@@ -632,7 +660,25 @@ void TrainSession::finish_oom(const OutOfMemory& e) {
               {"capacity_bytes", e.capacity()}};
 }
 
+void TrainSession::stop_device_profiling() {
+  if (timing_) {
+    timing_->flush();
+    ctx_->device_timing = nullptr;
+    timing_.reset();
+  }
+  if (activity_) {
+    activity_->stop();
+    if (activity_->dropped() > 0) tracer_->set_other("gpu_activity_dropped_records", activity_->dropped());
+    activity_.reset();
+  }
+}
+
 TrainResult TrainSession::finish() {
+  try {
+    stop_device_profiling();  // after a failure too: the trace holds what ran
+  } catch (const std::exception& e) {
+    if (tracer_) tracer_->set_other("gpu_activity_error", e.what());
+  }
   if (tracer_ && !o_.trace.empty()) {
     // Also after an out-of-memory: the timeline up to it is what explains it.
     const std::string path = trace_path_for_rank(o_.trace, dist_ ? dist_->rank() : 0, world_);

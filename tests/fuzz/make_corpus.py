@@ -96,6 +96,16 @@ def main():
         if f.endswith(".toml"):
             with open(os.path.join(ex, f), "rb") as src:
                 put("sweep_spec", f[:-5], src.read())
+    put("sweep_spec", "profile-per-rank", """name = "p"
+[workload]
+type = "external"
+command = ["mpirun", "-np", "{nproc}", "{profiler}", "python3", "w.py"]
+profile = "nsys?"
+profile_args = ["--sample=none"]
+profile_rank_env = "PMI_RANK"
+[parameters]
+nproc = [1, 2]
+""")
     put("sweep_spec", "exclude-env", """name = "x"
 repeats = 2
 [workload]

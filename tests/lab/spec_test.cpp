@@ -152,6 +152,54 @@ TEST(Spec, BadRegexIsRefused) {
               HasSubstr("required metric 'loss' has no pattern"));
 }
 
+// expand() skips excluded combinations by index (spec.cpp, Combinations): it must keep exactly
+// what the cartesian product filtered through ExcludeRule::matches keeps, in the same order.
+TEST(Spec, ExpandKeepsWhatTheRulesKeepInOrder) {
+  SweepSpec s;
+  s.parameters = {{"a", {1, 2, 3}}, {"b", {"x", "y"}}, {"c", {1.5, true, "1"}}, {"d", {7}}};
+  ExcludeRule r1;  // a = 2 and b = y
+  r1.match = {{"a", {2}}, {"b", {"y"}}};
+  ExcludeRule r2;  // c is "1" (the text of the string value) or true, and a in {1, 3}
+  r2.match = {{"c", {"1", true}}, {"a", {1, 3}}};
+  ExcludeRule r3;  // a key that is not a parameter: never matches
+  r3.match = {{"zzz", {1}}, {"a", {1, 2, 3}}};
+  ExcludeRule r4;  // one key twice (kebab and snake case in a file): both must hold
+  r4.match = {{"b", {"x"}}, {"b", {"x", "y"}}, {"c", {1.5}}};
+  s.excludes = {r1, r2, r3, r4};
+  std::vector<ParamMap> want;
+  for (const auto& a : s.parameters[0].second)
+    for (const auto& b : s.parameters[1].second)
+      for (const auto& c : s.parameters[2].second) {
+        ParamMap p{{"a", a}, {"b", b}, {"c", c}, {"d", 7}};
+        bool excluded = false;
+        for (const auto& r : s.excludes) excluded = excluded || r.matches(p);
+        if (!excluded) want.push_back(p);
+      }
+  ASSERT_EQ(want.size(), 4u);  // 18, minus 3 (r1), 8 (r2) and 3 (r4), which do not overlap
+  EXPECT_EQ(s.expand(), want);
+  // No parameters: one empty combination; a parameter without values: none.
+  EXPECT_EQ(SweepSpec{}.expand(), std::vector<ParamMap>{ParamMap{}});
+  SweepSpec empty;
+  empty.parameters = {{"a", {1}}, {"b", {}}};
+  EXPECT_TRUE(empty.expand().empty());
+}
+
+// The exclude check of a spec at the combination limit does not expand it (parsing stays cheap),
+// and finds the one combination the rules leave, wherever it is.
+TEST(Spec, ExcludeCheckAtTheCombinationLimit) {
+  std::string grid = "[parameters]\n";
+  for (const char* p : {"a", "b", "c", "d", "e"}) grid += std::string(p) + " = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]\n";
+  SweepSpec s = parse_sweep_spec(grid + "[[exclude]]\na = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n"
+                                        "[[exclude]]\ne = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n",
+                                 "grid.toml");
+  const auto combos = s.expand();
+  EXPECT_EQ(combos.size(), 1000u);  // a = 9, e = 9
+  EXPECT_EQ(combos.front().at("a"), 9);
+  EXPECT_EQ(combos.back().at("e"), 9);
+  EXPECT_THAT(error_of(grid + "[[exclude]]\na = [0, 1, 2, 3, 4, 5, 6, 7, 8]\n[[exclude]]\na = 9\n"),
+              HasSubstr("remove every combination"));
+}
+
 TEST(Spec, ExamplesParse) {
   for (const char* f : {"examples/batch-sweep.toml", "examples/torchrun-sweep.toml", "examples/fake-external-sweep.toml"}) {
     SCOPED_TRACE(f);

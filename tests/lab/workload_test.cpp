@@ -93,6 +93,22 @@ TEST(Workload, DefaultPatternsReadReferenceAndEngineLines) {
   EXPECT_TRUE(extract_metrics(w.metrics, "loss 3.2\n").empty());
 }
 
+// The default patterns are compiled once and shared between workloads (workload.cpp): a workload
+// that overrides one leaves the others' as they were.
+TEST(Workload, OverridingADefaultPatternChangesOnlyThatWorkload) {
+  Workload a = Workload::external("x", "c");
+  a.set_metric("tokens_per_s_per_device", "speed=([0-9]+)", "c");
+  a.set_oom_pattern("no room", "c");
+  Workload b = Workload::external("y", "c");
+  EXPECT_EQ(b.metrics[0].pattern, kDefaultThroughputPattern);
+  EXPECT_EQ(b.oom_pattern, kDefaultOomPattern);
+  EXPECT_DOUBLE_EQ(extract_metrics(a.metrics, "speed=12\n")["tokens_per_s_per_device"].get<double>(), 12);
+  EXPECT_TRUE(extract_metrics(b.metrics, "speed=12\n").empty());
+  EXPECT_DOUBLE_EQ(extract_metrics(b.metrics, "Training throughput: 5 tokens/s\n")["tokens_per_s_per_device"].get<double>(), 5);
+  EXPECT_TRUE(std::regex_search("CUDA out of memory", b.oom_regex));
+  EXPECT_FALSE(std::regex_search("CUDA out of memory", a.oom_regex));
+}
+
 TEST(Workload, DefaultOomPatternMatchesPyTorchAndEngine) {
   Workload w = Workload::external("x", "c");
   for (const char* line :

@@ -11,6 +11,7 @@
 #include "core/device.h"
 #include "kernels/cuda/attention_cudnn.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cupti.h"
 
 namespace scalelab {
 namespace kernels::cuda {
@@ -122,8 +123,51 @@ __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, s
   }
 }
 
+// DeviceTimer over CUDA events on the process's stream. Events are created once and reused
+// window after window (cudaEventCreate is not free); a window holds as many marks as its scopes
+// need.
+class CudaTimer final : public DeviceTimer {
+ public:
+  ~CudaTimer() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);
+  }
+  int mark() override {
+    cudaStream_t s = ready("profile").stream;
+    if (used_ == events_.size()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreate(&e), "profile (cudaEventCreate)");
+      events_.push_back(e);
+    }
+    check(cudaEventRecord(events_[used_], s), "profile (cudaEventRecord)");
+    return static_cast<int>(used_++);
+  }
+  std::vector<double> collect() override {
+    std::vector<double> at(used_, 0.0);
+    if (used_ > 0) {
+      check(cudaEventSynchronize(events_[used_ - 1]), "profile (cudaEventSynchronize)");
+      for (std::size_t i = 1; i < used_; ++i) {
+        float ms = 0;
+        check(cudaEventElapsedTime(&ms, events_[0], events_[i]), "profile (cudaEventElapsedTime)");
+        at[i] = static_cast<double>(ms) * 1e3;
+      }
+    }
+    check(cudaStreamSynchronize(ready("profile").stream), "profile (synchronize)");
+    used_ = 0;
+    return at;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::size_t used_ = 0;
+};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
+  DeviceTimer* timer() override {
+    ready("profile");
+    return &timer_;
+  }
+  std::unique_ptr<ActivityProfiler> activity_profiler() override { return make_cupti_profiler(); }
   DeviceType device() const override { return DeviceType::kCUDA; }
   std::unique_ptr<MemoryBackend> make_memory_backend() override {
     ready("cuda");
@@ -188,6 +232,9 @@ class CudaRuntime final : public DeviceRuntime {
   // itself into the process; then each range shows on this thread's timeline.
   void range_push(const char* name) override { nvtxRangePushA(name); }
   void range_pop() override { nvtxRangePop(); }
+
+ private:
+  CudaTimer timer_;
 };
 
 }  // namespace
