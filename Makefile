@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench golden golden-textgen clean sanitize fuzz fuzz-build fuzz-smoke
+.PHONY: all deps configure build test demo bench golden golden-textgen tokenizer-golden clean sanitize fuzz fuzz-build fuzz-smoke
 
 all: build
 
@@ -37,6 +37,10 @@ golden:
 golden-textgen:
 	@tests/golden/make_textgen_golden.sh
 
+# Tokenizer and GGUF reference data (HF tokenizers, the gguf package; docs/data.md).
+tokenizer-golden:
+	@tests/golden/tokenizer/make_tokenizer_golden.sh --real
+
 clean:
 	rm -rf $(BUILD_DIR)
 
@@ -48,7 +52,7 @@ SANITIZE_DIR ?= build-asan
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
-FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file
+FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file tokenizer_json gguf
 HARDEN_CMAKE = -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCALELAB_WITH_CUDA=OFF -DSCALELAB_WITH_NCCL=OFF -DSCALELAB_WERROR=OFF
 
 # ASan + UBSan over the whole suite; OpenMPI's own leaks are suppressed (tests/sanitize/lsan.supp).

@@ -11,6 +11,8 @@ endif()
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 find_package(SQLite3 REQUIRED)
+# PCRE2 (libpcre2-dev): the tokenizers' pre-tokenizer regexes (Unicode properties, lookahead, JIT).
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
 # OpenBLAS, preferably the OpenMP build: our own kernels use OpenMP, and sharing one thread
 # pool avoids two sets of spinning threads fighting over the cores between GEMMs.

@@ -11,6 +11,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin     # data-parallel ranks on the host (MPI)
   slurm-wlm munge                # a real SLURM cluster on localhost for the launcher tests (scripts/slurm-localhost.sh)
   libxgboost-dev                 # gradient-boosted feature importance (analysis)
+  libpcre2-dev                   # tokenizer pre-tokenizer regexes (Unicode classes, lookahead, JIT)
   python3                        # test helper scripts (fake workloads, fake nvidia-smi)
   clang libclang-rt-dev libomp-dev  # the fuzz harnesses (libFuzzer; make test runs them briefly) and make sanitize
   "$@"

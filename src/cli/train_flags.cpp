@@ -7,7 +7,7 @@ namespace scalelab::cli {
 void add_train_flags(CLI::App* app, TrainOptions& o) {
   // A flag given twice takes its last value (so a wrapper can append overrides).
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app->add_option("--model", o.model, "Preset name (llama-small, llama-3.2-1b, ...) or a Hugging Face model directory")
+  app->add_option("--model", o.model, "Preset name (llama-small, llama-3.2-1b, ...), a Hugging Face model directory, or a Llama GGUF file")
       ->capture_default_str();
   app->add_option("--seq-len", o.seq_len, "Tokens per sample")->capture_default_str();
   app->add_option("--micro-batch-size", o.micro_batch_size, "Samples per micro-batch per device")->capture_default_str();
@@ -47,9 +47,14 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
                   "Device memory capacity to enforce, e.g. 80GiB, 4GiB (default: the device's physical memory)");
   app->add_option("--threads", o.threads, "CPU threads (0 = all cores)")->capture_default_str();
   app->add_option("--seed", o.seed, "Seed for initialization, data and dropout")->capture_default_str();
-  app->add_option("--data", o.data, "synthetic, or a file of little-endian uint32 token ids")->capture_default_str();
+  app->add_option("--data", o.data,
+                  "synthetic; a file of little-endian uint32 token ids (scalelab tokenize); text:FILE, "
+                  "jsonl:FILE[:FIELD] or parquet:FILE[:COLUMN], with options ,pad ,shuffle ,split=train|val ,val-fraction=F ,no-eos (docs/data.md)")
+      ->capture_default_str();
+  app->add_option("--tokenizer", o.tokenizer,
+                  "tokenizer.json for text:/jsonl: data (default: the one in the --model directory)");
   app->add_option("--val-data", o.val_data,
-                  "Validation data (the same forms as --data): loss and perplexity every --eval-every steps and at the end");
+                  "Validation data (the same forms as --data, text:/jsonl: included): loss and perplexity every --eval-every steps and at the end");
   app->add_option("--eval-every", o.eval_every, "Evaluate every N optimizer steps (0: only at the end)")
       ->capture_default_str();
   app->add_option("--eval-batches", o.eval_batches,

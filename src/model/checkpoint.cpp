@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "model/gguf_model.h"
 #include "model/family.h"
 #include "model/safetensors.h"
 
@@ -89,12 +90,14 @@ std::string describe_config(const ModelConfig& c) {
 }
 
 bool has_weights(const std::string& dir) {
+  if (is_gguf_path(dir)) return true;
   std::error_code ec;
   return fs::is_regular_file(fs::path(dir) / kSingle, ec) || fs::is_regular_file(fs::path(dir) / kIndex, ec);
 }
 
 LoadSummary load_weights(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
                          const Tensor& flat) {
+  if (is_gguf_path(dir)) return load_gguf_weights(dir, config, layout, flat);
   const fs::path d(dir);
   std::error_code ec;
   // How errors name the config: its file when it came from a directory, else its preset name.

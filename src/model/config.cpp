@@ -5,6 +5,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/gguf_model.h"
 #include "model/family.h"
 #include "model/hf_json.h"
 
@@ -166,6 +167,7 @@ ModelConfig preset_config(const std::string& name) {
 ModelConfig resolve_model(const std::string& model) {
   if (is_preset(model)) return preset_config(model);
   if (std::filesystem::is_directory(model)) return load_config_dir(model);
+  if (is_gguf_path(model)) return config_from_gguf(model);
   return preset_config(model);  // throws with the list of presets
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "train/text_data.h"
 
 namespace scalelab {
 
@@ -57,7 +58,8 @@ class TokenFileData final : public DataSource {
     fd_ = ::open(path.c_str(), O_RDONLY);
     if (fd_ < 0) {
       throw InvalidInput("[data] cannot open token file '" + path + "': " + std::strerror(errno) +
-                         " — --data takes 'synthetic' or a path to a uint32 token file");
+                         " — --data takes 'synthetic', a path to a uint32 token file (scalelab tokenize writes one), "
+                         "text:FILE or jsonl:FILE:FIELD");
     }
     struct stat st {};
     ::fstat(fd_, &st);
@@ -138,8 +140,9 @@ std::uint32_t synthetic_token(std::uint64_t seed, std::uint64_t sample, std::uin
   return static_cast<std::uint32_t>(((h >> 32) * static_cast<std::uint64_t>(range)) >> 32);
 }
 
-std::unique_ptr<DataSource> make_data_source(const DataOptions& o) {
+std::unique_ptr<DataSource> make_data_source(const DataOptions& o, const TextSourceOptions& text) {
   if (o.spec == "synthetic") return std::make_unique<SyntheticData>(o);
+  if (is_text_spec(o.spec)) return make_text_data_source(o, text);
   return std::make_unique<TokenFileData>(o);
 }
 

@@ -5,6 +5,8 @@
 //   a seed is the same whichever rank or micro-batch reads it (counter-based generator).
 // - a token file: flat little-endian uint32 ids read in order, sample after sample, each sample
 //   seq_len+1 tokens; it wraps around at the end (next epoch). No shuffling.
+// - text:FILE / jsonl:FILE:FIELD: documents tokenized with the model's tokenizer and packed as
+//   Hugging Face run_clm does, or padded with masked pads (see train/text_data.h).
 // Data-parallel ranks read disjoint samples: in each global micro-batch of world·B samples,
 // rank r takes samples [r·B, (r+1)·B).
 #include <cstdint>
@@ -28,7 +30,7 @@ class DataSource {
 };
 
 struct DataOptions {
-  std::string spec = "synthetic";  // "synthetic" or a path
+  std::string spec = "synthetic";  // "synthetic", a token file path, or a text:/jsonl: spec
   std::int64_t seq_len = 0;
   std::int64_t micro_batch = 0;
   std::int64_t vocab_size = 0;
@@ -37,8 +39,16 @@ struct DataOptions {
   int world = 1;
 };
 
+// What text:/jsonl: specs need beyond DataOptions.
+struct TextSourceOptions {
+  std::string tokenizer;        // a tokenizer.json; empty: the one in the `model` directory
+  std::string model;            // --model (a directory, when it holds the tokenizer)
+  std::string flag = "--data";  // names the flag in error messages (--val-data reuses all this)
+};
+
 // Throws InvalidInput for an unreadable, empty, short or malformed file, or ids >= vocab_size.
-std::unique_ptr<DataSource> make_data_source(const DataOptions& options);
+// text:/jsonl: specs are tokenized with text.tokenizer (or the model directory's).
+std::unique_ptr<DataSource> make_data_source(const DataOptions& options, const TextSourceOptions& text = {});
 
 // Allocates a batch's int32 tensors from `alloc`.
 Batch make_batch(std::int64_t micro_batch, std::int64_t seq_len, DeviceAllocator& alloc);

@@ -64,6 +64,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"val_data", val_data},
           {"eval_every", eval_every},
           {"eval_batches", eval_batches},
+          {"tokenizer", tokenizer},
           {"save", save},
           {"save_every", save_every},
           {"save_total_limit", save_total_limit},
@@ -379,6 +380,7 @@ class TrainSession {
   std::unique_ptr<Model> model_;
   std::unique_ptr<DataSource> data_;
   DataOptions val_options_;  // --val-data: a fresh source per evaluation starts at sample 0
+  TextSourceOptions val_text_;  // its tokenizer, for text:/jsonl: specs
   std::optional<StagedBatch> batch_;
   std::vector<kernels::ElementRange> ranges_;
   double loss_scale_ = 1.0;
@@ -563,13 +565,14 @@ void TrainSession::build() {
                        "or --save for the final model");
   }
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
-  data_ = with_injected_data_fault(make_data_source(dopt), dopt.rank);
+  data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
   if (!o.val_data.empty()) {
     val_options_ = dopt;
     val_options_.spec = o.val_data;
+    val_text_ = TextSourceOptions{o.tokenizer, o.model, "--val-data"};
     // Opened once here so that a bad --val-data stops the run before the first step (exit 2).
     try {
-      auto probe = make_data_source(val_options_);
+      auto probe = make_data_source(val_options_, val_text_);
       if (o.eval_batches == 0 && probe->num_samples() <= 0) {
         throw InvalidInput("[--eval-batches] the validation data " + probe->describe() +
                            " has no known size, so 'the whole set' (--eval-batches 0) is undefined — give "
@@ -716,7 +719,7 @@ void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {
   ExecContext ctx = *ctx_;
   ctx.profiler = nullptr;
   ctx.tracer = nullptr;
-  auto data = make_data_source(val_options_);
+  auto data = make_data_source(val_options_, val_text_);
   EvalOptions eo;
   eo.batches = o.eval_batches;
   eo.rank = val_options_.rank;

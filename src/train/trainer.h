@@ -50,6 +50,7 @@ struct TrainOptions {
   std::string val_data;
   std::int64_t eval_every = 0;
   std::int64_t eval_batches = 0;
+  std::string tokenizer;  // text:/jsonl: data: a tokenizer.json (default: the --model directory's)
   std::string save;
   // Checkpoints during training (train/train_checkpoint.h): every --save-every optimizer steps into
   // <save>/checkpoint-STEP (0: none), keeping the last --save-total-limit (0: all); --resume

@@ -15,7 +15,9 @@
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "model/gguf.h"
 #include "model/safetensors.h"
+#include "model/tokenizer/tokenizer.h"
 #include "train/data.h"
 
 namespace scalelab::fuzz {
@@ -188,12 +190,47 @@ Outcome run_token_file(const std::uint8_t* data, std::size_t size) {
   });
 }
 
+// --- tokenizer.json: the file as a model directory holds it, then encode and decode as training does
+Outcome run_tokenizer_json(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = scratch() / "tokenizer.json";
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    const tok::Tokenizer t = tok::Tokenizer::load(path.string());
+    static const char* const texts[] = {"", "Hello world, it's 2024!\n\n", "  \t\r\n x", "caf\xc3\xa9 \xff\xfe <|endoftext|>",
+                                        "<|begin_of_text|>ab c</s>", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd 12345678"};
+    for (const char* s : texts) {
+      for (bool special : {false, true}) {
+        const auto ids = t.encode(s, special);
+        for (std::uint32_t id : ids) {
+          if (id >= t.vocab_size()) throw ContractViolation("encode gave an id outside the vocabulary");
+        }
+        (void)t.decode(ids, !special);
+      }
+    }
+    (void)t.describe();
+  });
+}
+
+// --- GGUF: open, dequantize every tensor, build the tokenizer of the metadata
+Outcome run_gguf(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = scratch() / "model.gguf";
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    const GgufFile f = GgufFile::open(path.string());
+    for (const GgufTensor& t : f.tensors()) {
+      if (f.dequantize(t).size() != static_cast<std::size_t>(t.numel())) throw ContractViolation("dequantize gave the wrong count");
+    }
+    if (f.metadata().contains("tokenizer.ggml.model")) (void)f.tokenizer().encode("Hello 123 <|end_of_text|>", true);
+  });
+}
+
 }  // namespace
 
 const std::vector<Target>& targets() {
   static const std::vector<Target> t = {
       {"safetensors", run_safetensors}, {"checkpoint", run_checkpoint}, {"checkpoint_index", run_checkpoint_index},
-      {"config", run_config},           {"sweep_spec", run_sweep_spec}, {"token_file", run_token_file}};
+      {"config", run_config},           {"sweep_spec", run_sweep_spec}, {"token_file", run_token_file},
+      {"tokenizer_json", run_tokenizer_json}, {"gguf", run_gguf}};
   return t;
 }
 
