@@ -11,6 +11,8 @@ endif()
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 find_package(SQLite3 REQUIRED)
+# Eigen (header-only; OLS and the special functions of the analysis: betainc, igammac).
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 
 # OpenBLAS, preferably the OpenMP build: our own kernels use OpenMP, and sharing one thread
 # pool avoids two sets of spinning threads fighting over the cores between GEMMs.

@@ -25,5 +25,7 @@ Subcommand add_scale_command(CLI::App& root);
 Subcommand add_selftest_command(CLI::App& root);
 Subcommand add_profile_summary_command(CLI::App& root);
 Subcommand add_trace_merge_command(CLI::App& root);
+Subcommand add_analyze_command(CLI::App& root);
+Subcommand add_report_command(CLI::App& root);
 
 }  // namespace scalelab::cli

@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
       cli::add_selftest_command(app),
       cli::add_profile_summary_command(app),
       cli::add_trace_merge_command(app),
+      cli::add_analyze_command(app),
+      cli::add_report_command(app),
   };
 
   try {

@@ -1,0 +1,396 @@
+#include "report/charts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+namespace scalelab::report {
+namespace {
+
+std::string fmt(double v, int sig = 3) {
+  if (!std::isfinite(v)) return "—";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", sig, v);
+  return buf;
+}
+double d(const Json& v, double fallback = NAN) { return v.is_number() ? v.get<double>() : fallback; }
+
+// The frame column object of analysis.json by name, or null.
+const Json* column(const Json& a, const std::string& name) {
+  for (const auto& c : a["table"]["columns"])
+    if (c["name"] == name) return &c;
+  return nullptr;
+}
+
+Json base_spec(int width, int height) {
+  return {{"$schema", "https://vega.github.io/schema/vega/v5.json"},
+          {"width", width},
+          {"height", height},
+          {"padding", 8},
+          {"autosize", {{"type", "pad"}}},
+          {"config", {{"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}, {"labelLimit", 220}, {"labelOverlap", true}}},
+                      {"legend", {{"labelFontSize", 11}, {"titleFontSize", 11}}},
+                      {"text", {{"fontSize", 11}}}}}};
+}
+
+Json tooltip_signal(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::string s = "{";
+  for (std::size_t k = 0; k < fields.size(); ++k)
+    s += (k ? ", " : "") + std::string("'") + fields[k].first + "': " + fields[k].second;
+  return {{"signal", s + "}"}};
+}
+
+// The frame column of an association variable ("attn=flash" -> "attn").
+std::string column_of(const Json& a, const std::string& var) {
+  if (column(a, var)) return var;
+  auto eq = var.find('=');
+  return eq == std::string::npos ? var : var.substr(0, eq);
+}
+
+bool is_target(const Json& a, const std::string& var) {
+  for (const auto& t : a["options"]["targets"])
+    if (t == var) return true;
+  return false;
+}
+
+// A feature (a parameter, or a CSV column used as one) or a target.
+bool of_interest(const Json& a, const std::string& var) {
+  const std::string c = column_of(a, var);
+  for (const auto& f : a["options"]["features"])
+    if (f == c) return true;
+  return is_target(a, c);
+}
+
+// #3: the correlation heatmap in clustered order, Pearson with a Spearman toggle.
+void correlation_chart(const Json& a, std::vector<Chart>& out) {
+  const Json& c = a["correlation"];
+  const auto& names = c["variables"];
+  const std::size_t k = names.size();
+  if (k < 2) return;
+  Json cells = Json::array();
+  std::vector<std::size_t> order = c["clustered_order"].get<std::vector<std::size_t>>();
+  double best = -1;
+  std::string best_text;
+  for (std::size_t ii = 0; ii < k; ++ii)
+    for (std::size_t jj = 0; jj < k; ++jj) {
+      std::size_t i = order[ii], j = order[jj];
+      Json r = c["pearson_r"][i][j], rho = c["spearman_rho"][i][j];
+      cells.push_back({{"a", names[i]}, {"b", names[j]}, {"pearson", r}, {"spearman", rho},
+                       {"p", c["pearson_p"][i][j]}, {"n", c["n"][i][j]}});
+      const bool relevant = of_interest(a, names[i]) && of_interest(a, names[j]) && column_of(a, names[i]) != column_of(a, names[j]);
+      if (ii < jj && relevant && r.is_number() && std::fabs(r.get<double>()) > best) {
+        best = std::fabs(r.get<double>());
+        best_text = names[i].get<std::string>() + " and " + names[j].get<std::string>() + " (r = " + fmt(r.get<double>(), 3) + ")";
+      }
+    }
+  const int cell = k > 30 ? 14 : (k > 16 ? 20 : 30);
+  Json s = base_spec(static_cast<int>(k) * cell, static_cast<int>(k) * cell);
+  s["signals"] = Json::array({{{"name", "method"}, {"value", "pearson"},
+                               {"bind", {{"input", "radio"}, {"options", {"pearson", "spearman"}}, {"name", "coefficient "}}}}});
+  s["data"] = Json::array({{{"name", "cell_rows"}, {"values", cells},
+                            {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "datum[method]"}}})}}});
+  Json domain = Json::array();
+  for (auto i : order) domain.push_back(names[i]);
+  s["scales"] = Json::array({{{"name", "x"}, {"type", "band"}, {"domain", domain}, {"range", "width"}},
+                             {{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}},
+                             {{"name", "color"}, {"type", "linear"}, {"domain", {-1, 1}}, {"range", {{"scheme", "redblue"}}}, {"reverse", true}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"labelAngle", -50}, {"labelAlign", "right"}, {"labelBaseline", "middle"}},
+                           {{"orient", "left"}, {"scale", "y"}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "r"}, {"type", "gradient"}, {"gradientLength", 160}}});
+  Json marks = Json::array();
+  marks.push_back({{"type", "rect"}, {"name", "cells"}, {"from", {{"data", "cell_rows"}}},
+                   {"encode", {{"enter", {{"x", {{"scale", "x"}, {"field", "a"}}}, {"width", {{"scale", "x"}, {"band", 1}}},
+                                          {"y", {{"scale", "y"}, {"field", "b"}}}, {"height", {{"scale", "y"}, {"band", 1}}}}},
+                               {"update", {{"fill", {{"signal", "isValid(datum.v) ? scale('color', datum.v) : '#eee'"}}},
+                                           {"tooltip", tooltip_signal({{"pair", "datum.a + ' × ' + datum.b"}, {"r", "format(datum.pearson, '.3f')"},
+                                                                        {"rho", "format(datum.spearman, '.3f')"}, {"p", "format(datum.p, '.3g')"}, {"n", "datum.n"}})}}}}}});
+  if (k <= 14)
+    marks.push_back({{"type", "text"}, {"name", "labels"}, {"from", {{"data", "cell_rows"}}},
+                     {"encode", {{"enter", {{"x", {{"scale", "x"}, {"field", "a"}, {"band", 0.5}}}, {"y", {{"scale", "y"}, {"field", "b"}, {"band", 0.5}}},
+                                            {"align", {{"value", "center"}}}, {"baseline", {{"value", "middle"}}}, {"fontSize", {{"value", 10}}}}},
+                                 {"update", {{"text", {{"signal", "isValid(datum.v) ? format(datum.v, '.2f') : ''"}}},
+                                             {"fill", {{"signal", "isValid(datum.v) && abs(datum.v) > 0.6 ? 'white' : 'black'"}}}}}}}});
+  s["marks"] = marks;
+  Chart ch{"corr-heatmap", "Correlations", "Correlation matrix (clustered order)",
+           best >= 0 ? "Strongest correlation among parameters and targets: " + best_text + "." : "No parameter or target has a defined correlation (too few rows or constant columns).",
+           s, {{"cells", static_cast<long>(k * k)}}};
+  out.push_back(ch);
+}
+
+// #4: the top relationships that involve a parameter or a target (pairs of telemetry or outcome
+// columns measure the same thing twice and would fill the chart); every pair is in pairs.csv.
+void pairs_chart(const Json& a, std::vector<Chart>& out) {
+  const auto& rows = a["pairs"]["rows"];
+  if (rows.empty()) return;
+  Json vals = Json::array();
+  std::size_t significant = 0, relevant = 0;
+  const Json* top = nullptr;
+  for (const auto& r : rows)
+    if (r["q"].is_number() && r["q"].get<double>() < 0.05) ++significant;
+  for (const auto& r : rows) {
+    const std::string x = r["a"], y = r["b"];
+    const bool keep = of_interest(a, x) || of_interest(a, y);
+    if (!keep) continue;
+    ++relevant;
+    if (vals.size() >= 20) continue;
+    if (!top) top = &r;
+    std::string sign = r["sign"] == 1 ? "positive" : (r["sign"] == -1 ? "negative" : "no sign");
+    vals.push_back({{"pair", std::to_string(vals.size() + 1) + ". " + x + " × " + y},
+                    {"effect", r["effect"]}, {"sign", sign}, {"kind", r["kind"]}, {"p", r["p"]}, {"q", r["q"]}});
+  }
+  if (vals.empty()) return;
+  Json s = base_spec(380, static_cast<int>(vals.size()) * 20);
+  s["config"]["axis"]["labelLimit"] = 340;
+  s["data"] = Json::array({{{"name", "pairs"}, {"values", vals}}});
+  Json domain = Json::array();
+  for (const auto& v : vals) domain.push_back(v["pair"]);
+  s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}, {"padding", 0.15}},
+                             {{"name", "x"}, {"type", "linear"}, {"domain", {0, 1}}, {"range", "width"}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"positive", "negative", "no sign"}},
+                              {"range", {"#c0392b", "#2471a3", "#7f8c8d"}}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "effect (|r|, |r_pb| or Cramér's V)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "direction"}}});
+  s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "pairs"}}},
+                             {"encode", {{"enter", {{"y", {{"scale", "y"}, {"field", "pair"}}}, {"height", {{"scale", "y"}, {"band", 1}}},
+                                                    {"x", {{"scale", "x"}, {"value", 0}}}, {"x2", {{"scale", "x"}, {"field", "effect"}}},
+                                                    {"fill", {{"scale", "color"}, {"field", "sign"}}},
+                                                    {"tooltip", tooltip_signal({{"pair", "datum.pair"}, {"kind", "datum.kind"}, {"effect", "format(datum.effect, '.3f')"},
+                                                                                 {"p", "format(datum.p, '.3g')"}, {"q (BH)", "format(datum.q, '.3g')"}})}}}}}}});
+  std::string finding = std::to_string(rows.size()) + " pairs in all, " + std::to_string(significant) + " with q < 0.05; strongest involving a parameter or target: " +
+                        (*top)["a"].get<std::string>() + " × " + (*top)["b"].get<std::string>() + " (effect " + fmt(d((*top)["effect"])) +
+                        ", q = " + fmt(d((*top)["q"])) + ").";
+  out.push_back({"pairs", "Top relationships",
+                 "Top relationships with a parameter or target (" + std::to_string(vals.size()) + " of " + std::to_string(relevant) + ")", finding, s,
+                 {{"bars", static_cast<long>(vals.size())}}});
+}
+
+// #8: each parameter against a target, a selector over the parameters, the fit line.
+void fit_charts(const Json& a, std::vector<Chart>& out) {
+  for (const auto& tf : a["fits"]) {
+    const std::string target = tf["target"];
+    const Json* y = column(a, target);
+    if (!y || tf["fits"].empty()) continue;
+    Json points = Json::array(), lines = Json::array();
+    std::vector<std::string> params;
+    std::string first;
+    long first_n = 0;
+    for (const auto& f : tf["fits"]) {
+      if (f.contains("error")) continue;
+      const std::string xname = f["x"];
+      // The x values: a numeric/binary column, or an indicator "col=level".
+      std::vector<double> xs((*y)["values"].size(), NAN);
+      auto eq = xname.find('=');
+      const Json* xc = column(a, xname);
+      if (!xc && eq != std::string::npos) xc = column(a, xname.substr(0, eq));
+      if (!xc) continue;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Json& v = (*xc)["values"][i];
+        if (v.is_null()) continue;
+        if ((*xc)["kind"] == "numeric") xs[i] = v.get<double>();
+        else if ((*xc)["kind"] == "binary" && eq == std::string::npos) xs[i] = v == (*xc)["levels"][1] ? 1.0 : 0.0;
+        else xs[i] = v == xname.substr(eq + 1) ? 1.0 : 0.0;
+      }
+      long n = 0;
+      double lo = INFINITY, hi = -INFINITY;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Json& yv = (*y)["values"][i];
+        if (std::isnan(xs[i]) || !yv.is_number()) continue;
+        points.push_back({{"param", xname}, {"x", xs[i]}, {"y", yv}, {"row", a["table"]["row_labels"][i]}});
+        lo = std::min(lo, xs[i]);
+        hi = std::max(hi, xs[i]);
+        ++n;
+      }
+      const double sl = d(f["slope"]), ic = d(f["intercept"]);
+      lines.push_back({{"param", xname}, {"x", lo}, {"y", ic + sl * lo}});
+      lines.push_back({{"param", xname}, {"x", hi}, {"y", ic + sl * hi}});
+      params.push_back(xname);
+      if (first.empty()) { first = xname; first_n = n; }
+    }
+    if (params.empty()) continue;
+    const auto& f0 = tf["fits"][0];
+    Json s = base_spec(420, 260);
+    s["signals"] = Json::array({{{"name", "param"}, {"value", first}, {"bind", {{"input", "select"}, {"options", params}, {"name", "parameter "}}}}});
+    Json eqs = Json::array();
+    for (const auto& f : tf["fits"])
+      if (!f.contains("error"))
+        eqs.push_back({{"param", f["x"]}, {"text", target + " = " + fmt(d(f["intercept"]), 4) + " + " + fmt(d(f["slope"]), 4) + " · " +
+                                                       f["x"].get<std::string>() + "   r = " + fmt(d(f["r"])) + ", R² = " + fmt(d(f["r2"])) +
+                                                       ", p = " + fmt(d(f["p"])) + ", slope 95% CI [" + fmt(d(f["slope_ci_low"])) + ", " +
+                                                       fmt(d(f["slope_ci_high"])) + "]"}});
+    s["data"] = Json::array({{{"name", "point_rows"}, {"values", points}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}},
+                             {{"name", "line"}, {"values", lines}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}},
+                             {{"name", "eq"}, {"values", eqs}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"},
+                                {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "x"}}, {{"data", "line"}, {"field", "x"}}})}}}},
+                               {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
+                                {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "y"}}, {{"data", "line"}, {"field", "y"}}})}}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "param"}}}}, {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
+    s["marks"] = Json::array({{{"type", "line"}, {"name", "fit"}, {"from", {{"data", "line"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
+                                                       {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
+                              {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "point_rows"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 50}}},
+                                                       {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.75}}},
+                                                       {"tooltip", tooltip_signal({{"run", "datum.row"}, {"x", "datum.x"}, {"y", "datum.y"}})}}}}}},
+                              {{"type", "text"}, {"name", "equation"}, {"from", {{"data", "eq"}}},
+                               {"encode", {{"update", {{"x", {{"value", 0}}}, {"y", {{"value", -8}}}, {"text", {{"field", "text"}}}, {"fontSize", {{"value", 11}}}, {"fill", {{"value", "#333"}}}}}}}}});
+    std::string finding = "Best single predictor of " + target + ": " + f0["x"].get<std::string>() + " (r = " + fmt(d(f0["r"])) +
+                          ", R² = " + fmt(d(f0["r2"])) + ", p = " + fmt(d(f0["p"])) + ").";
+    out.push_back({"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", 2}}});
+  }
+}
+
+// #10: OLS standardized coefficients with their 95 % intervals.
+void ols_charts(const Json& a, std::vector<Chart>& out) {
+  for (const auto& o : a["ols"]) {
+    if (o.contains("error") || !o.contains("terms")) continue;
+    const std::string target = o["target"];
+    Json vals = Json::array();
+    std::string best;
+    double best_abs = -1;
+    for (const auto& t : o["terms"]) {
+      if (t["name"] == "const" || !t["std_beta"].is_number()) continue;
+      double coef = d(t["coef"]), sb = d(t["std_beta"]);
+      double scale = coef != 0 ? sb / coef : 0;
+      vals.push_back({{"term", t["name"]}, {"beta", sb}, {"lo", d(t["ci_low"]) * scale}, {"hi", d(t["ci_high"]) * scale}, {"p", t["p"]},
+                      {"vif", t["vif"]}, {"sig", d(t["p"], 1) < 0.05 ? "p < 0.05" : "p ≥ 0.05"}});
+      if (d(t["p"], 1) < 0.05 && std::fabs(sb) > best_abs) { best_abs = std::fabs(sb); best = t["name"].get<std::string>() + " (β = " + fmt(sb) + ", p = " + fmt(d(t["p"])) + ")"; }
+    }
+    if (vals.empty()) continue;
+    Json s = base_spec(420, static_cast<int>(vals.size()) * 26 + 10);
+    s["data"] = Json::array({{{"name", "terms"}, {"values", vals}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "terms"}, {"field", "term"}}}, {"range", "height"}, {"padding", 0.3}},
+                               {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", true}, {"range", "width"},
+                                {"domain", {{"fields", Json::array({{{"data", "terms"}, {"field", "lo"}}, {{"data", "terms"}, {"field", "hi"}}})}}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", {"p < 0.05", "p ≥ 0.05"}}, {"range", {"#c0392b", "#95a5a6"}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "standardized coefficient (95% CI)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
+    s["legends"] = Json::array({{{"fill", "color"}, {"title", "coefficient"}}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "ci"}, {"from", {{"data", "terms"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "term"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "lo"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "hi"}}}, {"stroke", {{"scale", "color"}, {"field", "sig"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
+                              {{"type", "symbol"}, {"name", "coef"}, {"from", {{"data", "terms"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "term"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "beta"}}},
+                                                       {"fill", {{"scale", "color"}, {"field", "sig"}}}, {"size", {{"value", 70}}},
+                                                       {"tooltip", tooltip_signal({{"term", "datum.term"}, {"beta", "format(datum.beta, '.3f')"}, {"p", "format(datum.p, '.3g')"}, {"VIF", "format(datum.vif, '.3g')"}})}}}}}}});
+    std::string finding = "R² = " + fmt(d(o["r2"])) + " (adjusted " + fmt(d(o["adj_r2"])) + "), F p = " + fmt(d(o["f_p"])) + "; " +
+                          (best.empty() ? "no coefficient with p < 0.05." : "largest significant effect: " + best + ".");
+    if (o.contains("cv")) finding += " Cross-validated R² = " + fmt(d(o["cv"]["r2"])) + ".";
+    out.push_back({"ols-" + target, "Regression", "OLS of " + target + " (n = " + std::to_string(o["n"].get<int>()) + ")", finding, s,
+                   {{"coef", static_cast<long>(vals.size())}}});
+  }
+}
+
+// #9: histogram with counts, and the ECDF, for each target and outcome column.
+void distribution_charts(const Json& a, std::vector<Chart>& out) {
+  std::set<std::string> targets;
+  for (const auto& t : a["options"]["targets"]) targets.insert(t.get<std::string>());
+  int shown = 0;
+  for (const auto& dist : a["distributions"]) {
+    const std::string col = dist["column"];
+    const bool is_target = targets.count(col) > 0;
+    if (!is_target && (dist["role"] != "outcome" || shown >= 6)) continue;
+    ++shown;
+    const auto& h = dist["histogram"];
+    Json bins = Json::array();
+    long total = 0;
+    std::size_t mode = 0;
+    for (std::size_t k = 0; k < h["counts"].size(); ++k) {
+      long c = h["counts"][k].get<long>();
+      total += c;
+      if (c > h["counts"][mode].get<long>()) mode = k;
+      bins.push_back({{"x0", h["edges"][k]}, {"x1", h["edges"][k + 1]}, {"count", c}});
+    }
+    Json steps = Json::array();
+    for (std::size_t k = 0; k < dist["ecdf"]["x"].size(); ++k) steps.push_back({{"x", dist["ecdf"]["x"][k]}, {"f", dist["ecdf"]["f"][k]}});
+    Json s = base_spec(420, 200);
+    s["data"] = Json::array({{{"name", "bins"}, {"values", bins}}, {{"name", "ecdf_rows"}, {"values", steps}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"range", "width"}, {"domain", {{"fields", Json::array({{{"data", "bins"}, {"field", "x0"}}, {{"data", "bins"}, {"field", "x1"}}})}}}},
+                               {{"name", "y"}, {"type", "linear"}, {"nice", true}, {"range", "height"}, {"domain", {0, h["counts"][mode].get<long>() + 1}}},
+                               {{"name", "f"}, {"type", "linear"}, {"domain", {0, 1}}, {"range", "height"}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", col}}, {{"orient", "left"}, {"scale", "y"}, {"title", "rows"}, {"tickMinStep", 1}},
+                             {{"orient", "right"}, {"scale", "f"}, {"title", "ECDF"}, {"format", "%"}}});
+    s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "bins"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x0"}, {"offset", 1}}}, {"x2", {{"scale", "x"}, {"field", "x1"}}},
+                                                       {"y", {{"scale", "y"}, {"field", "count"}}}, {"y2", {{"scale", "y"}, {"value", 0}}}, {"fill", {{"value", "#5dade2"}}},
+                                                       {"tooltip", tooltip_signal({{"bin", "format(datum.x0, '.4g') + ' – ' + format(datum.x1, '.4g')"}, {"rows", "datum.count"}})}}}}}},
+                              {{"type", "text"}, {"name", "counts"}, {"from", {{"data", "bins"}}},
+                               {"encode", {{"update", {{"x", {{"signal", "(scale('x', datum.x0) + scale('x', datum.x1)) / 2"}}}, {"y", {{"scale", "y"}, {"field", "count"}, {"offset", -3}}},
+                                                       {"text", {{"signal", "datum.count > 0 ? datum.count : ''"}}}, {"align", {{"value", "center"}}}, {"fontSize", {{"value", 10}}}}}}}},
+                              {{"type", "line"}, {"name", "ecdf"}, {"from", {{"data", "ecdf_rows"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "f"}, {"field", "f"}}}, {"interpolate", {{"value", "step-after"}}},
+                                                       {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}, {"tooltip", tooltip_signal({{"x", "datum.x"}, {"F(x)", "format(datum.f, '.3f')"}})}}}}}}});
+    const double lo = d(h["edges"][0]), hi = d(h["edges"][h["edges"].size() - 1]);
+    std::string finding = col + ": " + std::to_string(total) + " rows from " + fmt(lo, 4) + " to " + fmt(hi, 4) + "; most in [" +
+                          fmt(d(h["edges"][mode]), 4) + ", " + fmt(d(h["edges"][mode + 1]), 4) + ").";
+    out.push_back({"dist-" + col, "Distributions", "Distribution of " + col, finding, s,
+                   {{"bars", static_cast<long>(bins.size())}, {"ecdf", static_cast<long>(steps.size())}}});
+  }
+}
+
+// #6: group means of each categorical parameter against each target.
+void group_charts(const Json& a, std::vector<Chart>& out) {
+  for (const auto& g : a["groups"]) {
+    if (g.contains("error")) continue;
+    Json vals = Json::array();
+    for (std::size_t k = 0; k < g["levels"].size(); ++k)
+      vals.push_back({{"level", g["levels"][k]}, {"mean", g["means"][k]}, {"n", g["sizes"][k]}});
+    Json s = base_spec(360, static_cast<int>(vals.size()) * 28 + 10);
+    s["data"] = Json::array({{{"name", "groups"}, {"values", vals}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "groups"}, {"field", "level"}}}, {"range", "height"}, {"padding", 0.2}},
+                               {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", true}, {"range", "width"}, {"domain", {{"data", "groups"}, {"field", "mean"}}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean " + g["value"].get<std::string>()}}, {{"orient", "left"}, {"scale", "y"}, {"title", g["group"]}}});
+    s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "mean"}}}, {"fill", {{"value", "#48c9b0"}}},
+                                                       {"tooltip", tooltip_signal({{"level", "datum.level"}, {"mean", "format(datum.mean, '.4g')"}, {"rows", "datum.n"}})}}}}}}});
+    std::string finding = g["group"].get<std::string>() + " explains " + fmt(100 * d(g["eta2"]), 3) + " % of the variance of " + g["value"].get<std::string>() +
+                          " (ANOVA F p = " + fmt(d(g["f_p"])) + ", Kruskal–Wallis p = " + fmt(d(g["kruskal_p"])) + ").";
+    out.push_back({"group-" + g["group"].get<std::string>() + "-" + g["value"].get<std::string>(), "Groups",
+                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>(), finding, s, {{"bars", static_cast<long>(vals.size())}}});
+  }
+}
+
+// #2: speedup against device count with the ideal line, and efficiency.
+void scaling_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("scaling")) return;
+  Json pts = Json::array();
+  double max_ranks = 0;
+  std::string below;
+  double worst_eff = 1e9;
+  for (const auto& r : a["scaling"]["rows"]) {
+    if (!r["speedup"].is_number() || !r["ranks"].is_number()) continue;
+    pts.push_back(r);
+    max_ranks = std::max(max_ranks, d(r["ranks"]));
+    if (d(r["efficiency_pct"]) < worst_eff) { worst_eff = d(r["efficiency_pct"]); below = fmt(d(r["ranks"])); }
+  }
+  if (pts.empty()) return;
+  Json s = base_spec(380, 240);
+  s["data"] = Json::array({{{"name", "pts"}, {"values", pts}}, {{"name", "ideal_rows"}, {"values", Json::array({{{"x", 1}, {"y", 1}}, {{"x", max_ranks}, {"y", max_ranks}}})}}});
+  s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {1, max_ranks}}},
+                             {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"fields", Json::array({{{"data", "pts"}, {"field", "speedup"}}, {{"data", "ideal_rows"}, {"field", "y"}}})}}}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (ranks, log2)"}}, {{"orient", "left"}, {"scale", "y"}, {"title", "speedup"}}});
+  s["marks"] = Json::array({{{"type", "line"}, {"name", "ideal"}, {"from", {{"data", "ideal_rows"}}},
+                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"stroke", {{"value", "#999"}}}, {"strokeDash", {{"value", {5, 4}}}}}}}}},
+                            {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "pts"}}},
+                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", "speedup"}}}, {"fill", {{"value", "#2471a3"}}}, {"size", {{"value", 60}}},
+                                                     {"tooltip", tooltip_signal({{"run", "datum.row"}, {"devices", "datum.ranks"}, {"speedup", "format(datum.speedup, '.3f')"}, {"efficiency", "format(datum.efficiency_pct, '.1f') + ' %'"}})}}}}}}});
+  std::string finding = "Lowest parallel efficiency " + fmt(worst_eff, 3) + " % (at " + below + " devices); dashed: ideal linear speedup.";
+  out.push_back({"scaling-speedup", "Scaling", "Speedup against devices", finding, s, {{"points", static_cast<long>(pts.size())}, {"ideal", 2}}});
+}
+
+}  // namespace
+
+std::vector<Chart> build_charts(const Json& a) {
+  std::vector<Chart> out;
+  scaling_charts(a, out);
+  correlation_chart(a, out);
+  pairs_chart(a, out);
+  ols_charts(a, out);
+  fit_charts(a, out);
+  group_charts(a, out);
+  distribution_charts(a, out);
+  return out;
+}
+
+}  // namespace scalelab::report

@@ -1,0 +1,121 @@
+// `scalelab analyze` end to end, and its answers to bad input: exit 2 with a message naming the
+// file or flag, or an analysis that says what it could not compute and why.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "../cli/cli_run.h"
+#include "golden_util.h"
+
+namespace scalelab {
+namespace {
+
+namespace fs = std::filesystem;
+using cli_test::run;
+using Json = nlohmann::json;
+
+class AnalyzeCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("scalelab-analyze-cli-" + std::to_string(::getpid()) + "-" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string file(const std::string& name, const std::string& text) {
+    const std::string p = (dir_ / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string out(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+TEST_F(AnalyzeCli, SweepWritesJsonCsvsAndMarkdown) {
+  const std::string db = out("golden.db");
+  analysis::testing::build_golden_db(db, analysis::testing::read_json_file(analysis::testing::golden_dir() + "/sweep.json"));
+  auto r = run("analyze --db " + db + " --sweep golden --target val_loss -o " + out("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("# Analysis of sweep golden"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("## OLS: val_loss"), std::string::npos);
+  EXPECT_NE(r.output.find("constant columns dropped: max_steps"), std::string::npos);
+  for (const char* f : {"analysis.json", "table.csv", "descriptive.csv", "correlation.csv", "pairs.csv", "ols.csv", "fits.csv", "groups.csv"})
+    EXPECT_TRUE(fs::exists(out("a") + "/" + f)) << f;
+  auto j = cli_test::read_json(out("a") + "/analysis.json");
+  EXPECT_EQ(j["options"]["targets"][0], "val_loss");
+  // The pairs CSV has every pair (header + one line each).
+  std::ifstream pairs(out("a") + "/pairs.csv");
+  std::size_t lines = 0;
+  for (std::string l; std::getline(pairs, l);) ++lines;
+  EXPECT_EQ(lines, j["pairs"]["count"].get<std::size_t>() + 1);
+}
+
+TEST_F(AnalyzeCli, MissingTargetIsExit2ListingTheColumns) {
+  auto csv = file("runs.csv", "a,b,y\n1,2,3\n2,3,5\n3,5,4\n4,4,8\n");
+  auto r = run("analyze --csv " + csv + " --target val_loss -o " + out("o"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--target 'val_loss' is not a column"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("columns: a, b, y"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out("o") + "/analysis.json"));
+}
+
+TEST_F(AnalyzeCli, RaggedCsvIsExit2NamingTheLine) {
+  auto csv = file("ragged.csv", "a,b,y\n1,2,3\n2,3\n");
+  auto r = run("analyze --csv " + csv + " --target y -o " + out("o"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("line 3 has 2 cells, the header has 3"), std::string::npos) << r.output;
+}
+
+TEST_F(AnalyzeCli, MissingFileAndNoSourceAreExit2) {
+  auto r = run("analyze --csv " + out("nope.csv") + " --target y");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("cannot read the CSV file"), std::string::npos) << r.output;
+  r = run("analyze --target y");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("exactly one of --sweep"), std::string::npos) << r.output;
+  r = run("analyze --db " + out("none.db") + " --sweep x");
+  EXPECT_EQ(r.code, 2) << r.output;
+}
+
+TEST_F(AnalyzeCli, ConstantColumnsAndNanCellsAreReported) {
+  // c is constant, y has NaN cells: c is dropped and listed, y's missing count is 2.
+  auto csv = file("nan.csv", "a,c,y\n1,7,3\n2,7,nan\n3,7,4\n4,7,\n5,7,9\n6,7,8\n");
+  auto r = run("analyze --csv " + csv + " --target y --format json -o " + out("o"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = cli_test::read_json(out("o") + "/analysis.json");
+  EXPECT_EQ(j["table"]["dropped_constant"], Json::array({"c"}));
+  for (const auto& d : j["descriptive"])
+    if (d["column"] == "y") {
+      EXPECT_EQ(d["all"]["missing"], 2);
+    }
+  EXPECT_EQ(j["ols"][0]["n"], 4);
+  // A constant target: the analysis says it could not fit it, and why.
+  r = run("analyze --csv " + csv + " --target c -o " + out("o2"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("target 'c' is constant"), std::string::npos) << r.output;
+}
+
+TEST_F(AnalyzeCli, OneRowSaysWhatItCannotCompute) {
+  auto csv = file("one.csv", "a,y\n1,3\n");
+  auto r = run("analyze --csv " + csv + " --target a -o " + out("o"));
+  // Every column of a one-row table is constant: nothing to model, and the output says so.
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("only 1 row(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("is constant"), std::string::npos) << r.output;
+}
+
+TEST_F(AnalyzeCli, AliasedColumnsAreNamed) {
+  // b = 2a exactly: aliased with a and left out of the regression, by name.
+  auto csv = file("alias.csv", "a,b,x,y\n1,2,5,3.1\n2,4,3,4.9\n3,6,4,7.2\n4,8,1,8.8\n5,10,2,11.1\n6,12,6,13.2\n");
+  auto r = run("analyze --csv " + csv + " --target y --format json -o " + out("o"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = cli_test::read_json(out("o") + "/analysis.json");
+  EXPECT_EQ(j["ols"][0]["aliased"], Json::array({"b"}));
+}
+
+}  // namespace
+}  // namespace scalelab

@@ -1,0 +1,130 @@
+// The report in a real browser: headless Chromium (Debian's `chromium`, installed by
+// scripts/deps.sh) opens the file from disk; every chart must have rendered (an SVG, and each
+// named mark drawing as many items as its data has rows), the console must show no error, and a
+// screenshot is saved (build/report-screenshot.png) for a person to look at. Without Chromium
+// the test fails: it is a dependency, not an option.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../analysis/golden_util.h"
+#include "../cli/cli_run.h"
+
+namespace scalelab {
+namespace {
+
+namespace fs = std::filesystem;
+using analysis::testing::Json;
+
+std::string chromium_path() {
+  for (const char* p : {"/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome"})
+    if (fs::exists(p)) return p;
+  return "";
+}
+
+std::string capture(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::array<char, 65536> buf{};
+  std::size_t k;
+  while (p && (k = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), k);
+  if (p) pclose(p);
+  return out;
+}
+
+std::string html_unescape(std::string s) {
+  const std::pair<const char*, const char*> table[] = {{"&quot;", "\""}, {"&lt;", "<"}, {"&gt;", ">"}, {"&#39;", "'"}, {"&amp;", "&"}};
+  for (const auto& [from, to] : table)
+    for (std::size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += std::string(to).size()) s.replace(pos, std::string(from).size(), to);
+  return s;
+}
+
+class ReportInBrowser : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("scalelab-report-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  // Renders `html` in headless Chromium; returns the page's render status.
+  Json render(const std::string& html, const std::string& screenshot) {
+    const std::string chrome = chromium_path();
+    if (chrome.empty()) {
+      ADD_FAILURE() << "Chromium not found (/usr/bin/chromium): install it with scripts/deps.sh — the report's browser test needs it";
+      return Json();
+    }
+    const std::string flags = " --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --user-data-dir=" +
+                              (dir_ / "profile").string() + " --virtual-time-budget=60000 --hide-scrollbars ";
+    const std::string url = "file://" + fs::absolute(html).string();
+    const std::string dom = capture(chrome + flags + "--enable-logging=stderr --v=0 --dump-dom '" + url + "' 2>" + (dir_ / "console.txt").string());
+    std::ifstream console(dir_ / "console.txt");
+    std::stringstream cs;
+    cs << console.rdbuf();
+    console_ = cs.str();
+    if (!screenshot.empty())
+      capture(chrome + flags + "--window-size=1400,6400 --screenshot=" + screenshot + " '" + url + "' 2>/dev/null");
+    const std::string open = "<pre id=\"render-status\">";
+    auto a = dom.find(open);
+    if (a == std::string::npos) {
+      ADD_FAILURE() << "no render status in the page; DOM starts: " << dom.substr(0, 400) << "\nconsole: " << console_;
+      return Json();
+    }
+    auto b = dom.find("</pre>", a);
+    const std::string text = html_unescape(dom.substr(a + open.size(), b - a - open.size()));
+    if (text.empty()) {
+      ADD_FAILURE() << "the page did not finish rendering; console: " << console_;
+      return Json();
+    }
+    return Json::parse(text);
+  }
+  fs::path dir_;
+  std::string console_;
+};
+
+TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
+  const std::string db = (dir_ / "golden.db").string();
+  analysis::testing::build_golden_db(db, analysis::testing::read_json_file(analysis::testing::golden_dir() + "/sweep.json"));
+  const std::string html = (dir_ / "report.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep golden --target val_loss,tokens_per_s_per_device --cv 5 -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+
+  // Self-contained: no external URL to fetch (the only http(s) strings allowed are the Vega
+  // schema id, which is never fetched, and the library's own documentation links in comments).
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string page = ss.str();
+  EXPECT_EQ(page.find("<script src"), std::string::npos);
+  EXPECT_EQ(page.find("<link"), std::string::npos);
+  EXPECT_LT(page.size(), 3u << 20) << "the report's size budget is 3 MB";
+
+  Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-screenshot.png");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump() << "\nconsole: " << console_;
+  EXPECT_EQ(console_.find("Uncaught"), std::string::npos) << console_;
+  ASSERT_GE(status["charts"].get<int>(), 8);
+  EXPECT_EQ(status["rendered"], status["charts"]);
+  for (auto it = status["expected"].begin(); it != status["expected"].end(); ++it) {
+    EXPECT_EQ(status["svg"][it.key()].get<int>(), 1) << it.key();
+    for (auto m = it.value().begin(); m != it.value().end(); ++m)
+      EXPECT_EQ(status["marks"][it.key()][m.key()], m.value()) << it.key() << " mark " << m.key();
+  }
+  // The charts the golden sweep must produce.
+  for (const char* id : {"corr-heatmap", "pairs", "ols-val_loss", "fit-val_loss", "dist-val_loss", "group-attn-val_loss"})
+    EXPECT_TRUE(status["expected"].contains(id)) << id;
+  // The heatmap draws one cell per variable pair.
+  Json a = analysis::testing::read_json_file(analysis::testing::golden_dir() + "/expected.json");
+  const long k = static_cast<long>(a["correlation"]["variables"].size());
+  EXPECT_EQ(status["marks"]["corr-heatmap"]["cells"].get<long>(), k * k);
+  EXPECT_TRUE(fs::exists(std::string(SCALELAB_BINARY_DIR) + "/report-screenshot.png"));
+}
+
+}  // namespace
+}  // namespace scalelab
