@@ -11,6 +11,17 @@
 
 namespace scalelab::cli {
 
+std::string latest_sweep(const lab::ResultsStore& store, const char* command) {
+  auto sweeps = store.sweeps();
+  if (sweeps.empty())
+    throw InvalidInput(std::string("[") + command + "] no sweep in " + store.path() + " — run a sweep, ladder or scale first, or give --csv FILE");
+  const lab::SweepRow* latest = &sweeps.front();
+  for (const auto& s : sweeps)
+    if (s.updated_at > latest->updated_at) latest = &s;
+  std::fprintf(stderr, "%s: no --sweep given; using the most recently updated one, '%s'\n", command, latest->name.c_str());
+  return latest->name;
+}
+
 Subcommand add_analyze_command(CLI::App& root) {
   auto* app = root.add_subcommand("analyze", "Statistics over a sweep or a CSV of runs: analysis.json, CSV tables, Markdown");
   struct Flags {
@@ -23,7 +34,7 @@ Subcommand add_analyze_command(CLI::App& root) {
     int bins = 20;
   };
   auto f = std::make_shared<Flags>();
-  app->add_option("--sweep", f->sweep, "The sweep to analyze (from --db)");
+  app->add_option("--sweep", f->sweep, "The sweep to analyze (from --db) [default: the most recently updated]");
   app->add_option("--db", f->db, "Results database")->capture_default_str();
   app->add_option("--csv", f->csv, "Analyze a CSV table of runs instead (header row, one run per row)");
   app->add_option("--target", f->targets, "Target column(s), comma-separated [default: val_loss, else tokens_per_s_per_device]")
@@ -40,8 +51,8 @@ Subcommand add_analyze_command(CLI::App& root) {
   app->add_option("-o,--out", f->out_dir, "Directory for analysis.json and the CSVs [default: results/analysis/NAME]");
 
   return {app, [f] {
-            if (f->sweep.empty() == f->csv.empty())
-              throw InvalidInput("[analyze] give exactly one of --sweep NAME (with --db) or --csv FILE");
+            if (!f->sweep.empty() && !f->csv.empty())
+              throw InvalidInput("[analyze] give one of --sweep NAME (with --db) or --csv FILE, not both");
             if (f->bins < 1 || f->bins > 1000) throw InvalidInput("[analyze] --bins must be 1..1000");
             analysis::Frame frame;
             std::string name;
@@ -50,6 +61,7 @@ Subcommand add_analyze_command(CLI::App& root) {
               name = std::filesystem::path(f->csv).stem().string();
             } else {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
+              if (f->sweep.empty()) f->sweep = latest_sweep(store, "analyze");
               frame = analysis::build_frame_from_sweep(store, f->sweep);
               name = f->sweep;
             }

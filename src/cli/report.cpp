@@ -22,7 +22,7 @@ Subcommand add_report_command(CLI::App& root) {
     std::uint64_t seed = 0;
   };
   auto f = std::make_shared<Flags>();
-  app->add_option("--sweep", f->sweep, "The sweep to report on (from --db)");
+  app->add_option("--sweep", f->sweep, "The sweep to report on (from --db) [default: the most recently updated]");
   app->add_option("--db", f->db, "Results database")->capture_default_str();
   app->add_option("--csv", f->csv, "Report on a CSV table of runs instead");
   app->add_option("--target", f->targets, "Target column(s), comma-separated [default as analyze]")->delimiter(',');
@@ -34,8 +34,8 @@ Subcommand add_report_command(CLI::App& root) {
   return {app, [f] {
             if (!report::have_vega())
               throw InvalidInput("[report] this scalelab was built without Vega (libjs-vega) — run scripts/deps.sh and rebuild");
-            if (f->sweep.empty() == f->csv.empty())
-              throw InvalidInput("[report] give exactly one of --sweep NAME (with --db) or --csv FILE");
+            if (!f->sweep.empty() && !f->csv.empty())
+              throw InvalidInput("[report] give one of --sweep NAME (with --db) or --csv FILE, not both");
             analysis::Frame frame;
             std::string title;
             if (!f->csv.empty()) {
@@ -43,6 +43,7 @@ Subcommand add_report_command(CLI::App& root) {
               title = "scalelab report: " + std::filesystem::path(f->csv).filename().string();
             } else {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
+              if (f->sweep.empty()) f->sweep = latest_sweep(store, "report");
               frame = analysis::build_frame_from_sweep(store, f->sweep);
               title = "scalelab report: " + f->sweep;
             }

@@ -54,6 +54,13 @@ bool is_target(const Json& a, const std::string& var) {
   return false;
 }
 
+bool is_feature(const Json& a, const std::string& var) {
+  const std::string c = column_of(a, var);
+  for (const auto& f : a["options"]["features"])
+    if (f == c) return true;
+  return false;
+}
+
 // A feature (a parameter, or a CSV column used as one) or a target.
 bool of_interest(const Json& a, const std::string& var) {
   const std::string c = column_of(a, var);
@@ -95,8 +102,8 @@ void correlation_chart(const Json& a, std::vector<Chart>& out) {
   s["scales"] = Json::array({{{"name", "x"}, {"type", "band"}, {"domain", domain}, {"range", "width"}},
                              {{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}},
                              {{"name", "color"}, {"type", "linear"}, {"domain", {-1, 1}}, {"range", {{"scheme", "redblue"}}}, {"reverse", true}}});
-  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"labelAngle", -50}, {"labelAlign", "right"}, {"labelBaseline", "middle"}},
-                           {{"orient", "left"}, {"scale", "y"}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"labelAngle", -50}, {"labelAlign", "right"}, {"labelBaseline", "middle"}, {"labelOverlap", false}},
+                           {{"orient", "left"}, {"scale", "y"}, {"labelOverlap", false}}});
   s["legends"] = Json::array({{{"fill", "color"}, {"title", "r"}, {"type", "gradient"}, {"gradientLength", 160}}});
   Json marks = Json::array();
   marks.push_back({{"type", "rect"}, {"name", "cells"}, {"from", {{"data", "cell_rows"}}},
@@ -118,8 +125,8 @@ void correlation_chart(const Json& a, std::vector<Chart>& out) {
   out.push_back(ch);
 }
 
-// #4: the top relationships that involve a parameter or a target (pairs of telemetry or outcome
-// columns measure the same thing twice and would fill the chart); every pair is in pairs.csv.
+// #4: the top relationships that involve a parameter (pairs of telemetry or outcome columns often
+// measure the same thing twice and would fill the chart); every pair is in pairs.csv.
 void pairs_chart(const Json& a, std::vector<Chart>& out) {
   const auto& rows = a["pairs"]["rows"];
   if (rows.empty()) return;
@@ -130,7 +137,7 @@ void pairs_chart(const Json& a, std::vector<Chart>& out) {
     if (r["q"].is_number() && r["q"].get<double>() < 0.05) ++significant;
   for (const auto& r : rows) {
     const std::string x = r["a"], y = r["b"];
-    const bool keep = of_interest(a, x) || of_interest(a, y);
+    const bool keep = is_feature(a, x) || is_feature(a, y);
     if (!keep) continue;
     ++relevant;
     if (vals.size() >= 20) continue;
@@ -161,7 +168,7 @@ void pairs_chart(const Json& a, std::vector<Chart>& out) {
                         (*top)["a"].get<std::string>() + " × " + (*top)["b"].get<std::string>() + " (effect " + fmt(d((*top)["effect"])) +
                         ", q = " + fmt(d((*top)["q"])) + ").";
   out.push_back({"pairs", "Top relationships",
-                 "Top relationships with a parameter or target (" + std::to_string(vals.size()) + " of " + std::to_string(relevant) + ")", finding, s,
+                 "Top relationships of a parameter (" + std::to_string(vals.size()) + " of " + std::to_string(relevant) + ")", finding, s,
                  {{"bars", static_cast<long>(vals.size())}}});
 }
 
@@ -173,6 +180,7 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
     if (!y || tf["fits"].empty()) continue;
     Json points = Json::array(), lines = Json::array();
     std::vector<std::string> params;
+    Json titles = Json::object();
     std::string first;
     long first_n = 0;
     for (const auto& f : tf["fits"]) {
@@ -205,12 +213,19 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
       lines.push_back({{"param", xname}, {"x", lo}, {"y", ic + sl * lo}});
       lines.push_back({{"param", xname}, {"x", hi}, {"y", ic + sl * hi}});
       params.push_back(xname);
+      std::string title = xname;
+      if ((*xc)["kind"] == "binary" && eq == std::string::npos)
+        title += " (0 = " + (*xc)["levels"][0].get<std::string>() + ", 1 = " + (*xc)["levels"][1].get<std::string>() + ")";
+      else if (eq != std::string::npos)
+        title += " (1 = yes, 0 = another level)";
+      titles[xname] = title;
       if (first.empty()) { first = xname; first_n = n; }
     }
     if (params.empty()) continue;
     const auto& f0 = tf["fits"][0];
     Json s = base_spec(420, 260);
-    s["signals"] = Json::array({{{"name", "param"}, {"value", first}, {"bind", {{"input", "select"}, {"options", params}, {"name", "parameter "}}}}});
+    s["signals"] = Json::array({{{"name", "param"}, {"value", first}, {"bind", {{"input", "select"}, {"options", params}, {"name", "parameter "}}}},
+                                {{"name", "titles"}, {"value", titles}}});
     Json eqs = Json::array();
     for (const auto& f : tf["fits"])
       if (!f.contains("error"))
@@ -225,7 +240,7 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "x"}}, {{"data", "line"}, {"field", "x"}}})}}}},
                                {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "y"}}, {{"data", "line"}, {"field", "y"}}})}}}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "param"}}}}, {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param]"}}}}, {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
     s["marks"] = Json::array({{{"type", "line"}, {"name", "fit"}, {"from", {{"data", "line"}}},
                                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
                                                        {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
@@ -308,7 +323,9 @@ void distribution_charts(const Json& a, std::vector<Chart>& out) {
     s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"range", "width"}, {"domain", {{"fields", Json::array({{{"data", "bins"}, {"field", "x0"}}, {{"data", "bins"}, {"field", "x1"}}})}}}},
                                {{"name", "y"}, {"type", "linear"}, {"nice", true}, {"range", "height"}, {"domain", {0, h["counts"][mode].get<long>() + 1}}},
                                {{"name", "f"}, {"type", "linear"}, {"domain", {0, 1}}, {"range", "height"}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", col}}, {{"orient", "left"}, {"scale", "y"}, {"title", "rows"}, {"tickMinStep", 1}},
+    Json xaxis = {{"orient", "bottom"}, {"scale", "x"}, {"title", col}};
+    if (std::max(std::fabs(d(h["edges"][0])), std::fabs(d(h["edges"][h["edges"].size() - 1]))) >= 1e5) xaxis["format"] = "~s";
+    s["axes"] = Json::array({xaxis, {{"orient", "left"}, {"scale", "y"}, {"title", "rows"}, {"tickMinStep", 1}},
                              {{"orient", "right"}, {"scale", "f"}, {"title", "ECDF"}, {"format", "%"}}});
     s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "bins"}}},
                                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x0"}, {"offset", 1}}}, {"x2", {{"scale", "x"}, {"field", "x1"}}},

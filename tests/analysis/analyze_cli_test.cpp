@@ -74,9 +74,9 @@ TEST_F(AnalyzeCli, MissingFileAndNoSourceAreExit2) {
   auto r = run("analyze --csv " + out("nope.csv") + " --target y");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.output.find("cannot read the CSV file"), std::string::npos) << r.output;
-  r = run("analyze --target y");
+  r = run("analyze --target y --csv x.csv --sweep s");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.output.find("exactly one of --sweep"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not both"), std::string::npos) << r.output;
   r = run("analyze --db " + out("none.db") + " --sweep x");
   EXPECT_EQ(r.code, 2) << r.output;
 }
