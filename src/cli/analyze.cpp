@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "analysis/analyze.h"
+#include "analysis/telemetry.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "lab/store.h"
@@ -73,6 +74,10 @@ Subcommand add_analyze_command(CLI::App& root) {
             if (f->cv != 0) opt.cv = f->cv;
             opt.bins = f->bins;
             analysis::Analysis a = analysis::analyze(frame, opt);
+            if (f->csv.empty()) {
+              lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
+              analysis::add_telemetry(a, store, f->sweep);
+            }
             const std::string dir = f->out_dir.empty() ? "results/analysis/" + analysis::sanitize_name(name) : f->out_dir;
             auto paths = analysis::write_analysis(a, dir);
             if (f->format == "json") std::fputs((a.json.dump(1) + "\n").c_str(), stdout);

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "analysis/analyze.h"
+#include "analysis/telemetry.h"
 #include "cli/command.h"
 #include "core/error.h"
 #include "lab/store.h"
@@ -53,6 +54,10 @@ Subcommand add_report_command(CLI::App& root) {
             if (f->cv) opt.cv = f->cv;
             opt.seed = f->seed;
             analysis::Analysis a = analysis::analyze(frame, opt);
+            if (f->csv.empty()) {
+              lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
+              analysis::add_telemetry(a, store, f->sweep);
+            }
             const std::string html = report::render_report(a.json, title);
             std::filesystem::path out(f->out);
             if (out.has_parent_path()) std::filesystem::create_directories(out.parent_path());

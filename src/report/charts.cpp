@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 
 namespace scalelab::report {
@@ -396,11 +397,100 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
   out.push_back({"scaling-speedup", "Scaling", "Speedup against devices", finding, s, {{"points", static_cast<long>(pts.size())}, {"ideal", 2}}});
 }
 
+// #1: telemetry small multiples (one panel per source.metric, a line per device) for a selected
+// trial, and the GPU imbalance bars.
+void telemetry_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("telemetry") || a["telemetry"]["trials"].empty()) return;
+  const auto& trials = a["telemetry"]["trials"];
+  Json rows = Json::array(), options = Json::array();
+  std::string first;
+  long first_n = 0;
+  std::set<std::string> keys;
+  for (const auto& t : trials) {
+    const std::string label = "trial " + std::to_string(t["trial_id"].get<long>()) + ": " + t["config"].get<std::string>();
+    options.push_back(label);
+    long n = 0;
+    for (const auto& s : t["series"]) {
+      const std::string key = s["source"].get<std::string>() + "." + s["metric"].get<std::string>();
+      keys.insert(key);
+      for (std::size_t i = 0; i < s["t"].size(); ++i) {
+        rows.push_back({{"trial", label}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
+        ++n;
+      }
+    }
+    if (first.empty()) { first = label; first_n = n; }
+  }
+  const int cols = 3, cw = 260, chh = 120;
+  Json s = base_spec(cw, chh);
+  s.erase("width");
+  s.erase("height");
+  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"name", "trial "}}}}});
+  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial === trial"}}})}}});
+  s["layout"] = {{"columns", cols}, {"padding", {{"row", 36}, {"column", 50}}}, {"bounds", "full"}};
+  s["scales"] = Json::array({{{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "tel_rows"}, {"field", "device"}}}, {"range", "category"}}});
+  s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device"}, {"orient", "none"}, {"legendX", cols * (cw + 50) + 50}, {"legendY", 0}}});
+  Json line = {{"type", "line"}, {"name", "tel_line"}, {"from", {{"data", "dev_facet"}}},
+               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"stroke", {{"scale", "color"}, {"field", "device"}}},
+                                       {"strokeWidth", {{"value", 1.5}}},
+                                       {"tooltip", tooltip_signal({{"device", "datum.device"}, {"t (s)", "format(datum.t, '.2f')"}, {"value", "format(datum.v, '.4~s')"}})}}}}}};
+  Json by_device = {{"type", "group"}, {"from", {{"facet", {{"name", "dev_facet"}, {"data", "cell"}, {"groupby", "device"}}}}}, {"marks", Json::array({line})}};
+  Json cell = {{"type", "group"}, {"name", "panel"}, {"from", {{"facet", {{"name", "cell"}, {"data", "tel_rows"}, {"groupby", "key"}}}}},
+               {"sort", {{"field", "key"}}},
+               {"title", {{"text", {{"signal", "parent.key"}}}, {"fontSize", 11}, {"frame", "group"}}},
+               {"encode", {{"update", {{"width", {{"value", cw}}}, {"height", {{"value", chh}}}, {"stroke", {{"value", "#ccc"}}}}}}},
+               {"scales", Json::array({{{"name", "x"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "t"}}}, {"range", {0, cw}}, {"zero", false}},
+                                       {{"name", "y"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "v"}}}, {"range", {chh, 0}}, {"zero", false}, {"nice", true}}})},
+               {"axes", Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "t (s)"}, {"tickCount", 5}},
+                                     {{"orient", "left"}, {"scale", "y"}, {"format", "~s"}, {"tickCount", 4}}})},
+               {"marks", Json::array({by_device})}};
+  s["marks"] = Json::array({cell});
+  std::string finding = std::to_string(trials.size()) + " trials with telemetry, " + std::to_string(keys.size()) + " source.metric series each: a panel per series, a line per device; pick the trial below.";
+  const auto& fl = a["telemetry"]["flagged"];
+  out.push_back({"telemetry", "Telemetry", "Telemetry per trial and device", finding, s, {{"tel_line", first_n}}});
+
+  // Imbalance bars.
+  Json bars = Json::array();
+  std::map<std::string, int> straggler_count, idle_count;
+  for (const auto& t : trials) {
+    if (!t.contains("imbalance")) continue;
+    for (const auto& dv : t["imbalance"]["devices"]) {
+      if (dv["straggler"].get<bool>()) ++straggler_count[dv["device"].get<std::string>()];
+      if (dv["idle"].get<bool>()) ++idle_count[dv["device"].get<std::string>()];
+      if (bars.size() < 48)
+        bars.push_back({{"row", "trial " + std::to_string(dv["trial"].get<long>()) + " · GPU " + dv["device"].get<std::string>()},
+                        {"util", dv["mean_util_pct"]}, {"flag", dv["straggler"].get<bool>() ? "straggler" : (dv["idle"].get<bool>() ? "idle" : "ok")},
+                        {"idle", dv["idle_fraction"]}});
+    }
+  }
+  if (bars.empty()) return;
+  Json b = base_spec(380, static_cast<int>(bars.size()) * 16);
+  b["data"] = Json::array({{{"name", "imb_rows"}, {"values", bars}}});
+  Json domain = Json::array();
+  for (const auto& r : bars) domain.push_back(r["row"]);
+  b["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}, {"padding", 0.15}},
+                             {{"name", "x"}, {"type", "linear"}, {"domain", {0, 100}}, {"range", "width"}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"ok", "straggler", "idle"}}, {"range", {"#5dade2", "#e67e22", "#c0392b"}}}});
+  b["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean GPU utilization over the steady window (%)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
+  b["legends"] = Json::array({{{"fill", "color"}, {"title", "flag"}}});
+  b["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "imb_rows"}}},
+                             {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "row"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
+                                                     {"x2", {{"scale", "x"}, {"field", "util"}}}, {"fill", {{"scale", "color"}, {"field", "flag"}}},
+                                                     {"tooltip", tooltip_signal({{"device", "datum.row"}, {"util %", "format(datum.util, '.1f')"}, {"idle share", "format(datum.idle, '.0%')"}})}}}}}}});
+  std::string f2;
+  for (const auto& [dev, n] : straggler_count) f2 += (f2.empty() ? "" : "; ") + std::string("GPU ") + dev + " a straggler in " + std::to_string(n) + " of " + std::to_string(trials.size()) + " trials";
+  for (const auto& [dev, n] : idle_count) f2 += (f2.empty() ? "" : "; ") + std::string("GPU ") + dev + " idle in " + std::to_string(n) + " trials";
+  if (f2.empty()) f2 = "No idle GPU and no straggler (every device within 80 % of the median utilization).";
+  else f2 += " (" + std::to_string(fl.size()) + " flagged device rows).";
+  out.push_back({"imbalance", "Telemetry", "GPU utilization per trial and device" + std::string(bars.size() >= 48 ? " (first 48)" : ""), f2, b,
+                 {{"bars", static_cast<long>(bars.size())}}});
+}
+
 }  // namespace
 
 std::vector<Chart> build_charts(const Json& a) {
   std::vector<Chart> out;
   scaling_charts(a, out);
+  telemetry_charts(a, out);
   correlation_chart(a, out);
   pairs_chart(a, out);
   ols_charts(a, out);

@@ -7,6 +7,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/frame.h"
+#include "analysis/telemetry.h"
 #include "golden_util.h"
 #include "lab/store.h"
 
@@ -244,6 +245,53 @@ TEST(CsvAnalysis, RunsCsvGivesTheSameRegression) {
     expect_close(r["ols"][0]["terms"][k]["coef"], eo["terms"][k]["coef"], "coef", 1e-9);
     expect_p(r["ols"][0]["terms"][k]["p"], eo["terms"][k]["p"], "p");
   }
+}
+
+}  // namespace
+}  // namespace scalelab::analysis
+
+namespace scalelab::analysis {
+namespace {
+
+// Telemetry per trial x device and the imbalance table against numpy (device 1 is the planted
+// straggler: ~61 % against ~92 %).
+TEST(GoldenTelemetry, ImbalanceMatchesNumpy) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("scalelab-analysis-tel-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string db = (dir / "golden.db").string();
+  testing::build_golden_db(db, testing::read_json_file(testing::golden_dir() + "/sweep.json"));
+  const Json e = testing::read_json_file(testing::golden_dir() + "/expected.json");
+  lab::Table imb;
+  Json t;
+  {
+    lab::ResultsStore store(db, lab::ResultsStore::Mode::kReadOnly);
+    t = telemetry_section(store, "golden", imb);
+  }
+  fs::remove_all(dir);
+  ASSERT_EQ(imb.rows.size(), e["imbalance"].size());
+  std::size_t stragglers = 0;
+  for (std::size_t k = 0; k < imb.rows.size(); ++k) {
+    const Json& g = imb.rows[k];
+    const Json& w = e["imbalance"][k];
+    EXPECT_EQ(g["device"], w["device"]);
+    testing::expect_close(g["mean_util_pct"], w["mean_util_pct"], "mean util");
+    testing::expect_close(g["idle_fraction"], w["idle_fraction"], "idle");
+    testing::expect_close(g["ratio_to_median"], w["ratio_to_median"], "ratio");
+    EXPECT_EQ(g["idle"], w["idle"]);
+    EXPECT_EQ(g["straggler"], w["straggler"]);
+    stragglers += g["straggler"].get<bool>();
+  }
+  EXPECT_GT(stragglers, 0u);
+  EXPECT_EQ(t["flagged"].size(), stragglers);
+  // Every trial's series carry avg / max / p95 and the engine's counter sits 256 MiB below NVML's.
+  const Json& tr = t["trials"][0];
+  double nvml = 0, engine = 0;
+  for (const auto& s : tr["series"]) {
+    if (s["metric"] == "mem_used_bytes" && s["source"] == "nvml" && s["device"] == "0") nvml = s["avg"].get<double>();
+    if (s["source"] == "engine") engine = s["avg"].get<double>();
+  }
+  EXPECT_NEAR(nvml - engine, 268435456.0, 1e-3);
 }
 
 }  // namespace

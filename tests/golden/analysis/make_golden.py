@@ -424,6 +424,28 @@ for name in features:
                            "kruskal_p": float(kw.pvalue)})
 
 
+# Telemetry per trial x device (#1): the imbalance over nvml.gpu_util_pct, steady window as above.
+imbalance = []
+for t in ok:
+    util = {}
+    for ts, src, dev, met, v in t["telemetry"]:
+        if src == "nvml" and met == "gpu_util_pct":
+            util.setdefault(dev, []).append((ts, v))
+    devs = sorted(util)
+    means, idles = [], []
+    for dev in devs:
+        pts = util[dev]
+        t0 = min(p[0] for p in pts)
+        t1 = max(p[0] for p in pts)
+        v = np.array([p[1] for p in pts if len(pts) < 10 or p[0] >= t0 + 0.1 * (t1 - t0)])
+        means.append(float(np.mean(v)))
+        idles.append(float(np.mean(v < 5.0)))
+    med = float(np.median(means))
+    for dev, m, idle in zip(devs, means, idles):
+        imbalance.append({"device": dev, "mean_util_pct": m, "idle_fraction": idle, "ratio_to_median": m / med,
+                          "idle": idle >= 0.25, "straggler": len(devs) >= 2 and m < 0.8 * med})
+
+
 def clean(o):
     if isinstance(o, float):
         return None if math.isnan(o) or math.isinf(o) else o
@@ -442,7 +464,7 @@ expected = {"versions": {"numpy": np.__version__, "pandas": pd.__version__, "sci
                          "statsmodels": statsmodels.__version__, "scikit-learn": sklearn.__version__},
             "targets": targets, "features": features, "split_train": split,
             "frame": frame, "descriptive": descriptive, "correlation": corr, "pairs": pairs, "ols": ols_out, "fits": fits,
-            "distributions": dists, "groups": groups_out}
+            "distributions": dists, "groups": groups_out, "imbalance": imbalance}
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(clean(expected), f, indent=None, separators=(",", ":"))
     f.write("\n")
