@@ -14,6 +14,7 @@
 #include "analysis/distributions.h"
 #include "analysis/pairs.h"
 #include "analysis/regression.h"
+#include "analysis/trees.h"
 #include "core/error.h"
 
 namespace scalelab::analysis {
@@ -275,6 +276,36 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   }
   j["ols"] = olsj;
   j["fits"] = fitsj;
+
+  // #11 tree-model importances (xgboost), per target.
+  Json treej = Json::array();
+  lab::Table tt;
+  tt.columns = {{"target", "target"}, {"model", "model"}, {"feature", "feature"}, {"gain", "gain", lab::CellFormat::kFixed1},
+                {"weight", "weight", lab::CellFormat::kFixed1}, {"cover", "cover", lab::CellFormat::kFixed1},
+                {"permutation_mean", "perm. ΔMSE", lab::CellFormat::kSig4}, {"permutation_sd", "± sd", lab::CellFormat::kSig4},
+                {"cv_r2", "CV R²", lab::CellFormat::kFixed3}, {"cv_rmse", "CV RMSE", lab::CellFormat::kSig4}};
+  if (opt.trees) {
+    const int folds = opt.cv ? *opt.cv : 5;
+    for (const auto& tname : targets) {
+      std::vector<Variable> d;
+      for (const auto& v : design)
+        if (v.column != tname) d.push_back(v);
+      for (const auto& r : tree_importances(tname, frame.find(tname)->values, d, folds)) {
+        treej.push_back(tree_result_to_json(r));
+        if (!r.error.empty()) {
+          problems.push_back(r.model + " importances for " + tname + ": " + r.error);
+          continue;
+        }
+        for (std::size_t k = 0; k < r.features.size(); ++k)
+          tt.rows.push_back({{"target", tname}, {"model", r.model}, {"feature", r.features[k]}, {"gain", r.gain[k]}, {"weight", r.weight[k]},
+                             {"cover", r.cover[k]}, {"permutation_mean", r.perm_mean[k]}, {"permutation_sd", r.perm_sd[k]},
+                             {"cv_r2", num(r.cv_r2)}, {"cv_rmse", r.cv_rmse}});
+      }
+    }
+  }
+  j["trees"] = treej;
+  j["xgboost_version"] = xgboost_version();
+  out.tables.push_back({"importances", tt});
   out.tables.push_back({"ols", ot});
   out.tables.push_back({"fits", ft});
 
@@ -380,6 +411,21 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   }
   if (!ft.rows.empty()) md << "\n## Each parameter against each target (ordered by |r|)\n\n" << lab::render_markdown(ft);
   if (!gt.rows.empty()) md << "\n## Groups (ANOVA and Kruskal–Wallis)\n\n" << lab::render_markdown(gt);
+  for (const auto& r : treej) {
+    if (r.contains("error")) continue;
+    md << "\n## Importances: " << r["model"].get<std::string>() << " for " << r["target"].get<std::string>() << " (xgboost "
+       << j["xgboost_version"].get<std::string>() << ")\n\n"
+       << "Cross-validated R² = " << fmt(r["cv_r2"].is_null() ? kNaN : r["cv_r2"].get<double>()) << ", RMSE = " << fmt(r["cv_rmse"].get<double>())
+       << " (" << r["folds"] << " folds)";
+    if (r["unreliable"].get<bool>()) md << " — **surrogate unreliable**: the model does not predict the target (CV R² < 0.5), so its importances say little";
+    md << ".\n\n";
+    lab::Table t = tt;
+    t.rows.clear();
+    for (const auto& row : tt.rows)
+      if (row["model"] == r["model"] && row["target"] == r["target"]) t.rows.push_back(row);
+    std::stable_sort(t.rows.begin(), t.rows.end(), [](const Json& a, const Json& b) { return a["gain"].get<double>() > b["gain"].get<double>(); });
+    md << lab::render_markdown(t);
+  }
   out.markdown = md.str();
   return out;
 }

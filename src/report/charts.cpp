@@ -165,7 +165,7 @@ void pairs_chart(const Json& a, std::vector<Chart>& out) {
                                                     {"fill", {{"scale", "color"}, {"field", "sign"}}},
                                                     {"tooltip", tooltip_signal({{"pair", "datum.pair"}, {"kind", "datum.kind"}, {"effect", "format(datum.effect, '.3f')"},
                                                                                  {"p", "format(datum.p, '.3g')"}, {"q (BH)", "format(datum.q, '.3g')"}})}}}}}}});
-  std::string finding = std::to_string(rows.size()) + " pairs in all, " + std::to_string(significant) + " with q < 0.05; strongest involving a parameter or target: " +
+  std::string finding = std::to_string(rows.size()) + " pairs in all, " + std::to_string(significant) + " with q < 0.05; strongest involving a parameter: " +
                         (*top)["a"].get<std::string>() + " × " + (*top)["b"].get<std::string>() + " (effect " + fmt(d((*top)["effect"])) +
                         ", q = " + fmt(d((*top)["q"])) + ").";
   out.push_back({"pairs", "Top relationships",
@@ -485,6 +485,41 @@ void telemetry_charts(const Json& a, std::vector<Chart>& out) {
                  {{"bars", static_cast<long>(bars.size())}}});
 }
 
+// #11: xgboost importances per target and model, with the cross-validated R² in the finding.
+void importance_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("trees")) return;
+  for (const auto& r : a["trees"]) {
+    if (r.contains("error")) continue;
+    Json vals = Json::array();
+    std::size_t top = 0;
+    for (std::size_t k = 0; k < r["features"].size(); ++k) {
+      vals.push_back({{"feature", r["features"][k]}, {"gain", r["gain"][k]}, {"weight", r["weight"][k]}, {"cover", r["cover"][k]},
+                      {"perm", r["permutation_mean"][k]}, {"perm_sd", r["permutation_sd"][k]}});
+      if (d(r["gain"][k]) > d(r["gain"][top])) top = k;
+    }
+    Json s = base_spec(360, static_cast<int>(vals.size()) * 22 + 10);
+    s["signals"] = Json::array({{{"name", "kind"}, {"value", "gain"}, {"bind", {{"input", "radio"}, {"options", {"gain", "weight", "cover"}}, {"name", "importance "}}}}});
+    s["data"] = Json::array({{{"name", "imp_rows"}, {"values", vals}, {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "datum[kind]"}}})}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "imp_rows"}, {"field", "feature"}, {"sort", {{"field", "gain"}, {"op", "max"}, {"order", "descending"}}}}},
+                                {"range", "height"}, {"padding", 0.2}},
+                               {{"name", "x"}, {"type", "linear"}, {"domain", {0, 100}}, {"range", "width"}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "kind + ' importance (100 = the largest)'"}}}, {"grid", true}},
+                             {{"orient", "left"}, {"scale", "y"}}});
+    const bool bad = r["unreliable"].get<bool>();
+    s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "imp_rows"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "feature"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "v"}}}, {"fill", {{"value", bad ? "#bdc3c7" : "#8e44ad"}}},
+                                                       {"tooltip", tooltip_signal({{"feature", "datum.feature"}, {"gain", "format(datum.gain, '.1f')"}, {"weight", "format(datum.weight, '.1f')"},
+                                                                                   {"cover", "format(datum.cover, '.1f')"}, {"permutation ΔMSE", "format(datum.perm, '.3g') + ' ± ' + format(datum.perm_sd, '.3g')"}})}}}}}}});
+    const std::string model = r["model"] == "random_forest" ? "random forest" : "gradient boosting";
+    std::string finding = (bad ? "SURROGATE UNRELIABLE — " : std::string()) + "cross-validated R² = " + fmt(d(r["cv_r2"])) + ", RMSE = " + fmt(d(r["cv_rmse"])) +
+                          " (" + std::to_string(r["folds"].get<int>()) + " folds); top: " + r["features"][top].get<std::string>() +
+                          " (permutation ΔMSE " + fmt(d(r["permutation_mean"][top])) + " ± " + fmt(d(r["permutation_sd"][top])) + ").";
+    out.push_back({"trees-" + r["model"].get<std::string>() + "-" + r["target"].get<std::string>(), "Importances (xgboost)",
+                   model + ": " + r["target"].get<std::string>(), finding, s, {{"bars", static_cast<long>(vals.size())}}});
+  }
+}
+
 }  // namespace
 
 std::vector<Chart> build_charts(const Json& a) {
@@ -494,6 +529,7 @@ std::vector<Chart> build_charts(const Json& a) {
   correlation_chart(a, out);
   pairs_chart(a, out);
   ols_charts(a, out);
+  importance_charts(a, out);
   fit_charts(a, out);
   group_charts(a, out);
   distribution_charts(a, out);

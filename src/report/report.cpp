@@ -64,6 +64,7 @@ section h2{font-size:18px;margin:22px 0 8px;border-bottom:2px solid #1f3a5f;padd
 .card{background:#fff;border-radius:6px;box-shadow:0 1px 3px rgba(0,0,0,.15);padding:12px 14px;max-width:100%;overflow-x:auto}
 .card h3{margin:0 0 4px;font-size:15px}
 .finding{margin:0 0 8px;font-size:13px;color:#1f3a5f;font-weight:600;max-width:620px}
+.finding.warn{color:#b03a2e}
 .actions{font-size:12px;margin-top:4px} .actions button{font-size:12px;margin-right:6px;cursor:pointer}
 .problems{background:#fff4e5;border-left:4px solid #e67e22;padding:8px 14px;font-size:13px}
 table{border-collapse:collapse;font-size:12px;background:#fff}
@@ -169,7 +170,7 @@ std::string render_report(const Json& a, const std::string& title) {
       section = c.section;
       h << "<section><h2>" << esc(section) << "</h2><div class=\"cards\">\n";
     }
-    h << "<div class=\"card\" id=\"card-" << esc(c.id) << "\"><h3>" << esc(c.title) << "</h3><p class=\"finding\">" << esc(c.finding)
+    h << "<div class=\"card\" id=\"card-" << esc(c.id) << "\"><h3>" << esc(c.title) << "</h3><p class=\"finding" << (c.finding.rfind("SURROGATE UNRELIABLE", 0) == 0 ? " warn" : "") << "\">" << esc(c.finding)
       << "</p><div class=\"chart\" id=\"chart-" << k << "\"></div><div class=\"actions\" id=\"actions-" << k << "\"></div></div>\n";
   }
   if (!section.empty()) h << "</div></section>\n";

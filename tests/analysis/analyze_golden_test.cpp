@@ -296,3 +296,38 @@ TEST(GoldenTelemetry, ImbalanceMatchesNumpy) {
 
 }  // namespace
 }  // namespace scalelab::analysis
+
+namespace scalelab::analysis {
+namespace {
+
+// xgboost importances, cross-validated R² and permutation importances against python xgboost at
+// Debian's libxgboost version, the same parameters (1e-6: the models predict in float32; a
+// vector's values are compared relative to its largest magnitude).
+TEST_F(GoldenAnalysis, XgboostImportancesMatchPythonXgboost) {
+  const Json& want = E()["trees"];
+  const Json& got = R()["trees"];
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(R()["xgboost_version"], E()["versions"]["xgboost"]);
+  auto close_vec = [](const Json& g, const Json& w, const std::string& what) {
+    ASSERT_EQ(g.size(), w.size()) << what;
+    double scale = 0;
+    for (const auto& v : w) scale = std::max(scale, std::fabs(v.get<double>()));
+    for (std::size_t k = 0; k < w.size(); ++k)
+      EXPECT_LE(std::fabs(g[k].get<double>() - w[k].get<double>()), 1e-6 * scale) << what << "[" << k << "]: " << g[k] << " vs " << w[k];
+  };
+  for (std::size_t m = 0; m < want.size(); ++m) {
+    const Json& g = got[m];
+    const Json& w = want[m];
+    const std::string what = w["model"].get<std::string>() + " " + w["target"].get<std::string>();
+    ASSERT_FALSE(g.contains("error")) << g.dump();
+    EXPECT_EQ(g["model"], w["model"]);
+    EXPECT_EQ(g["n"], w["n"]);
+    EXPECT_NEAR(g["cv_r2"].get<double>(), w["cv_r2"].get<double>(), 1e-6) << what;
+    EXPECT_NEAR(g["cv_rmse"].get<double>(), w["cv_rmse"].get<double>(), 1e-6 * w["cv_rmse"].get<double>()) << what;
+    EXPECT_EQ(g["unreliable"].get<bool>(), w["cv_r2"].get<double>() < 0.5) << what;
+    for (const char* k : {"gain", "weight", "cover", "permutation_mean", "permutation_sd"}) close_vec(g[k], w[k], what + " " + k);
+  }
+}
+
+}  // namespace
+}  // namespace scalelab::analysis

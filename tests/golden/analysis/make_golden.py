@@ -29,6 +29,7 @@ import pandas as pd
 import scipy
 import scipy.stats as st
 import sklearn
+import xgboost as xgb
 import statsmodels
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
@@ -424,6 +425,66 @@ for name in features:
                            "kruskal_p": float(kw.pvalue)})
 
 
+# Tree models (#11) with xgboost, the parameters of src/analysis/trees.h.
+COMMON = {"objective": "reg:squarederror", "tree_method": "exact", "seed": "0", "nthread": "1", "verbosity": "0"}
+MODELS = [("random_forest", dict(COMMON, num_parallel_tree="64", subsample="0.8", colsample_bynode="0.8", learning_rate="1", max_depth="6"), 1),
+          ("gradient_boosting", dict(COMMON, learning_rate="0.1", max_depth="3"), 100)]
+trees_out = []
+names = [d[0] for d in design]
+for tname in targets:
+    yfull = np.array(col[tname]["values"])
+    rows_t = [i for i in range(n) if not math.isnan(yfull[i])]
+    X = np.column_stack([d[1] for d in design])[rows_t].astype(np.float32)
+    y = yfull[rows_t]
+    nt = len(rows_t)
+
+    def seq_mean(v):
+        acc = 0.0
+        for x in v:
+            acc += float(x)
+        return acc / len(v)
+
+    def train(sel, params, rounds):
+        p = dict(params, base_score="%.17g" % seq_mean(y[sel]))
+        d = xgb.DMatrix(X[sel], label=y[sel], feature_names=names, missing=np.nan)
+        return xgb.train(p, d, num_boost_round=rounds)
+
+    for mname, params, rounds in MODELS:
+        allr = list(range(nt))
+        b = train(allr, params, rounds)
+        imp = {}
+        for kind in ("gain", "weight", "cover"):
+            sc = b.get_score(importance_type=kind)
+            v = [float(sc.get(nm, 0.0)) for nm in names]
+            mx = max(v)
+            imp[kind] = [100.0 * x / mx for x in v] if mx > 0 else v
+        pos = splitmix_shuffle(nt, 0)
+        fold = [0] * nt
+        for qpos, row in enumerate(pos):
+            fold[row] = qpos % 5
+        pred = np.zeros(nt)
+        perm = [[] for _ in names]
+        for k in range(5):
+            tr = [i for i in range(nt) if fold[i] != k]
+            te = [i for i in range(nt) if fold[i] == k]
+            bk = train(tr, params, rounds)
+            xte = X[te]
+            pk = bk.predict(xgb.DMatrix(xte, feature_names=names, missing=np.nan)).astype(np.float64)
+            pred[te] = pk
+            base = float(np.mean((y[te] - pk) ** 2))
+            for c in range(len(names)):
+                pidx = splitmix_shuffle(len(te), 1 + c)
+                xp = xte.copy()
+                xp[:, c] = xte[pidx, c]
+                pp = bk.predict(xgb.DMatrix(xp, feature_names=names, missing=np.nan)).astype(np.float64)
+                perm[c].append(float(np.mean((y[te] - pp) ** 2)) - base)
+        ss = float(np.sum((y - pred) ** 2))
+        st_ = float(np.sum((y - np.mean(y)) ** 2))
+        trees_out.append({"model": mname, "target": tname, "n": nt, "cv_r2": 1 - ss / st_, "cv_rmse": math.sqrt(ss / nt),
+                          "gain": imp["gain"], "weight": imp["weight"], "cover": imp["cover"],
+                          "permutation_mean": [float(np.mean(v)) for v in perm],
+                          "permutation_sd": [float(np.std(v, ddof=1)) for v in perm]})
+
 # Telemetry per trial x device (#1): the imbalance over nvml.gpu_util_pct, steady window as above.
 imbalance = []
 for t in ok:
@@ -461,10 +522,11 @@ frame = {"rows": n, "dropped_constant": dropped, "repeats": [r[3] for r in rows]
                       "levels": c.get("levels", []),
                       "values": c["values"] if c["kind"] == "numeric" else c["text"]} for c in columns]}
 expected = {"versions": {"numpy": np.__version__, "pandas": pd.__version__, "scipy": scipy.__version__,
-                         "statsmodels": statsmodels.__version__, "scikit-learn": sklearn.__version__},
+                         "statsmodels": statsmodels.__version__, "scikit-learn": sklearn.__version__,
+                         "xgboost": xgb.__version__},
             "targets": targets, "features": features, "split_train": split,
             "frame": frame, "descriptive": descriptive, "correlation": corr, "pairs": pairs, "ols": ols_out, "fits": fits,
-            "distributions": dists, "groups": groups_out, "imbalance": imbalance}
+            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out}
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(clean(expected), f, indent=None, separators=(",", ":"))
     f.write("\n")
