@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "analysis/analyze.h"
+#include "analysis/agreement.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
 #include "core/error.h"
@@ -77,6 +78,7 @@ Subcommand add_analyze_command(CLI::App& root) {
             if (f->csv.empty()) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
               analysis::add_telemetry(a, store, f->sweep);
+              analysis::add_agreement(a, store, f->sweep);
             }
             const std::string dir = f->out_dir.empty() ? "results/analysis/" + analysis::sanitize_name(name) : f->out_dir;
             auto paths = analysis::write_analysis(a, dir);

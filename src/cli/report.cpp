@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "analysis/analyze.h"
+#include "analysis/agreement.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
 #include "core/error.h"
@@ -57,6 +58,7 @@ Subcommand add_report_command(CLI::App& root) {
             if (f->csv.empty()) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
               analysis::add_telemetry(a, store, f->sweep);
+              analysis::add_agreement(a, store, f->sweep);
             }
             const std::string html = report::render_report(a.json, title);
             std::filesystem::path out(f->out);

@@ -520,12 +520,55 @@ void importance_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
+// #7: Bland–Altman plots of the telemetry sources that measure the same quantity.
+void agreement_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("agreement")) return;
+  for (const auto& p : a["agreement"]) {
+    Json pts = Json::array();
+    const auto& st = p["per_sample"];
+    double lo = d(st["lower"], d(st["bias"])), hi = d(st["upper"], d(st["bias"]));
+    for (const auto& xy : p["points"]) {
+      const double x = xy[0].get<double>(), y = xy[1].get<double>();
+      pts.push_back({{"mean", 0.5 * (x + y)}, {"diff", y - x}});
+      lo = std::min(lo, y - x);
+      hi = std::max(hi, y - x);
+    }
+    // A spread that is rounding next to the bias (a fixed offset) gets a readable window of
+    // ±5 % of the bias around it.
+    const double mid = 0.5 * (lo + hi), span = hi - lo;
+    const double pad = span < 1e-6 * std::max({std::fabs(lo), std::fabs(hi), 1.0}) ? 0.05 * std::max(std::fabs(mid), 1.0) : 0.08 * span;
+    lo -= pad;
+    hi += pad;
+    Json lines = Json::array({{{"y", st["bias"]}, {"label", "bias"}}, {{"y", st["lower"]}, {"label", "−1.96 sd"}}, {{"y", st["upper"]}, {"label", "+1.96 sd"}}});
+    Json s = base_spec(380, 220);
+    s["data"] = Json::array({{{"name", "ba_rows"}, {"values", pts}}, {{"name", "ba_lines"}, {"values", lines}, {"transform", Json::array({{{"type", "filter"}, {"expr", "isValid(datum.y)"}}})}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"}, {"domain", {{"data", "ba_rows"}, {"field", "mean"}}}},
+                               {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"range", "height"}, {"domain", {lo, hi}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean of the two sources"}, {"format", "~s"}},
+                             {{"orient", "left"}, {"scale", "y"}, {"title", "difference (b − a)"}, {"format", "~s"}, {"tickCount", 5}}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "limits"}, {"from", {{"data", "ba_lines"}}},
+                               {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
+                                                       {"stroke", {{"value", "#c0392b"}}}, {"strokeDash", {{"signal", "datum.label === 'bias' ? [] : [4, 3]"}}}}}}}},
+                              {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "ba_rows"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "mean"}}}, {"y", {{"scale", "y"}, {"field", "diff"}}}, {"size", {{"value", 16}}},
+                                                       {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.5}}},
+                                                       {"tooltip", tooltip_signal({{"mean", "format(datum.mean, '.4~s')"}, {"difference", "format(datum.diff, '.4~s')"}})}}}}}}});
+    std::string finding = p["b"].get<std::string>() + " − " + p["a"].get<std::string>() + ": bias " + fmt(d(st["bias"]), 4) + ", limits [" +
+                          fmt(d(st["lower"]), 4) + ", " + fmt(d(st["upper"]), 4) + "], Lin's CCC " + fmt(d(st["ccc"]), 4) + ", r = " + fmt(d(st["r"]), 4) +
+                          " over " + std::to_string(st["n"].get<long>()) + " aligned samples.";
+    out.push_back({"agree-" + p["a"].get<std::string>() + "-" + p["b"].get<std::string>(), "Agreement of telemetry sources",
+                   p["quantity"].get<std::string>() + ": " + p["b"].get<std::string>() + " vs " + p["a"].get<std::string>(), finding, s,
+                   {{"points", static_cast<long>(pts.size())}, {"limits", 3}}});
+  }
+}
+
 }  // namespace
 
 std::vector<Chart> build_charts(const Json& a) {
   std::vector<Chart> out;
   scaling_charts(a, out);
   telemetry_charts(a, out);
+  agreement_charts(a, out);
   correlation_chart(a, out);
   pairs_chart(a, out);
   ols_charts(a, out);

@@ -7,6 +7,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/frame.h"
+#include "analysis/agreement.h"
 #include "analysis/telemetry.h"
 #include "golden_util.h"
 #include "lab/store.h"
@@ -327,6 +328,51 @@ TEST_F(GoldenAnalysis, XgboostImportancesMatchPythonXgboost) {
     EXPECT_EQ(g["unreliable"].get<bool>(), w["cv_r2"].get<double>() < 0.5) << what;
     for (const char* k : {"gain", "weight", "cover", "permutation_mean", "permutation_sd"}) close_vec(g[k], w[k], what + " " + k);
   }
+}
+
+}  // namespace
+}  // namespace scalelab::analysis
+
+namespace scalelab::analysis {
+namespace {
+
+// Agreement of telemetry sources against numpy/scipy: the engine's reserved bytes sit 256 MiB
+// below NVML's used bytes (the planted offset is the Bland–Altman bias), nvidia-smi's power is
+// NVML's plus noise.
+TEST(GoldenAgreement, BlandAltmanAndCccMatchNumpy) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("scalelab-analysis-agree-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string db = (dir / "golden.db").string();
+  testing::build_golden_db(db, testing::read_json_file(testing::golden_dir() + "/sweep.json"));
+  const Json e = testing::read_json_file(testing::golden_dir() + "/expected.json");
+  lab::Table table;
+  Json got;
+  {
+    lab::ResultsStore store(db, lab::ResultsStore::Mode::kReadOnly);
+    got = agreement_section(store, "golden", table);
+  }
+  fs::remove_all(dir);
+  ASSERT_EQ(got.size(), e["agreement"].size());
+  ASSERT_EQ(got.size(), 2u);
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const Json& g = got[k];
+    const Json& w = e["agreement"][k];
+    EXPECT_EQ(g["a"], w["a"]);
+    EXPECT_EQ(g["b"], w["b"]);
+    for (const char* level : {"per_sample", "per_trial"}) {
+      EXPECT_EQ(g[level]["n"], w[level]["n"]);
+      // The differences' scale is the limits' magnitude: an sd of 1e-7 bytes next to a bias of
+      // 2^28 bytes is rounding, compared at that scale.
+      const double scale = 1e-6 * std::max(std::fabs(w[level]["lower"].get<double>()), std::fabs(w[level]["upper"].get<double>()));
+      for (const char* f : {"slope", "intercept", "r", "r2", "bias", "sd", "lower", "upper", "ccc"}) {
+        const double gv = g[level][f].get<double>(), wv = w[level][f].get<double>();
+        EXPECT_LE(std::fabs(gv - wv), 1e-9 * std::max({std::fabs(wv), scale, 1e-3})) << g["b"] << " " << level << " " << f << ": " << gv << " vs " << wv;
+      }
+    }
+  }
+  EXPECT_NEAR(got[0]["per_sample"]["bias"].get<double>(), -268435456.0, 1.0);
+  EXPECT_EQ(table.rows.size(), 4u);
 }
 
 }  // namespace

@@ -507,6 +507,43 @@ for t in ok:
                           "idle": idle >= 0.25, "straggler": len(devs) >= 2 and m < 0.8 * med})
 
 
+# Agreement of sources (#7): samples of a and b share their timestamps here, so pairs are equal times.
+def agree(a, b):
+    a = np.asarray(a, dtype=float)
+    b = np.asarray(b, dtype=float)
+    d = b - a
+    lr = st.linregress(a, b)
+    ccc = 2 * np.mean((a - a.mean()) * (b - b.mean())) / (np.var(a) + np.var(b) + (a.mean() - b.mean()) ** 2)
+    sd = float(np.std(d, ddof=1))
+    return {"n": int(len(a)), "slope": float(lr.slope), "intercept": float(lr.intercept), "r": float(lr.rvalue),
+            "r2": float(lr.rvalue ** 2), "bias": float(d.mean()), "sd": sd, "lower": float(d.mean() - 1.96 * sd),
+            "upper": float(d.mean() + 1.96 * sd), "ccc": float(ccc)}
+
+
+agreement = []
+for qty, sa, ma, sb, mb in [("memory used", "nvml", "mem_used_bytes", "nvidia-smi", "mem_used_bytes"),
+                            ("memory used", "nvml", "mem_used_bytes", "engine", "mem_reserved_bytes"),
+                            ("power", "nvml", "power_w", "nvidia-smi", "power_w"),
+                            ("GPU utilization", "nvml", "gpu_util_pct", "nvidia-smi", "gpu_util_pct"),
+                            ("temperature", "nvml", "temperature_c", "nvidia-smi", "temperature_c")]:
+    A, B, TA, TB = [], [], [], []
+    for t in ok:
+        ser = {}
+        for ts, src, dev, met, v in t["telemetry"]:
+            ser.setdefault((src, dev, met), {})[ts] = v
+        for dev in sorted({k[1] for k in ser}):
+            if (sa, dev, ma) not in ser or (sb, dev, mb) not in ser:
+                continue
+            pa, pb = ser[(sa, dev, ma)], ser[(sb, dev, mb)]
+            times = sorted(set(pa) & set(pb))
+            A += [pa[x] for x in times]
+            B += [pb[x] for x in times]
+            TA.append(float(np.mean([pa[x] for x in times])))
+            TB.append(float(np.mean([pb[x] for x in times])))
+    if A:
+        agreement.append({"quantity": qty, "a": sa + "." + ma, "b": sb + "." + mb, "per_sample": agree(A, B), "per_trial": agree(TA, TB)})
+
+
 def clean(o):
     if isinstance(o, float):
         return None if math.isnan(o) or math.isinf(o) else o
@@ -526,7 +563,7 @@ expected = {"versions": {"numpy": np.__version__, "pandas": pd.__version__, "sci
                          "xgboost": xgb.__version__},
             "targets": targets, "features": features, "split_train": split,
             "frame": frame, "descriptive": descriptive, "correlation": corr, "pairs": pairs, "ols": ols_out, "fits": fits,
-            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out}
+            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out, "agreement": agreement}
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(clean(expected), f, indent=None, separators=(",", ":"))
     f.write("\n")
