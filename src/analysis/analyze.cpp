@@ -72,6 +72,18 @@ std::string fmt(double v, int sig = 4) {
   return buf;
 }
 
+// The row's varying parameters other than ranks, "micro_batch_size=2 model=x" (the series of a
+// scaling chart).
+std::string config_label(const Frame& f, std::size_t i) {
+  std::string out;
+  for (const auto& c : f.columns) {
+    if (c.role != ColumnRole::kParameter || c.name == "ranks") continue;
+    std::string v = c.kind == ColumnKind::kNumeric ? (std::isnan(c.values[i]) ? "" : fmt(c.values[i], 6)) : c.text[i];
+    out += (out.empty() ? "" : " ") + c.name + "=" + v;
+  }
+  return out.empty() ? "all" : out;
+}
+
 void write_atomic(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
@@ -342,10 +354,14 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   if (const Column* s = frame.find("speedup")) {
     const Column* ranks = frame.find("ranks");
     const Column* eff = frame.find("efficiency_pct");
+    const Column* kf = frame.find("karp_flatt");
+    const Column* tpd = frame.find("tokens_per_s_per_device");
     Json rows = Json::array();
     for (std::size_t i = 0; i < n; ++i)
       rows.push_back({{"row", frame.row_labels[i]}, {"ranks", ranks ? num(ranks->values[i]) : Json()},
-                      {"speedup", num(s->values[i])}, {"efficiency_pct", eff ? num(eff->values[i]) : Json()}});
+                      {"config", config_label(frame, i)},
+                      {"speedup", num(s->values[i])}, {"efficiency_pct", eff ? num(eff->values[i]) : Json()},
+                      {"karp_flatt", kf ? num(kf->values[i]) : Json()}, {"tokens_per_s_per_device", tpd ? num(tpd->values[i]) : Json()}});
     j["scaling"] = {{"rows", rows}};
   }
 

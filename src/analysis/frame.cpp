@@ -383,7 +383,7 @@ Frame build_frame_from_sweep(const lab::ResultsStore& store, const std::string& 
       p.erase("ranks");
       same[Json(p).dump()].push_back(i);
     }
-    std::vector<Json> speedup(rows.size()), eff(rows.size());
+    std::vector<Json> speedup(rows.size()), eff(rows.size()), kf(rows.size());
     bool any = false;
     for (const auto& [key, idx] : same) {
       if (idx.size() < 2) continue;
@@ -401,14 +401,17 @@ Frame build_frame_from_sweep(const lab::ResultsStore& store, const std::string& 
         auto ti = total(i);
         if (!ti) continue;
         double s = *ti / *tb;
+        const double p = ranks(i) / ranks(base);
         speedup[i] = s;
-        eff[i] = 100.0 * s / (ranks(i) / ranks(base));
+        eff[i] = 100.0 * s / p;
+        if (p > 1) kf[i] = (1.0 / s - 1.0 / p) / (1.0 - 1.0 / p);
         any = true;
       }
     }
     if (any) {
       f.columns.push_back(type_column("speedup", speedup, ColumnRole::kScaling));
       f.columns.push_back(type_column("efficiency_pct", eff, ColumnRole::kScaling));
+      f.columns.push_back(type_column("karp_flatt", kf, ColumnRole::kScaling));
     }
   }
   make_unique_names(f);

@@ -16,8 +16,9 @@
 // are grouped by config hash; parameters come from the config, outcomes from the metrics (every
 // numeric metric), telemetry as tel.<source>.<metric>.{avg,max,p95} over the steady window (the
 // samples after the first 10 % of the trial's sampled span; all samples when fewer than 10),
-// pooled over devices; scaling columns (speedup, efficiency_pct) where a "ranks" parameter varies:
-// against the 1-rank row (else the fewest ranks) with the same other parameters.
+// pooled over devices; scaling columns where a "ranks" parameter varies: speedup S = T(n)/T(b)
+// (T: tokens_per_s, total), efficiency_pct = 100 S / p, karp_flatt = (1/S - 1/p)/(1 - 1/p) for
+// p = n/b > 1, against the fewest-ranks row b with the same other parameters.
 // From a CSV file (build_frame_from_csv): the header names the columns; every row must have as
 // many cells; empty cells, "nan", "NaN", "NA" are missing.
 #include <cstddef>

@@ -369,32 +369,64 @@ void group_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
-// #2: speedup against device count with the ideal line, and efficiency.
+// #2: speedup against devices with the ideal line (a line per configuration), parallel
+// efficiency with the 80 % mark, and the Karp–Flatt serial fraction.
 void scaling_charts(const Json& a, std::vector<Chart>& out) {
   if (!a.contains("scaling")) return;
   Json pts = Json::array();
-  double max_ranks = 0;
-  std::string below;
-  double worst_eff = 1e9;
+  double max_ranks = 1;
+  double below80 = -1;
+  std::set<std::string> configs;
   for (const auto& r : a["scaling"]["rows"]) {
     if (!r["speedup"].is_number() || !r["ranks"].is_number()) continue;
     pts.push_back(r);
+    configs.insert(r["config"].get<std::string>());
     max_ranks = std::max(max_ranks, d(r["ranks"]));
-    if (d(r["efficiency_pct"]) < worst_eff) { worst_eff = d(r["efficiency_pct"]); below = fmt(d(r["ranks"])); }
+    if (d(r["efficiency_pct"]) < 80 && (below80 < 0 || d(r["ranks"]) < below80)) below80 = d(r["ranks"]);
   }
   if (pts.empty()) return;
-  Json s = base_spec(380, 240);
-  s["data"] = Json::array({{{"name", "pts"}, {"values", pts}}, {{"name", "ideal_rows"}, {"values", Json::array({{{"x", 1}, {"y", 1}}, {{"x", max_ranks}, {"y", max_ranks}}})}}});
-  s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {1, max_ranks}}},
-                             {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"fields", Json::array({{{"data", "pts"}, {"field", "speedup"}}, {{"data", "ideal_rows"}, {"field", "y"}}})}}}}});
-  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (ranks, log2)"}}, {{"orient", "left"}, {"scale", "y"}, {"title", "speedup"}}});
-  s["marks"] = Json::array({{{"type", "line"}, {"name", "ideal"}, {"from", {{"data", "ideal_rows"}}},
-                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"stroke", {{"value", "#999"}}}, {"strokeDash", {{"value", {5, 4}}}}}}}}},
-                            {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "pts"}}},
-                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", "speedup"}}}, {"fill", {{"value", "#2471a3"}}}, {"size", {{"value", 60}}},
-                                                     {"tooltip", tooltip_signal({{"run", "datum.row"}, {"devices", "datum.ranks"}, {"speedup", "format(datum.speedup, '.3f')"}, {"efficiency", "format(datum.efficiency_pct, '.1f') + ' %'"}})}}}}}}});
-  std::string finding = "Lowest parallel efficiency " + fmt(worst_eff, 3) + " % (at " + below + " devices); dashed: ideal linear speedup.";
-  out.push_back({"scaling-speedup", "Scaling", "Speedup against devices", finding, s, {{"points", static_cast<long>(pts.size())}, {"ideal", 2}}});
+  auto line_chart = [&](const std::string& id, const std::string& field, const std::string& title, const std::string& ytitle, bool ideal,
+                        double rule, const std::string& finding) {
+    Json s = base_spec(360, 220);
+    Json data = Json::array({{{"name", "sc_rows"}, {"values", pts}, {"transform", Json::array({{{"type", "filter"}, {"expr", "isValid(datum." + field + ")"}}})}}});
+    if (ideal) data.push_back({{"name", "ideal_rows"}, {"values", Json::array({{{"x", 1}, {"y", 1}}, {{"x", max_ranks}, {"y", max_ranks}}})}});
+    s["data"] = data;
+    Json yfields = Json::array({{{"data", "sc_rows"}, {"field", field}}});
+    if (ideal) yfields.push_back({{"data", "ideal_rows"}, {"field", "y"}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {1, max_ranks}}},
+                               {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"fields", yfields}}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "sc_rows"}, {"field", "config"}}}, {"range", "category"}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (ranks, log2 axis)"}}, {{"orient", "left"}, {"scale", "y"}, {"title", ytitle}}});
+    if (configs.size() > 1) s["legends"] = Json::array({{{"stroke", "color"}, {"title", "configuration"}, {"orient", "bottom"}, {"direction", "vertical"}}});
+    Json marks = Json::array();
+    if (ideal)
+      marks.push_back({{"type", "line"}, {"name", "ideal"}, {"from", {{"data", "ideal_rows"}}},
+                       {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"stroke", {{"value", "#999"}}}, {"strokeDash", {{"value", {5, 4}}}}}}}}});
+    if (rule > 0)
+      marks.push_back({{"type", "rule"}, {"name", "mark80"},
+                       {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"value", rule}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeDash", {{"value", {4, 3}}}}}}}}});
+    Json line = {{"type", "line"}, {"name", "series"}, {"from", {{"data", "sc_facet"}}},
+                 {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"stroke", {{"scale", "color"}, {"field", "config"}}}, {"strokeWidth", {{"value", 2}}}}}}}};
+    Json sym = {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "sc_facet"}}},
+                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"fill", {{"scale", "color"}, {"field", "config"}}}, {"size", {{"value", 50}}},
+                                        {"tooltip", tooltip_signal({{"configuration", "datum.config"}, {"devices", "datum.ranks"}, {"speedup", "format(datum.speedup, '.3f')"},
+                                                                    {"efficiency", "format(datum.efficiency_pct, '.1f') + ' %'"}, {"Karp–Flatt", "format(datum.karp_flatt, '.3f')"}})}}}}}};
+    marks.push_back({{"type", "group"}, {"from", {{"facet", {{"name", "sc_facet"}, {"data", "sc_rows"}, {"groupby", "config"}}}}},
+                     {"marks", Json::array({{{"type", "line"}, {"name", "series"}, {"from", {{"data", "sc_facet"}}}, {"sort", {{"field", "datum.ranks"}}}, {"encode", line["encode"]}}, sym})}});
+    s["marks"] = marks;
+    long n = 0;
+    for (const auto& p : pts) n += p[field].is_number();
+    std::map<std::string, long> expect{{"points", n}};
+    if (ideal) expect["ideal"] = 2;
+    out.push_back({id, "Scaling", title, finding, s, expect});
+  };
+  const std::string eff_finding = below80 > 0 ? "Efficiency falls below 80 % from " + fmt(below80) + " devices on (dashed: 80 %)."
+                                              : "Efficiency stays at or above 80 % up to " + fmt(max_ranks) + " devices (dashed: 80 %).";
+  line_chart("scaling-speedup", "speedup", "Speedup against devices", "speedup", true, 0,
+             "Speedup at " + fmt(max_ranks) + " devices against the ideal (dashed); " + std::to_string(configs.size()) + " configuration(s).");
+  line_chart("scaling-efficiency", "efficiency_pct", "Parallel efficiency", "efficiency (%)", false, 80, eff_finding);
+  line_chart("scaling-karp-flatt", "karp_flatt", "Karp–Flatt serial fraction", "serial fraction e", false, 0,
+             "A constant e means a fixed serial part; a growing e means overhead that grows with the device count.");
 }
 
 // #1: telemetry small multiples (one panel per source.metric, a line per device) for a selected

@@ -377,3 +377,41 @@ TEST(GoldenAgreement, BlandAltmanAndCccMatchNumpy) {
 
 }  // namespace
 }  // namespace scalelab::analysis
+
+namespace scalelab::analysis {
+namespace {
+
+// Speedup, efficiency and the Karp–Flatt fraction against the fewest-ranks row of the same
+// configuration (closed forms).
+TEST(ScalingColumns, SpeedupEfficiencyKarpFlatt) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("scalelab-analysis-scaling-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string db = (dir / "scaling.db").string();
+  testing::build_scaling_db(db);
+  Frame f;
+  {
+    lab::ResultsStore store(db, lab::ResultsStore::Mode::kReadOnly);
+    f = build_frame_from_sweep(store, "scaling");
+  }
+  fs::remove_all(dir);
+  const Column* ranks = f.find("ranks");
+  const Column* s = f.find("speedup");
+  const Column* e = f.find("efficiency_pct");
+  const Column* kf = f.find("karp_flatt");
+  ASSERT_TRUE(ranks && s && e && kf);
+  const std::map<double, double> eff{{1, 1.0}, {2, 0.95}, {4, 0.85}, {8, 0.7}};
+  for (std::size_t i = 0; i < f.rows(); ++i) {
+    const double p = ranks->values[i], ef = eff.at(p), sp = p * ef;
+    testing::expect_close(s->values[i], Json(sp), "speedup");
+    testing::expect_close(e->values[i], Json(100 * ef), "efficiency");
+    if (p > 1) testing::expect_close(kf->values[i], Json((1 / sp - 1 / p) / (1 - 1 / p)), "karp-flatt");
+    else EXPECT_TRUE(std::isnan(kf->values[i]));
+  }
+  Json a = analyze(f, {}).json;
+  ASSERT_TRUE(a.contains("scaling"));
+  EXPECT_EQ(a["scaling"]["rows"][0]["config"], "micro_batch_size=1");
+}
+
+}  // namespace
+}  // namespace scalelab::analysis

@@ -42,6 +42,27 @@ inline void build_golden_db(const std::string& db_path, const Json& sweep) {
   }
 }
 
+// A scaling sweep: ranks 1, 2, 4, 8 for micro-batch 1 and 2, total tokens/s = 1000 mb n eff(n)
+// with eff = 1, 0.95, 0.85, 0.7 (so efficiency falls below 80 % from 8 devices on).
+inline void build_scaling_db(const std::string& db_path) {
+  lab::ResultsStore store(db_path, lab::ResultsStore::Mode::kReadWrite);
+  auto id = store.ensure_sweep("scaling", "sweep", Json::object());
+  const int ranks[] = {1, 2, 4, 8};
+  const double eff[] = {1.0, 0.95, 0.85, 0.7};
+  for (int mb : {1, 2})
+    for (int k = 0; k < 4; ++k) {
+      lab::TrialRecord r;
+      Json params{{"ranks", ranks[k]}, {"micro_batch_size", mb}, {"model", "llama-small"}};
+      r.config = {{"workload", {{"kind", "native"}}}, {"params", params}};
+      r.config_hash = lab::fnv1a_hex(params.dump());
+      r.status = lab::TrialStatus::kOk;
+      const double total = 1000.0 * mb * ranks[k] * eff[k];
+      r.metrics = {{"tokens_per_s", total}, {"tokens_per_s_per_device", total / ranks[k]}, {"step_time_s", 1.0 / eff[k]}};
+      r.started_at = r.ended_at = "2026-01-01T00:00:00.000Z";
+      store.insert_trial(id, r);
+    }
+}
+
 // Closed forms: relative 1e-10 (absolute below 1e-3 in magnitude, where relative error says
 // nothing about a difference of two rounded sums).
 inline void expect_close(double got, const Json& want, const std::string& what, double rel = 1e-10) {

@@ -126,5 +126,26 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
   EXPECT_TRUE(fs::exists(std::string(SCALELAB_BINARY_DIR) + "/report-screenshot.png"));
 }
 
+// A scaling sweep: the speedup, efficiency and Karp–Flatt cards render a point per measured row
+// and the efficiency card says where it falls below 80 %.
+TEST_F(ReportInBrowser, ScalingCardsRender) {
+  const std::string db = (dir_ / "scaling.db").string();
+  analysis::testing::build_scaling_db(db);
+  const std::string html = (dir_ / "scaling.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep scaling -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-scaling-screenshot.png");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["rendered"], status["charts"]);
+  EXPECT_EQ(status["marks"]["scaling-speedup"]["points"], 8);
+  EXPECT_EQ(status["marks"]["scaling-efficiency"]["points"], 8);
+  EXPECT_EQ(status["marks"]["scaling-karp-flatt"]["points"], 6);
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("Efficiency falls below 80 % from 8 devices on"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace scalelab
