@@ -6,6 +6,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/agreement.h"
+#include "analysis/scale_study.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
 #include "core/error.h"
@@ -59,6 +60,7 @@ Subcommand add_report_command(CLI::App& root) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
               analysis::add_telemetry(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
+              analysis::add_scale_study(a, store, f->sweep);
             }
             const std::string html = report::render_report(a.json, title);
             std::filesystem::path out(f->out);

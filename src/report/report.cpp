@@ -174,6 +174,22 @@ std::string render_report(const Json& a, const std::string& title) {
       << "</p><div class=\"chart\" id=\"chart-" << k << "\"></div><div class=\"actions\" id=\"actions-" << k << "\"></div></div>\n";
   }
   if (!section.empty()) h << "</div></section>\n";
+  // A scaling study's own table (cost and energy per device count, recommendations).
+  if (a.contains("scale_study")) {
+    const auto& ss = a["scale_study"];
+    h << "<section><h2>Scaling study</h2><div class=\"card\"><p class=\"finding\">The study's table as `scalelab results` prints it: "
+         "throughput, speedup, efficiency, cost and energy per device count.</p><div class=\"tablewrap\"><table><tr>";
+    for (const auto& c : ss["columns"]) h << "<th>" << esc(c["title"].get<std::string>()) << "</th>";
+    h << "</tr>\n";
+    for (const auto& r : ss["rows"]) {
+      h << "<tr>";
+      for (const auto& c : ss["columns"]) h << "<td>" << cell(r.value(c["key"].get<std::string>(), Json())) << "</td>";
+      h << "</tr>\n";
+    }
+    h << "</table></div><ul>";
+    for (const auto& n : ss["notes"]) h << "<li>" << esc(n.get<std::string>()) << "</li>";
+    h << "</ul></div></section>\n";
+  }
   // The descriptive statistics and the data table, as HTML tables.
   h << "<section><h2>Descriptive statistics</h2><div class=\"card\"><p class=\"finding\">std (ddof=0), skew g1 and kurtosis g2 (biased, excess) as numpy/scipy; "
        "ddof=1, G1, G2 as pandas.</p><div class=\"tablewrap\"><table><tr><th class=\"t\">column</th><th class=\"t\">role</th><th>n</th><th>missing</th><th>mean</th>"

@@ -7,6 +7,7 @@
 
 #include "../cli/cli_run.h"
 #include "golden_util.h"
+#include "lab/scale.h"
 
 namespace scalelab {
 namespace {
@@ -115,6 +116,44 @@ TEST_F(AnalyzeCli, AliasedColumnsAreNamed) {
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = cli_test::read_json(out("o") + "/analysis.json");
   EXPECT_EQ(j["ols"][0]["aliased"], Json::array({"b"}));
+}
+
+}  // namespace
+}  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// A `scalelab scale` study: analyze adds the study's own table (speedup, cost per 1M tokens with
+// the stored price, recommendations) as scale.csv and "scale_study".
+TEST_F(AnalyzeCli, ScaleStudyTableIsIncluded) {
+  const std::string db = out("scale.db");
+  {
+    lab::ResultsStore store(db, lab::ResultsStore::Mode::kReadWrite);
+    lab::ScaleSpec spec;
+    spec.ranks = {1, 2, 4};
+    spec.price_per_device_hour = 2.5;
+    spec.params = {{"model", "llama-small"}, {"micro_batch_size", 4}};
+    auto id = store.ensure_sweep("study", lab::kScaleKind, spec.to_json());
+    for (int n : spec.ranks) {
+      lab::TrialRecord r;
+      lab::ParamMap p = lab::scale_trial_params(spec, n);
+      r.config = {{"workload", {{"kind", "native"}}}, {"params", Json(p)}};
+      r.config_hash = lab::fnv1a_hex(Json(p).dump());
+      r.status = lab::TrialStatus::kOk;
+      r.metrics = {{"tokens_per_s", 1000.0 * n * (n == 1 ? 1.0 : 0.9)}, {"tokens_per_s_per_device", 1000.0 * (n == 1 ? 1.0 : 0.9)}};
+      r.started_at = r.ended_at = "2026-01-01T00:00:00.000Z";
+      store.insert_trial(id, r);
+    }
+  }
+  auto r = run("analyze --db " + db + " --sweep study -o " + out("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("## Scaling study"), std::string::npos) << r.output;
+  auto j = cli_test::read_json(out("a") + "/analysis.json");
+  ASSERT_TRUE(j.contains("scale_study"));
+  EXPECT_EQ(j["scale_study"]["rows"].size(), 3u);
+  EXPECT_TRUE(fs::exists(out("a") + "/scale.csv"));
+  EXPECT_EQ(j["scaling"]["rows"].size(), 3u);
 }
 
 }  // namespace
