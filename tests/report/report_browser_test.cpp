@@ -126,6 +126,27 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
   EXPECT_TRUE(fs::exists(std::string(SCALELAB_BINARY_DIR) + "/report-screenshot.png"));
 }
 
+// A sweep with one trial: nothing can be modelled, and the page says so instead of drawing
+// empty charts; it still renders without an error.
+TEST_F(ReportInBrowser, OneTrialSweepSaysWhatItCannotCompute) {
+  Json sweep = analysis::testing::read_json_file(analysis::testing::golden_dir() + "/sweep.json");
+  sweep["trials"] = Json::array({sweep["trials"][1]});
+  const std::string db = (dir_ / "one.db").string();
+  analysis::testing::build_golden_db(db, sweep);
+  const std::string html = (dir_ / "one.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep golden --target val_loss -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("only 1 row(s)"), std::string::npos);
+  EXPECT_NE(ss.str().find("target 'val_loss' is constant"), std::string::npos);
+  Json status = render(html, "");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["rendered"], status["charts"]);
+}
+
 // A scaling sweep: the speedup, efficiency and Karp–Flatt cards render a point per measured row
 // and the efficiency card says where it falls below 80 %.
 TEST_F(ReportInBrowser, ScalingCardsRender) {
