@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "analysis/descriptive.h"
@@ -53,11 +54,18 @@ Json telemetry_section(const lab::ResultsStore& store, const std::string& sweep_
   }
   int without = 0;
   Json flagged = Json::array();
+  // Trial labels name the parameters that vary over the sweep.
+  std::map<std::string, std::set<std::string>> seen;
+  for (const auto& t : store.trials(sweep->sweep_id))
+    for (const auto& [k, v] : t.params()) seen[k].insert(v.dump());
+  std::vector<std::string> varying;
+  for (const auto& [k, vals] : seen)
+    if (vals.size() > 1) varying.push_back(k);
   for (const auto& t : store.trials(sweep->sweep_id)) {
     if (t.status != lab::TrialStatus::kOk) continue;
     auto it = by.find(t.trial_id);
     if (it == by.end()) { ++without; continue; }
-    Json header{{"trial_id", t.trial_id}, {"repeat", t.repeat}, {"config", lab::params_label(t.params())}, {"params", t.config.value("params", Json::object())}};
+    Json header{{"trial_id", t.trial_id}, {"repeat", t.repeat}, {"config", lab::params_label(t.params(), varying)}, {"params", t.config.value("params", Json::object())}};
     Json outcomes = Json::object();
     for (const char* k : {"tokens_per_s_per_device", "tokens_per_s", "step_time_s", "max_reserved_gib", "val_loss", "final_loss", "mfu"})
       if (t.metrics.contains(k) && t.metrics[k].is_number()) outcomes[k] = t.metrics[k];

@@ -6,6 +6,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/agreement.h"
+#include "analysis/baseline.h"
 #include "analysis/scale_study.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
@@ -31,6 +32,7 @@ Subcommand add_analyze_command(CLI::App& root) {
     std::string db = "results/scalelab.db";
     std::string sweep, csv, out_dir, format = "md";
     std::vector<std::string> targets, features;
+    std::string baseline;
     double split = 0;
     std::uint64_t seed = 0;
     int cv = 0;
@@ -39,6 +41,7 @@ Subcommand add_analyze_command(CLI::App& root) {
   auto f = std::make_shared<Flags>();
   app->add_option("--sweep", f->sweep, "The sweep to analyze (from --db) [default: the most recently updated]");
   app->add_option("--db", f->db, "Results database")->capture_default_str();
+  app->add_option("--baseline", f->baseline, "Another sweep of the database to compare with, joined on the configuration (ratios with intervals, regressions flagged)");
   app->add_option("--csv", f->csv, "Analyze a CSV table of runs instead (header row, one run per row)");
   app->add_option("--target", f->targets, "Target column(s), comma-separated [default: val_loss, else tokens_per_s_per_device]")
       ->delimiter(',');
@@ -54,6 +57,8 @@ Subcommand add_analyze_command(CLI::App& root) {
   app->add_option("-o,--out", f->out_dir, "Directory for analysis.json and the CSVs [default: results/analysis/NAME]");
 
   return {app, [f] {
+            if (!f->baseline.empty() && !f->csv.empty())
+              throw InvalidInput("[analyze] --baseline compares two sweeps of the database; it does not apply to --csv");
             if (!f->sweep.empty() && !f->csv.empty())
               throw InvalidInput("[analyze] give one of --sweep NAME (with --db) or --csv FILE, not both");
             if (f->bins < 1 || f->bins > 1000) throw InvalidInput("[analyze] --bins must be 1..1000");
@@ -81,6 +86,7 @@ Subcommand add_analyze_command(CLI::App& root) {
               analysis::add_telemetry(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
+              if (!f->baseline.empty()) analysis::add_baseline(a, store, f->sweep, f->baseline, a.json["options"]["targets"].get<std::vector<std::string>>());
             }
             const std::string dir = f->out_dir.empty() ? "results/analysis/" + analysis::sanitize_name(name) : f->out_dir;
             auto paths = analysis::write_analysis(a, dir);

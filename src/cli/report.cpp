@@ -6,6 +6,7 @@
 
 #include "analysis/analyze.h"
 #include "analysis/agreement.h"
+#include "analysis/baseline.h"
 #include "analysis/scale_study.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
@@ -21,12 +22,14 @@ Subcommand add_report_command(CLI::App& root) {
     std::string db = "results/scalelab.db";
     std::string sweep, csv, out = "report.html";
     std::vector<std::string> targets, features;
+    std::string baseline;
     int cv = 0;
     std::uint64_t seed = 0;
   };
   auto f = std::make_shared<Flags>();
   app->add_option("--sweep", f->sweep, "The sweep to report on (from --db) [default: the most recently updated]");
   app->add_option("--db", f->db, "Results database")->capture_default_str();
+  app->add_option("--baseline", f->baseline, "Another sweep of the database to compare with, joined on the configuration (ratios with intervals, regressions flagged)");
   app->add_option("--csv", f->csv, "Report on a CSV table of runs instead");
   app->add_option("--target", f->targets, "Target column(s), comma-separated [default as analyze]")->delimiter(',');
   app->add_option("--features", f->features, "auto or a,b,c [default: auto]")->delimiter(',');
@@ -37,6 +40,8 @@ Subcommand add_report_command(CLI::App& root) {
   return {app, [f] {
             if (!report::have_vega())
               throw InvalidInput("[report] this scalelab was built without Vega (libjs-vega) — run scripts/deps.sh and rebuild");
+            if (!f->baseline.empty() && !f->csv.empty())
+              throw InvalidInput("[report] --baseline compares two sweeps of the database; it does not apply to --csv");
             if (!f->sweep.empty() && !f->csv.empty())
               throw InvalidInput("[report] give one of --sweep NAME (with --db) or --csv FILE, not both");
             analysis::Frame frame;
@@ -61,6 +66,7 @@ Subcommand add_report_command(CLI::App& root) {
               analysis::add_telemetry(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
+              if (!f->baseline.empty()) analysis::add_baseline(a, store, f->sweep, f->baseline, a.json["options"]["targets"].get<std::vector<std::string>>());
             }
             const std::string html = report::render_report(a.json, title);
             std::filesystem::path out(f->out);

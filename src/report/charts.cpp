@@ -42,6 +42,12 @@ Json tooltip_signal(const std::vector<std::pair<std::string, std::string>>& fiel
   return {{"signal", s + "}"}};
 }
 
+bool lower_better_name(const std::string& m) {
+  for (const char* k : {"loss", "time", "bytes", "gib", "memory"})
+    if (m.find(k) != std::string::npos) return true;
+  return false;
+}
+
 // The frame column of an association variable ("attn=flash" -> "attn").
 std::string column_of(const Json& a, const std::string& var) {
   if (column(a, var)) return var;
@@ -434,13 +440,14 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
 void telemetry_charts(const Json& a, std::vector<Chart>& out) {
   if (!a.contains("telemetry") || a["telemetry"]["trials"].empty()) return;
   const auto& trials = a["telemetry"]["trials"];
-  Json rows = Json::array(), options = Json::array();
-  std::string first;
+  Json rows = Json::array(), options = Json::array(), labels = Json::array();
+  long first = -1;
   long first_n = 0;
   std::set<std::string> keys;
   for (const auto& t : trials) {
-    const std::string label = "trial " + std::to_string(t["trial_id"].get<long>()) + ": " + t["config"].get<std::string>();
+    const long label = t["trial_id"].get<long>();
     options.push_back(label);
+    labels.push_back("trial " + std::to_string(label) + ": " + t["config"].get<std::string>());
     long n = 0;
     for (const auto& s : t["series"]) {
       const std::string key = s["source"].get<std::string>() + "." + s["metric"].get<std::string>();
@@ -450,17 +457,17 @@ void telemetry_charts(const Json& a, std::vector<Chart>& out) {
         ++n;
       }
     }
-    if (first.empty()) { first = label; first_n = n; }
+    if (first < 0) { first = label; first_n = n; }
   }
   const int cols = 3, cw = 260, chh = 120;
   Json s = base_spec(cw, chh);
   s.erase("width");
   s.erase("height");
-  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"name", "trial "}}}}});
-  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial === trial"}}})}}});
+  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"labels", labels}, {"name", "trial "}}}}});
+  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial == trial"}}})}}});
   s["layout"] = {{"columns", cols}, {"padding", {{"row", 36}, {"column", 50}}}, {"bounds", "full"}};
   s["scales"] = Json::array({{{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "tel_rows"}, {"field", "device"}}}, {"range", "category"}}});
-  s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device"}, {"orient", "none"}, {"legendX", cols * (cw + 50) + 50}, {"legendY", 0}}});
+  s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device"}, {"orient", "top"}, {"direction", "horizontal"}}});
   Json line = {{"type", "line"}, {"name", "tel_line"}, {"from", {{"data", "dev_facet"}}},
                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"stroke", {{"scale", "color"}, {"field", "device"}}},
                                        {"strokeWidth", {{"value", 1.5}}},
@@ -594,10 +601,52 @@ void agreement_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
+// #12: the sweep against a baseline sweep: a ratio per configuration and target, its interval,
+// the verdict.
+void baseline_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("baseline") || a["baseline"]["rows"].empty()) return;
+  std::map<std::string, Json> by_target;
+  for (const auto& r : a["baseline"]["rows"]) {
+    Json& v = by_target[r["target"].get<std::string>()];
+    if (v.is_null()) v = Json::array();
+    if (v.size() < 40) v.push_back(r);
+  }
+  for (const auto& [target, rows] : by_target) {
+    int worse = 0;
+    double lo = 1, hi = 1;
+    for (const auto& r : rows) {
+      worse += r["verdict"] == "regression";
+      for (const char* k : {"ratio", "ratio_low", "ratio_high"})
+        if (r[k].is_number()) { lo = std::min(lo, r[k].get<double>()); hi = std::max(hi, r[k].get<double>()); }
+    }
+    Json s = base_spec(360, static_cast<int>(rows.size()) * 18 + 10);
+    s["config"]["axis"]["labelLimit"] = 300;
+    s["data"] = Json::array({{{"name", "bl_rows"}, {"values", rows}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "bl_rows"}, {"field", "config"}}}, {"range", "height"}, {"padding", 0.2}},
+                               {{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"}, {"domain", {lo, hi}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", {"regression", "no change", "improvement"}}, {"range", {"#c0392b", "#95a5a6", "#27ae60"}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "current / baseline (95% interval from repeats)"}, {"grid", true}},
+                             {{"orient", "left"}, {"scale", "y"}}});
+    s["legends"] = Json::array({{{"fill", "color"}, {"title", "verdict"}}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "one"}, {"encode", {{"update", {{"x", {{"scale", "x"}, {"value", 1}}}, {"y", {{"value", 0}}}, {"y2", {{"signal", "height"}}}, {"stroke", {{"value", "#333"}}}}}}}},
+                              {{"type", "rule"}, {"name", "interval"}, {"from", {{"data", "bl_rows"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "config"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"signal", "isValid(datum.ratio_low) ? datum.ratio_low : datum.ratio"}}},
+                                                       {"x2", {{"scale", "x"}, {"signal", "isValid(datum.ratio_high) ? datum.ratio_high : datum.ratio"}}}, {"stroke", {{"scale", "color"}, {"field", "verdict"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
+                              {{"type", "symbol"}, {"name", "ratios"}, {"from", {{"data", "bl_rows"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "config"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "ratio"}}}, {"fill", {{"scale", "color"}, {"field", "verdict"}}}, {"size", {{"value", 60}}},
+                                                       {"tooltip", tooltip_signal({{"configuration", "datum.config"}, {"ratio", "format(datum.ratio, '.3f')"}, {"baseline", "format(datum.baseline_mean, '.4g')"},
+                                                                                   {"current", "format(datum.current_mean, '.4g')"}, {"verdict", "datum.verdict"}})}}}}}}});
+    std::string finding = std::to_string(worse) + " of " + std::to_string(rows.size()) + " configurations regress on " + target + " against " +
+                          a["baseline"]["sweep"].get<std::string>() + (lower_better_name(target) ? " (lower is better)." : " (higher is better).");
+    out.push_back({"baseline-" + target, "Against the baseline", target + ": current / baseline", finding, s, {{"ratios", static_cast<long>(rows.size())}}});
+  }
+}
+
 }  // namespace
 
 std::vector<Chart> build_charts(const Json& a) {
   std::vector<Chart> out;
+  baseline_charts(a, out);
   scaling_charts(a, out);
   telemetry_charts(a, out);
   agreement_charts(a, out);

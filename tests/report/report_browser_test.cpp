@@ -147,6 +147,35 @@ TEST_F(ReportInBrowser, OneTrialSweepSaysWhatItCannotCompute) {
   EXPECT_EQ(status["rendered"], status["charts"]);
 }
 
+// --baseline: the golden sweep against a copy whose throughput is 20 % higher, so every
+// configuration regresses on tokens/s, and the loss (unchanged) does not.
+TEST_F(ReportInBrowser, BaselineFlagsRegressions) {
+  Json sweep = analysis::testing::read_json_file(analysis::testing::golden_dir() + "/sweep.json");
+  const std::string db = (dir_ / "two.db").string();
+  analysis::testing::build_golden_db(db, sweep);
+  Json faster = sweep;
+  faster["sweep"] = "before";
+  for (auto& t : faster["trials"])
+    if (t["metrics"].contains("tokens_per_s_per_device")) t["metrics"]["tokens_per_s_per_device"] = t["metrics"]["tokens_per_s_per_device"].get<double>() * 1.25;
+  analysis::testing::build_golden_db(db, faster);
+  const std::string html = (dir_ / "baseline.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep golden --baseline before --target val_loss,tokens_per_s_per_device -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-baseline-screenshot.png");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["marks"]["baseline-tokens_per_s_per_device"]["ratios"], 30);
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("30 of 30 configurations regress on tokens_per_s_per_device"), std::string::npos);
+  EXPECT_NE(ss.str().find("0 of 29 configurations regress on val_loss"), std::string::npos);
+  // A baseline that does not exist is exit 2.
+  r = cli_test::run("report --db " + db + " --sweep golden --baseline nope -o " + html);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.output.find("--baseline: no sweep 'nope'"), std::string::npos) << r.output;
+}
+
 // A scaling sweep: the speedup, efficiency and Karp–Flatt cards render a point per measured row
 // and the efficiency card says where it falls below 80 %.
 TEST_F(ReportInBrowser, ScalingCardsRender) {
