@@ -53,6 +53,13 @@ struct Booster {
     check(XGBoosterPredict(h, d.h, 0, 0, 0, &len, &out), "predict");
     return std::vector<double>(out, out + len);
   }
+  // TreeSHAP contributions (pred_contribs): rows x (features + 1, the last the bias).
+  std::vector<double> contribs(const DMat& d) const {
+    bst_ulong len = 0;
+    const float* out = nullptr;
+    check(XGBoosterPredict(h, d.h, 4, 0, 0, &len, &out), "predict contributions");
+    return std::vector<double>(out, out + len);
+  }
   // Scores per feature name (0 for unused features), scaled 100 x / max.
   std::vector<double> importance(const char* type, const std::vector<std::string>& names) const {
     Json cfg{{"importance_type", type}, {"feature_names", names}};
@@ -150,6 +157,22 @@ std::vector<TreeModelResult> tree_importances(const std::string& target, const s
         r.gain = b.importance("gain", names);
         r.weight = b.importance("weight", names);
         r.cover = b.importance("cover", names);
+        // TreeSHAP: mean |contribution| per feature, and additivity (contributions + bias sum to
+        // the prediction) as a check of the library's output.
+        auto c = b.contribs(d);
+        auto pr = b.predict(d);
+        r.shap_mean_abs.assign(p, 0.0);
+        double max_err = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          double sum = 0;
+          for (std::size_t k = 0; k <= p; ++k) {
+            const double v = c[i * (p + 1) + k];
+            sum += v;
+            if (k < p) r.shap_mean_abs[k] += std::fabs(v) / static_cast<double>(n);
+          }
+          max_err = std::max(max_err, std::fabs(sum - pr[i]));
+        }
+        r.shap_additivity_error = max_err;
       }
       auto pos = shuffled_indices(n, 0);
       std::vector<int> fold(n);
@@ -217,7 +240,8 @@ Json tree_result_to_json(const TreeModelResult& r) {
   Json j{{"model", r.model}, {"target", r.target}, {"n", r.n}, {"folds", r.folds}, {"features", r.features}};
   if (!r.error.empty()) { j["error"] = r.error; return j; }
   j.update({{"cv_r2", r.cv_r2}, {"cv_rmse", r.cv_rmse}, {"unreliable", r.unreliable}, {"gain", r.gain}, {"weight", r.weight},
-            {"cover", r.cover}, {"permutation_mean", r.perm_mean}, {"permutation_sd", r.perm_sd}});
+            {"cover", r.cover}, {"permutation_mean", r.perm_mean}, {"permutation_sd", r.perm_sd},
+            {"shap_mean_abs", r.shap_mean_abs}, {"shap_additivity_max_abs_error", r.shap_additivity_error}});
   return j;
 }
 

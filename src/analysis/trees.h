@@ -12,6 +12,8 @@
 // fitted on the others; R^2 = 1 - SS_res / SS_tot over all rows. Permutation importance: in each
 // fold, the held-out rows' column j is permuted (the same generator, seed 1 + j) and the increase
 // of the fold's mean squared error recorded; mean and sd (ddof 1) over the folds.
+// TreeSHAP (libxgboost's pred_contribs, model fitted on all rows): mean |contribution| per
+// feature, and the largest additivity error |sum of contributions + bias - prediction|.
 // A model with cross-validated R^2 below 0.5 is flagged "unreliable": its importances describe a
 // surrogate that does not predict the target.
 #include <string>
@@ -31,6 +33,8 @@ struct TreeModelResult {
   std::vector<std::string> features;
   std::vector<double> gain, weight, cover;            // scaled 100 x / max
   std::vector<double> perm_mean, perm_sd;             // increase of MSE
+  std::vector<double> shap_mean_abs;                  // TreeSHAP: mean |contribution| over the rows
+  double shap_additivity_error = 0;                   // max |sum of contributions + bias - prediction|
   std::string error;
 };
 

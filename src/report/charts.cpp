@@ -531,13 +531,17 @@ void importance_charts(const Json& a, std::vector<Chart>& out) {
     if (r.contains("error")) continue;
     Json vals = Json::array();
     std::size_t top = 0;
+    double shap_max = 0;
+    for (const auto& v : r["shap_mean_abs"]) shap_max = std::max(shap_max, v.get<double>());
     for (std::size_t k = 0; k < r["features"].size(); ++k) {
+      const double shap = r["shap_mean_abs"][k].get<double>();
       vals.push_back({{"feature", r["features"][k]}, {"gain", r["gain"][k]}, {"weight", r["weight"][k]}, {"cover", r["cover"][k]},
+                      {"shap", shap_max > 0 ? 100 * shap / shap_max : 0.0}, {"shap_raw", shap},
                       {"perm", r["permutation_mean"][k]}, {"perm_sd", r["permutation_sd"][k]}});
       if (d(r["gain"][k]) > d(r["gain"][top])) top = k;
     }
     Json s = base_spec(360, static_cast<int>(vals.size()) * 22 + 10);
-    s["signals"] = Json::array({{{"name", "kind"}, {"value", "gain"}, {"bind", {{"input", "radio"}, {"options", {"gain", "weight", "cover"}}, {"name", "importance "}}}}});
+    s["signals"] = Json::array({{{"name", "kind"}, {"value", "gain"}, {"bind", {{"input", "radio"}, {"options", {"gain", "weight", "cover", "shap"}}, {"name", "importance "}}}}});
     s["data"] = Json::array({{{"name", "imp_rows"}, {"values", vals}, {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "datum[kind]"}}})}}});
     s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "imp_rows"}, {"field", "feature"}, {"sort", {{"field", "gain"}, {"op", "max"}, {"order", "descending"}}}}},
                                 {"range", "height"}, {"padding", 0.2}},
@@ -549,7 +553,7 @@ void importance_charts(const Json& a, std::vector<Chart>& out) {
                                {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "feature"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
                                                        {"x2", {{"scale", "x"}, {"field", "v"}}}, {"fill", {{"value", bad ? "#bdc3c7" : "#8e44ad"}}},
                                                        {"tooltip", tooltip_signal({{"feature", "datum.feature"}, {"gain", "format(datum.gain, '.1f')"}, {"weight", "format(datum.weight, '.1f')"},
-                                                                                   {"cover", "format(datum.cover, '.1f')"}, {"permutation ΔMSE", "format(datum.perm, '.3g') + ' ± ' + format(datum.perm_sd, '.3g')"}})}}}}}}});
+                                                                                   {"cover", "format(datum.cover, '.1f')"}, {"mean |SHAP|", "format(datum.shap_raw, '.4g')"}, {"permutation ΔMSE", "format(datum.perm, '.3g') + ' ± ' + format(datum.perm_sd, '.3g')"}})}}}}}}});
     const std::string model = r["model"] == "random_forest" ? "random forest" : "gradient boosting";
     std::string finding = (bad ? "SURROGATE UNRELIABLE — " : std::string()) + "cross-validated R² = " + fmt(d(r["cv_r2"])) + ", RMSE = " + fmt(d(r["cv_rmse"])) +
                           " (" + std::to_string(r["folds"].get<int>()) + " folds); top: " + r["features"][top].get<std::string>() +

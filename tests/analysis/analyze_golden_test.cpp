@@ -326,7 +326,11 @@ TEST_F(GoldenAnalysis, XgboostImportancesMatchPythonXgboost) {
     EXPECT_NEAR(g["cv_r2"].get<double>(), w["cv_r2"].get<double>(), 1e-6) << what;
     EXPECT_NEAR(g["cv_rmse"].get<double>(), w["cv_rmse"].get<double>(), 1e-6 * w["cv_rmse"].get<double>()) << what;
     EXPECT_EQ(g["unreliable"].get<bool>(), w["cv_r2"].get<double>() < 0.5) << what;
-    for (const char* k : {"gain", "weight", "cover", "permutation_mean", "permutation_sd"}) close_vec(g[k], w[k], what + " " + k);
+    for (const char* k : {"gain", "weight", "cover", "permutation_mean", "permutation_sd", "shap_mean_abs"}) close_vec(g[k], w[k], what + " " + k);
+    // SHAP additivity: contributions and bias sum to the prediction (float32 sums).
+    double scale = 0;
+    for (const auto& v : g["shap_mean_abs"]) scale = std::max(scale, v.get<double>());
+    EXPECT_LE(g["shap_additivity_max_abs_error"].get<double>(), 1e-4 * std::max(scale, 1.0)) << what;
   }
 }
 

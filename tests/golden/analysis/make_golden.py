@@ -458,6 +458,9 @@ for tname in targets:
             v = [float(sc.get(nm, 0.0)) for nm in names]
             mx = max(v)
             imp[kind] = [100.0 * x / mx for x in v] if mx > 0 else v
+        dall = xgb.DMatrix(X, feature_names=names, missing=np.nan)
+        contrib = b.predict(dall, pred_contribs=True).astype(np.float64)
+        shap_mean_abs = [float(np.mean(np.abs(contrib[:, k]))) for k in range(len(names))]
         pos = splitmix_shuffle(nt, 0)
         fold = [0] * nt
         for qpos, row in enumerate(pos):
@@ -483,7 +486,7 @@ for tname in targets:
         trees_out.append({"model": mname, "target": tname, "n": nt, "cv_r2": 1 - ss / st_, "cv_rmse": math.sqrt(ss / nt),
                           "gain": imp["gain"], "weight": imp["weight"], "cover": imp["cover"],
                           "permutation_mean": [float(np.mean(v)) for v in perm],
-                          "permutation_sd": [float(np.std(v, ddof=1)) for v in perm]})
+                          "permutation_sd": [float(np.std(v, ddof=1)) for v in perm], "shap_mean_abs": shap_mean_abs})
 
 # Telemetry per trial x device (#1): the imbalance over nvml.gpu_util_pct, steady window as above.
 imbalance = []
