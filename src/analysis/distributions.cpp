@@ -6,6 +6,7 @@
 #include <map>
 
 #include "analysis/correlation.h"
+#include "analysis/descriptive.h"
 #include "analysis/special.h"
 
 namespace scalelab::analysis {
@@ -72,6 +73,9 @@ GroupTest group_test(const std::string& group_name, const std::vector<std::strin
   for (const auto& [l, v] : by) {
     g.levels.push_back(l);
     g.sizes.push_back(v.size());
+    std::vector<double> sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    g.box.push_back({sorted.front(), quantile_sorted(sorted, 0.25), quantile_sorted(sorted, 0.5), quantile_sorted(sorted, 0.75), sorted.back()});
     double s = 0;
     for (double x : v) s += x;
     g.means.push_back(s / static_cast<double>(v.size()));
@@ -117,7 +121,9 @@ GroupTest group_test(const std::string& group_name, const std::vector<std::strin
 Json group_test_to_json(const GroupTest& g) {
   Json means = Json::array();
   for (double m : g.means) means.push_back(num(m));
-  Json j{{"group", g.group}, {"value", g.value}, {"n", g.n}, {"k", g.k}, {"levels", g.levels}, {"sizes", g.sizes}, {"means", means}};
+  Json box = Json::array();
+  for (const auto& b : g.box) box.push_back({{"min", b[0]}, {"q25", b[1]}, {"median", b[2]}, {"q75", b[3]}, {"max", b[4]}});
+  Json j{{"group", g.group}, {"value", g.value}, {"n", g.n}, {"k", g.k}, {"levels", g.levels}, {"sizes", g.sizes}, {"means", means}, {"box", box}};
   if (!g.error.empty()) { j["error"] = g.error; return j; }
   j.update({{"eta2", num(g.eta2)}, {"f", num(g.f)}, {"f_p", num(g.f_p)}, {"kruskal_h", num(g.h)}, {"kruskal_p", num(g.h_p)}});
   return j;

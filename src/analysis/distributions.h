@@ -3,6 +3,7 @@
 //   edges: `bins` equal-width bins over [min, max] (over [v - 0.5, v + 0.5] when min = max), each
 //   bin half-open [e_k, e_k+1) except the last, which is closed; counts per bin.
 //   ECDF: the distinct values x_(k) in order with F(x_(k)) = #{x <= x_(k)} / n.
+#include <array>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,7 @@ struct GroupTest {
   std::vector<std::string> levels;
   std::vector<std::size_t> sizes;
   std::vector<double> means;
+  std::vector<std::array<double, 5>> box;  // per level: min, q25, median, q75, max (linear quantiles)
   std::string error;
 };
 GroupTest group_test(const std::string& group_name, const std::vector<std::string>& group,

@@ -352,26 +352,41 @@ void distribution_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
-// #6: group means of each categorical parameter against each target.
+// #6: box plots of each target per level of each categorical parameter (whiskers min..max, box
+// the quartiles, a tick at the median, a dot at the mean).
 void group_charts(const Json& a, std::vector<Chart>& out) {
   for (const auto& g : a["groups"]) {
     if (g.contains("error")) continue;
     Json vals = Json::array();
-    for (std::size_t k = 0; k < g["levels"].size(); ++k)
-      vals.push_back({{"level", g["levels"][k]}, {"mean", g["means"][k]}, {"n", g["sizes"][k]}});
-    Json s = base_spec(360, static_cast<int>(vals.size()) * 28 + 10);
+    for (std::size_t k = 0; k < g["levels"].size(); ++k) {
+      const auto& b = g["box"][k];
+      vals.push_back({{"level", g["levels"][k]}, {"mean", g["means"][k]}, {"n", g["sizes"][k]}, {"min", b["min"]}, {"q25", b["q25"]},
+                      {"median", b["median"]}, {"q75", b["q75"]}, {"max", b["max"]}});
+    }
+    Json s = base_spec(360, static_cast<int>(vals.size()) * 34 + 10);
     s["data"] = Json::array({{{"name", "groups"}, {"values", vals}}});
-    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "groups"}, {"field", "level"}}}, {"range", "height"}, {"padding", 0.2}},
-                               {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", true}, {"range", "width"}, {"domain", {{"data", "groups"}, {"field", "mean"}}}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean " + g["value"].get<std::string>()}}, {{"orient", "left"}, {"scale", "y"}, {"title", g["group"]}}});
-    s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "groups"}}},
-                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
-                                                       {"x2", {{"scale", "x"}, {"field", "mean"}}}, {"fill", {{"value", "#48c9b0"}}},
-                                                       {"tooltip", tooltip_signal({{"level", "datum.level"}, {"mean", "format(datum.mean, '.4g')"}, {"rows", "datum.n"}})}}}}}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "groups"}, {"field", "level"}}}, {"range", "height"}, {"padding", 0.3}},
+                               {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", false}, {"range", "width"},
+                                {"domain", {{"fields", Json::array({{{"data", "groups"}, {"field", "min"}}, {{"data", "groups"}, {"field", "max"}}})}}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", g["value"]}, {"format", "~s"}}, {{"orient", "left"}, {"scale", "y"}, {"title", g["group"]}}});
+    Json tip = tooltip_signal({{"level", "datum.level"}, {"rows", "datum.n"}, {"mean", "format(datum.mean, '.4g')"}, {"median", "format(datum.median, '.4g')"},
+                               {"quartiles", "format(datum.q25, '.4g') + ' – ' + format(datum.q75, '.4g')"}, {"range", "format(datum.min, '.4g') + ' – ' + format(datum.max, '.4g')"}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "whiskers"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "min"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "max"}}}, {"stroke", {{"value", "#555"}}}}}}}},
+                              {{"type", "rect"}, {"name", "boxes"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"field", "q25"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "q75"}}}, {"fill", {{"value", "#48c9b0"}}}, {"stroke", {{"value", "#1e8449"}}}, {"tooltip", tip}}}}}},
+                              {{"type", "rect"}, {"name", "medians"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"field", "median"}}},
+                                                       {"width", {{"value", 2}}}, {"fill", {{"value", "#1b2631"}}}}}}}},
+                              {{"type", "symbol"}, {"name", "means"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "mean"}}}, {"size", {{"value", 30}}},
+                                                       {"fill", {{"value", "#c0392b"}}}, {"tooltip", tip}}}}}}});
     std::string finding = g["group"].get<std::string>() + " explains " + fmt(100 * d(g["eta2"]), 3) + " % of the variance of " + g["value"].get<std::string>() +
-                          " (ANOVA F p = " + fmt(d(g["f_p"])) + ", Kruskal–Wallis p = " + fmt(d(g["kruskal_p"])) + ").";
+                          " (ANOVA F p = " + fmt(d(g["f_p"])) + ", Kruskal–Wallis p = " + fmt(d(g["kruskal_p"])) + "); red dot: mean.";
     out.push_back({"group-" + g["group"].get<std::string>() + "-" + g["value"].get<std::string>(), "Groups",
-                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>(), finding, s, {{"bars", static_cast<long>(vals.size())}}});
+                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>(), finding, s, {{"boxes", static_cast<long>(vals.size())}}});
   }
 }
 

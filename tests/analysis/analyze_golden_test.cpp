@@ -226,6 +226,9 @@ TEST_F(GoldenAnalysis, GroupTestsAnovaAndKruskal) {
     expect_p(g["f_p"], e["f_p"], w + " F p");
     expect_close(g["kruskal_h"], e["kruskal_h"], w + " H", 1e-9);
     expect_p(g["kruskal_p"], e["kruskal_p"], w + " H p");
+    ASSERT_EQ(g["box"].size(), e["box"].size());
+    for (std::size_t l = 0; l < e["box"].size(); ++l)
+      for (const char* q : {"min", "q25", "median", "q75", "max"}) expect_close(g["box"][l][q], e["box"][l][q], w + " box " + q);
   }
 }
 

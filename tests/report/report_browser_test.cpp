@@ -69,7 +69,7 @@ class ReportInBrowser : public ::testing::Test {
     cs << console.rdbuf();
     console_ = cs.str();
     if (!screenshot.empty())
-      capture(chrome + flags + "--window-size=1400,6400 --screenshot=" + screenshot + " '" + url + "' 2>/dev/null");
+      capture(chrome + flags + "--window-size=1400,8800 --screenshot=" + screenshot + " '" + url + "' 2>/dev/null");
     const std::string open = "<pre id=\"render-status\">";
     auto a = dom.find(open);
     if (a == std::string::npos) {

@@ -422,7 +422,10 @@ for name in features:
         kw = st.kruskal(*[df.y[df.g == lv].values for lv in sorted(df.g.unique())])
         groups_out.append({"group": name, "value": tname, "n": len(m), "k": int(df.g.nunique()), "eta2": ssb / sst,
                            "f": float(a["F"].iloc[0]), "f_p": float(a["PR(>F)"].iloc[0]), "kruskal_h": float(kw.statistic),
-                           "kruskal_p": float(kw.pvalue)})
+                           "kruskal_p": float(kw.pvalue),
+                           "box": [{"min": float(np.min(v)), "q25": float(np.percentile(v, 25)), "median": float(np.median(v)),
+                                    "q75": float(np.percentile(v, 75)), "max": float(np.max(v))}
+                                   for v in [df.y[df.g == lv].values for lv in sorted(df.g.unique())]]})
 
 
 # Tree models (#11) with xgboost, the parameters of src/analysis/trees.h.
