@@ -350,6 +350,36 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   j["groups"] = gj;
   out.tables.push_back({"groups", gt});
 
+  // #12 Pareto front of two targets with opposite directions (e.g. tokens/s up, validation loss
+  // down): a row is on the front when no other row is at least as good on both and better on one.
+  {
+    std::string up, down;
+    for (const auto& tname : targets) {
+      const bool lower = tname.find("loss") != std::string::npos || tname.find("time") != std::string::npos ||
+                         tname.find("bytes") != std::string::npos || tname.find("gib") != std::string::npos || tname.find("memory") != std::string::npos;
+      if (lower && down.empty()) down = tname;
+      if (!lower && up.empty()) up = tname;
+    }
+    if (!up.empty() && !down.empty()) {
+      const Column* x = frame.find(up);
+      const Column* y = frame.find(down);
+      Json rows = Json::array();
+      std::size_t on_front = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (std::isnan(x->values[i]) || std::isnan(y->values[i])) continue;
+        bool dominated = false;
+        for (std::size_t k = 0; k < n && !dominated; ++k) {
+          if (k == i || std::isnan(x->values[k]) || std::isnan(y->values[k])) continue;
+          dominated = x->values[k] >= x->values[i] && y->values[k] <= y->values[i] &&
+                      (x->values[k] > x->values[i] || y->values[k] < y->values[i]);
+        }
+        on_front += !dominated;
+        rows.push_back({{"row", frame.row_labels[i]}, {"config", config_label(frame, i)}, {"x", x->values[i]}, {"y", y->values[i]}, {"front", !dominated}});
+      }
+      j["pareto"] = {{"x", up}, {"y", down}, {"x_higher_is_better", true}, {"y_lower_is_better", true}, {"on_front", on_front}, {"rows", rows}};
+    }
+  }
+
   // #2 scaling columns, when present.
   if (const Column* s = frame.find("speedup")) {
     const Column* ranks = frame.find("ranks");

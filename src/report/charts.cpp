@@ -661,6 +661,35 @@ void baseline_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
+// #12: the Pareto front of two targets with opposite directions.
+void pareto_chart(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("pareto") || a["pareto"]["rows"].empty()) return;
+  const auto& p = a["pareto"];
+  Json front = Json::array();
+  for (const auto& r : p["rows"])
+    if (r["front"].get<bool>()) front.push_back(r);
+  std::sort(front.begin(), front.end(), [](const Json& l, const Json& r) { return l["x"].get<double>() < r["x"].get<double>(); });
+  Json s = base_spec(420, 260);
+  s["data"] = Json::array({{{"name", "pa_rows"}, {"values", p["rows"]}}, {{"name", "pa_front"}, {"values", front}}});
+  s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"}, {"domain", {{"data", "pa_rows"}, {"field", "x"}}}},
+                             {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"}, {"domain", {{"data", "pa_rows"}, {"field", "y"}}}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"on the front", "dominated"}}, {"range", {"#c0392b", "#aab7b8"}}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", p["x"].get<std::string>() + " (higher is better)"}, {"format", "~s"}},
+                           {{"orient", "left"}, {"scale", "y"}, {"title", p["y"].get<std::string>() + " (lower is better)"}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "configuration"}}});
+  s["marks"] = Json::array({{{"type", "line"}, {"name", "front"}, {"from", {{"data", "pa_front"}}},
+                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"interpolate", {{"value", "step-before"}}},
+                                                     {"stroke", {{"value", "#c0392b"}}}, {"strokeDash", {{"value", {4, 3}}}}}}}}},
+                            {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "pa_rows"}}},
+                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 55}}},
+                                                     {"fill", {{"scale", "color"}, {"signal", "datum.front ? 'on the front' : 'dominated'"}}},
+                                                     {"tooltip", tooltip_signal({{"run", "datum.row"}, {"configuration", "datum.config"}, {"x", "format(datum.x, '.4~s')"}, {"y", "format(datum.y, '.4g')"}})}}}}}}});
+  std::string finding = std::to_string(p["on_front"].get<long>()) + " of " + std::to_string(p["rows"].size()) + " configurations are Pareto-optimal for " +
+                        p["x"].get<std::string>() + " against " + p["y"].get<std::string>() + "; every other one is beaten on both by one of them.";
+  out.push_back({"pareto", "Trade-offs", "Pareto front: " + p["x"].get<std::string>() + " vs " + p["y"].get<std::string>(), finding, s,
+                 {{"points", static_cast<long>(p["rows"].size())}, {"front", static_cast<long>(front.size())}}});
+}
+
 }  // namespace
 
 std::vector<Chart> build_charts(const Json& a) {
@@ -673,6 +702,7 @@ std::vector<Chart> build_charts(const Json& a) {
   pairs_chart(a, out);
   ols_charts(a, out);
   importance_charts(a, out);
+  pareto_chart(a, out);
   fit_charts(a, out);
   group_charts(a, out);
   distribution_charts(a, out);

@@ -8,6 +8,7 @@
 #include "../cli/cli_run.h"
 #include "golden_util.h"
 #include "lab/scale.h"
+#include "analysis/frame.h"
 
 namespace scalelab {
 namespace {
@@ -154,6 +155,32 @@ TEST_F(AnalyzeCli, ScaleStudyTableIsIncluded) {
   EXPECT_EQ(j["scale_study"]["rows"].size(), 3u);
   EXPECT_TRUE(fs::exists(out("a") + "/scale.csv"));
   EXPECT_EQ(j["scaling"]["rows"].size(), 3u);
+}
+
+}  // namespace
+}  // namespace scalelab
+
+namespace scalelab {
+namespace {
+
+// Column names are sanitized without losing characters from either end, and collisions get a
+// suffix.
+TEST(ColumnNames, SanitizedWithoutLoss) {
+  EXPECT_EQ(analysis::sanitize_name("lr (x1e-3)"), "lr__x1e-3_");
+  EXPECT_EQ(analysis::sanitize_name("__loss/val__"), "__loss_val__");
+  EXPECT_EQ(analysis::sanitize_name("tel.nvml.power_w.p95"), "tel.nvml.power_w.p95");
+  EXPECT_EQ(analysis::sanitize_name("attn=flash"), "attn=flash");
+  const auto dir = std::filesystem::temp_directory_path() / ("scalelab-names-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string p = (dir / "n.csv").string();
+  std::ofstream(p) << "a b,a_b,\"x,y\"\n1,2,3\n2,1,5\n3,3,4\n";
+  auto f = analysis::build_frame_from_csv(p);
+  std::filesystem::remove_all(dir);
+  ASSERT_EQ(f.columns.size(), 3u);
+  EXPECT_EQ(f.columns[0].name, "a_b");
+  EXPECT_EQ(f.columns[1].name, "a_b_2");
+  EXPECT_EQ(f.columns[2].name, "x_y");
+  EXPECT_EQ(f.columns[2].source, "x,y");
 }
 
 }  // namespace

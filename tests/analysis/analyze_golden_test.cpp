@@ -212,6 +212,20 @@ TEST_F(GoldenAnalysis, HistogramsAndEcdf) {
   EXPECT_EQ(n, E()["distributions"].size());
 }
 
+TEST_F(GoldenAnalysis, ParetoFront) {
+  const Json& p = R()["pareto"];
+  EXPECT_EQ(p["x"], "tokens_per_s_per_device");
+  EXPECT_EQ(p["y"], "val_loss");
+  ASSERT_EQ(p["rows"].size(), E()["pareto_front"].size());
+  std::size_t on = 0;
+  for (std::size_t k = 0; k < p["rows"].size(); ++k) {
+    EXPECT_EQ(p["rows"][k]["front"], E()["pareto_front"][k]) << k;
+    on += p["rows"][k]["front"].get<bool>();
+  }
+  EXPECT_EQ(p["on_front"].get<std::size_t>(), on);
+  EXPECT_GE(on, 1u);
+}
+
 TEST_F(GoldenAnalysis, GroupTestsAnovaAndKruskal) {
   ASSERT_EQ(R()["groups"].size(), E()["groups"].size());
   for (std::size_t k = 0; k < E()["groups"].size(); ++k) {

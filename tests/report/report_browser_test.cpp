@@ -117,7 +117,7 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
       EXPECT_EQ(status["marks"][it.key()][m.key()], m.value()) << it.key() << " mark " << m.key();
   }
   // The charts the golden sweep must produce.
-  for (const char* id : {"corr-heatmap", "pairs", "ols-val_loss", "fit-val_loss", "dist-val_loss", "group-attn-val_loss", "telemetry", "imbalance", "trees-random_forest-val_loss", "trees-gradient_boosting-val_loss", "agree-nvml.mem_used_bytes-engine.mem_reserved_bytes"})
+  for (const char* id : {"corr-heatmap", "pairs", "ols-val_loss", "fit-val_loss", "dist-val_loss", "group-attn-val_loss", "telemetry", "imbalance", "trees-random_forest-val_loss", "trees-gradient_boosting-val_loss", "agree-nvml.mem_used_bytes-engine.mem_reserved_bytes", "pareto"})
     EXPECT_TRUE(status["expected"].contains(id)) << id;
   // The heatmap draws one cell per variable pair.
   Json a = analysis::testing::read_json_file(analysis::testing::golden_dir() + "/expected.json");

@@ -491,6 +491,17 @@ for tname in targets:
                           "permutation_mean": [float(np.mean(v)) for v in perm],
                           "permutation_sd": [float(np.std(v, ddof=1)) for v in perm], "shap_mean_abs": shap_mean_abs})
 
+# Pareto front (#12) of tokens/s (up) against validation loss (down).
+xs = np.array(col["tokens_per_s_per_device"]["values"])
+ys = np.array(col["val_loss"]["values"])
+pareto = []
+for i in range(n):
+    if math.isnan(xs[i]) or math.isnan(ys[i]):
+        continue
+    dom = any(k != i and not math.isnan(xs[k]) and not math.isnan(ys[k]) and xs[k] >= xs[i] and ys[k] <= ys[i] and (xs[k] > xs[i] or ys[k] < ys[i])
+              for k in range(n))
+    pareto.append(not dom)
+
 # Telemetry per trial x device (#1): the imbalance over nvml.gpu_util_pct, steady window as above.
 imbalance = []
 for t in ok:
@@ -569,7 +580,7 @@ expected = {"versions": {"numpy": np.__version__, "pandas": pd.__version__, "sci
                          "xgboost": xgb.__version__},
             "targets": targets, "features": features, "split_train": split,
             "frame": frame, "descriptive": descriptive, "correlation": corr, "pairs": pairs, "ols": ols_out, "fits": fits,
-            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out, "agreement": agreement}
+            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out, "agreement": agreement, "pareto_front": pareto}
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(clean(expected), f, indent=None, separators=(",", ":"))
     f.write("\n")
