@@ -179,6 +179,8 @@ void pairs_chart(const Json& a, std::vector<Chart>& out) {
                  {{"bars", static_cast<long>(vals.size())}}});
 }
 
+constexpr int kFitPoints = 24;
+
 // #8: each parameter against a target, a selector over the parameters, the fit line.
 void fit_charts(const Json& a, std::vector<Chart>& out) {
   for (const auto& tf : a["fits"]) {
@@ -187,7 +189,7 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
     if (!y || tf["fits"].empty()) continue;
     Json points = Json::array(), lines = Json::array();
     std::vector<std::string> params;
-    Json titles = Json::object();
+    Json titles = Json::object(), log_ok = Json::object();
     std::string first;
     long first_n = 0;
     for (const auto& f : tf["fits"]) {
@@ -211,14 +213,25 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
       for (std::size_t i = 0; i < xs.size(); ++i) {
         const Json& yv = (*y)["values"][i];
         if (std::isnan(xs[i]) || !yv.is_number()) continue;
-        points.push_back({{"param", xname}, {"x", xs[i]}, {"y", yv}, {"row", a["table"]["row_labels"][i]}});
         lo = std::min(lo, xs[i]);
         hi = std::max(hi, xs[i]);
         ++n;
       }
+      // A log2 axis where every value is positive (the toggle); the fit line is drawn through
+      // kFitPoints points spaced evenly on that axis, so it is the same line on either axis.
+      const bool loggable = lo > 0;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Json& yv = (*y)["values"][i];
+        if (std::isnan(xs[i]) || !yv.is_number()) continue;
+        points.push_back({{"param", xname}, {"x", xs[i]}, {"lx", loggable ? std::log2(xs[i]) : xs[i]}, {"y", yv}, {"row", a["table"]["row_labels"][i]}});
+      }
       const double sl = d(f["slope"]), ic = d(f["intercept"]);
-      lines.push_back({{"param", xname}, {"x", lo}, {"y", ic + sl * lo}});
-      lines.push_back({{"param", xname}, {"x", hi}, {"y", ic + sl * hi}});
+      for (int k = 0; k < kFitPoints; ++k) {
+        const double t = static_cast<double>(k) / (kFitPoints - 1);
+        const double x = loggable ? std::exp2(std::log2(lo) + t * (std::log2(hi) - std::log2(lo))) : lo + t * (hi - lo);
+        lines.push_back({{"param", xname}, {"x", x}, {"lx", loggable ? std::log2(x) : x}, {"y", ic + sl * x}});
+      }
+      log_ok[xname] = loggable;
       params.push_back(xname);
       std::string title = xname;
       if ((*xc)["kind"] == "binary" && eq == std::string::npos)
@@ -230,9 +243,13 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
     }
     if (params.empty()) continue;
     const auto& f0 = tf["fits"][0];
+    // The log2 axis starts on for a parameter of powers of two (frame: log2_axis).
+    const Json* fc = column(a, first);
+    const bool first_log = fc && (*fc)["log2_axis"].get<bool>();
     Json s = base_spec(420, 260);
     s["signals"] = Json::array({{{"name", "param"}, {"value", first}, {"bind", {{"input", "select"}, {"options", params}, {"name", "parameter "}}}},
-                                {{"name", "titles"}, {"value", titles}}});
+                                {{"name", "titles"}, {"value", titles}}, {{"name", "logok"}, {"value", log_ok}},
+                                {{"name", "logx"}, {"value", first_log}, {"bind", {{"input", "checkbox"}, {"name", "log2 axis "}}}}});
     Json eqs = Json::array();
     for (const auto& f : tf["fits"])
       if (!f.contains("error"))
@@ -240,26 +257,28 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                                        f["x"].get<std::string>() + "   r = " + fmt(d(f["r"])) + ", R² = " + fmt(d(f["r2"])) +
                                                        ", p = " + fmt(d(f["p"])) + ", slope 95% CI [" + fmt(d(f["slope_ci_low"])) + ", " +
                                                        fmt(d(f["slope_ci_high"])) + "]"}});
-    s["data"] = Json::array({{{"name", "point_rows"}, {"values", points}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}},
-                             {{"name", "line"}, {"values", lines}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}},
+    const Json xv = {{"type", "formula"}, {"as", "xv"}, {"expr", "logx && logok[param] ? datum.lx : datum.x"}};
+    s["data"] = Json::array({{{"name", "point_rows"}, {"values", points}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}, xv})}},
+                             {{"name", "line"}, {"values", lines}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}, xv})}},
                              {{"name", "eq"}, {"values", eqs}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}}});
     s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"},
-                                {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "x"}}, {{"data", "line"}, {"field", "x"}}})}}}},
+                                {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "xv"}}, {{"data", "line"}, {"field", "xv"}}})}}}},
                                {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "y"}}, {{"data", "line"}, {"field", "y"}}})}}}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param]"}}}}, {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param] + (logx && logok[param] ? ' (log2)' : '')"}}}},
+                             {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
     s["marks"] = Json::array({{{"type", "line"}, {"name", "fit"}, {"from", {{"data", "line"}}},
-                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
                                                        {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
                               {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "point_rows"}}},
-                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 50}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 50}}},
                                                        {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.75}}},
                                                        {"tooltip", tooltip_signal({{"run", "datum.row"}, {"x", "datum.x"}, {"y", "datum.y"}})}}}}}},
                               {{"type", "text"}, {"name", "equation"}, {"from", {{"data", "eq"}}},
                                {"encode", {{"update", {{"x", {{"value", 0}}}, {"y", {{"value", -8}}}, {"text", {{"field", "text"}}}, {"fontSize", {{"value", 11}}}, {"fill", {{"value", "#333"}}}}}}}}});
     std::string finding = "Best single predictor of " + target + ": " + f0["x"].get<std::string>() + " (r = " + fmt(d(f0["r"])) +
                           ", R² = " + fmt(d(f0["r2"])) + ", p = " + fmt(d(f0["p"])) + ").";
-    out.push_back({"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", 2}}});
+    out.push_back({"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", kFitPoints}}});
   }
 }
 
