@@ -13,6 +13,15 @@ pkg_check_modules(TOMLPP REQUIRED IMPORTED_TARGET tomlplusplus)
 find_package(SQLite3 REQUIRED)
 # PCRE2 (libpcre2-dev): the tokenizers' pre-tokenizer regexes (Unicode properties, lookahead, JIT).
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# Eigen (header-only; OLS and the special functions of the analysis: betainc, igammac).
+find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+# XGBoost's C API (tree-model importances of the analysis). Debian's xgboost-config.cmake also
+# imports the `xgboost` CLI, which libxgboost-dev does not ship, so the library is found directly.
+find_library(XGBOOST_LIB NAMES xgboost REQUIRED)
+find_path(XGBOOST_INCLUDE_DIR xgboost/c_api.h REQUIRED)
+add_library(scalelab_xgboost INTERFACE)
+target_link_libraries(scalelab_xgboost INTERFACE ${XGBOOST_LIB})
+target_include_directories(scalelab_xgboost SYSTEM INTERFACE ${XGBOOST_INCLUDE_DIR})
 
 # OpenBLAS, preferably the OpenMP build: our own kernels use OpenMP, and sharing one thread
 # pool avoids two sets of spinning threads fighting over the cores between GEMMs.

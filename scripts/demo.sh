@@ -12,3 +12,8 @@ echo
 echo "Results: $DB (every trial, its config, metrics and log path)"
 echo "  ./$BUILD_DIR/scalelab results --db $DB               # the tables again, from the database"
 echo "  ./$BUILD_DIR/scalelab results --db $DB --view trials # every trial"
+echo "  ./$BUILD_DIR/scalelab analyze --db $DB               # statistics over the ladder's trials"
+echo
+# The report of the ladder just run: one HTML file that opens offline (docs/analysis.md).
+"$BUILD_DIR/scalelab" report --db "$DB" -o "$OUT/report.html" >/dev/null
+echo "Report: $OUT/report.html (open it in a browser; it needs no network)"

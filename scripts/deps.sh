@@ -12,6 +12,10 @@ PKGS=(
   slurm-wlm munge                # a real SLURM cluster on localhost for the launcher tests (scripts/slurm-localhost.sh)
   libxgboost-dev                 # gradient-boosted feature importance (analysis)
   libpcre2-dev                   # tokenizer pre-tokenizer regexes (Unicode classes, lookahead, JIT)
+  libeigen3-dev                  # OLS and the t/F/chi-square tails of the analysis (header-only, MPL-2.0)
+  libjs-vega                     # Vega, compiled into `scalelab report` (cmake/vega_bundle.cmake)
+  chromium                       # the report's browser test (headless; tests/report/)
+  fonts-dejavu-core              # a font for the report's screenshots in headless Chromium
   python3                        # test helper scripts (fake workloads, fake nvidia-smi)
   clang libclang-rt-dev libomp-dev  # the fuzz harnesses (libFuzzer; make test runs them briefly) and make sanitize
   "$@"

@@ -6,6 +6,10 @@
 
 #include <CLI/CLI.hpp>
 
+namespace scalelab::lab {
+class ResultsStore;
+}
+
 namespace scalelab::cli {
 
 struct Subcommand {
@@ -28,5 +32,11 @@ Subcommand add_trace_merge_command(CLI::App& root);
 Subcommand add_generate_command(CLI::App& root);
 Subcommand add_compare_command(CLI::App& root);
 Subcommand add_tokenize_command(CLI::App& root);
+Subcommand add_analyze_command(CLI::App& root);
+Subcommand add_report_command(CLI::App& root);
+
+// The most recently updated sweep of the database (analyze and report without --sweep); says so
+// on stderr. InvalidInput when there is none.
+std::string latest_sweep(const lab::ResultsStore& store, const char* command);
 
 }  // namespace scalelab::cli

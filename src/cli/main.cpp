@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
       cli::add_generate_command(app),
       cli::add_compare_command(app),
       cli::add_tokenize_command(app),
+      cli::add_analyze_command(app),
+      cli::add_report_command(app),
   };
 
   try {

@@ -1,0 +1,731 @@
+#include "report/charts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+
+namespace scalelab::report {
+namespace {
+
+std::string fmt(double v, int sig = 3) {
+  if (!std::isfinite(v)) return "—";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*g", sig, v);
+  return buf;
+}
+double d(const Json& v, double fallback = NAN) { return v.is_number() ? v.get<double>() : fallback; }
+
+// The frame column object of analysis.json by name, or null.
+const Json* column(const Json& a, const std::string& name) {
+  for (const auto& c : a["table"]["columns"])
+    if (c["name"] == name) return &c;
+  return nullptr;
+}
+
+Json base_spec(int width, int height) {
+  return {{"$schema", "https://vega.github.io/schema/vega/v5.json"},
+          {"width", width},
+          {"height", height},
+          {"padding", 8},
+          {"autosize", {{"type", "pad"}}},
+          {"config", {{"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}, {"labelLimit", 220}, {"labelOverlap", true}}},
+                      {"legend", {{"labelFontSize", 11}, {"titleFontSize", 11}}},
+                      {"text", {{"fontSize", 11}}}}}};
+}
+
+Json tooltip_signal(const std::vector<std::pair<std::string, std::string>>& fields) {
+  std::string s = "{";
+  for (std::size_t k = 0; k < fields.size(); ++k)
+    s += (k ? ", " : "") + std::string("'") + fields[k].first + "': " + fields[k].second;
+  return {{"signal", s + "}"}};
+}
+
+bool lower_better_name(const std::string& m) {
+  for (const char* k : {"loss", "time", "bytes", "gib", "memory"})
+    if (m.find(k) != std::string::npos) return true;
+  return false;
+}
+
+// The frame column of an association variable ("attn=flash" -> "attn").
+std::string column_of(const Json& a, const std::string& var) {
+  if (column(a, var)) return var;
+  auto eq = var.find('=');
+  return eq == std::string::npos ? var : var.substr(0, eq);
+}
+
+bool is_target(const Json& a, const std::string& var) {
+  for (const auto& t : a["options"]["targets"])
+    if (t == var) return true;
+  return false;
+}
+
+bool is_feature(const Json& a, const std::string& var) {
+  const std::string c = column_of(a, var);
+  for (const auto& f : a["options"]["features"])
+    if (f == c) return true;
+  return false;
+}
+
+// A feature (a parameter, or a CSV column used as one) or a target.
+bool of_interest(const Json& a, const std::string& var) {
+  const std::string c = column_of(a, var);
+  for (const auto& f : a["options"]["features"])
+    if (f == c) return true;
+  return is_target(a, c);
+}
+
+// #3: the correlation heatmap in clustered order, Pearson with a Spearman toggle.
+void correlation_chart(const Json& a, std::vector<Chart>& out) {
+  const Json& c = a["correlation"];
+  const auto& names = c["variables"];
+  const std::size_t k = names.size();
+  if (k < 2) return;
+  Json cells = Json::array();
+  std::vector<std::size_t> order = c["clustered_order"].get<std::vector<std::size_t>>();
+  double best = -1;
+  std::string best_text;
+  for (std::size_t ii = 0; ii < k; ++ii)
+    for (std::size_t jj = 0; jj < k; ++jj) {
+      std::size_t i = order[ii], j = order[jj];
+      Json r = c["pearson_r"][i][j], rho = c["spearman_rho"][i][j];
+      cells.push_back({{"a", names[i]}, {"b", names[j]}, {"pearson", r}, {"spearman", rho},
+                       {"p", c["pearson_p"][i][j]}, {"n", c["n"][i][j]}});
+      const bool relevant = of_interest(a, names[i]) && of_interest(a, names[j]) && column_of(a, names[i]) != column_of(a, names[j]);
+      if (ii < jj && relevant && r.is_number() && std::fabs(r.get<double>()) > best) {
+        best = std::fabs(r.get<double>());
+        best_text = names[i].get<std::string>() + " and " + names[j].get<std::string>() + " (r = " + fmt(r.get<double>(), 3) + ")";
+      }
+    }
+  const int cell = k > 30 ? 14 : (k > 16 ? 20 : 30);
+  Json s = base_spec(static_cast<int>(k) * cell, static_cast<int>(k) * cell);
+  s["signals"] = Json::array({{{"name", "method"}, {"value", "pearson"},
+                               {"bind", {{"input", "radio"}, {"options", {"pearson", "spearman"}}, {"name", "coefficient "}}}}});
+  s["data"] = Json::array({{{"name", "cell_rows"}, {"values", cells},
+                            {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "datum[method]"}}})}}});
+  Json domain = Json::array();
+  for (auto i : order) domain.push_back(names[i]);
+  s["scales"] = Json::array({{{"name", "x"}, {"type", "band"}, {"domain", domain}, {"range", "width"}},
+                             {{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}},
+                             {{"name", "color"}, {"type", "linear"}, {"domain", {-1, 1}}, {"range", {{"scheme", "redblue"}}}, {"reverse", true}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"labelAngle", -50}, {"labelAlign", "right"}, {"labelBaseline", "middle"}, {"labelOverlap", false}},
+                           {{"orient", "left"}, {"scale", "y"}, {"labelOverlap", false}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "r"}, {"type", "gradient"}, {"gradientLength", 160}}});
+  Json marks = Json::array();
+  marks.push_back({{"type", "rect"}, {"name", "cells"}, {"from", {{"data", "cell_rows"}}},
+                   {"encode", {{"enter", {{"x", {{"scale", "x"}, {"field", "a"}}}, {"width", {{"scale", "x"}, {"band", 1}}},
+                                          {"y", {{"scale", "y"}, {"field", "b"}}}, {"height", {{"scale", "y"}, {"band", 1}}}}},
+                               {"update", {{"fill", {{"signal", "isValid(datum.v) ? scale('color', datum.v) : '#eee'"}}},
+                                           {"tooltip", tooltip_signal({{"pair", "datum.a + ' × ' + datum.b"}, {"r", "format(datum.pearson, '.3f')"},
+                                                                        {"rho", "format(datum.spearman, '.3f')"}, {"p", "format(datum.p, '.3g')"}, {"n", "datum.n"}})}}}}}});
+  if (k <= 14)
+    marks.push_back({{"type", "text"}, {"name", "labels"}, {"from", {{"data", "cell_rows"}}},
+                     {"encode", {{"enter", {{"x", {{"scale", "x"}, {"field", "a"}, {"band", 0.5}}}, {"y", {{"scale", "y"}, {"field", "b"}, {"band", 0.5}}},
+                                            {"align", {{"value", "center"}}}, {"baseline", {{"value", "middle"}}}, {"fontSize", {{"value", 10}}}}},
+                                 {"update", {{"text", {{"signal", "isValid(datum.v) ? format(datum.v, '.2f') : ''"}}},
+                                             {"fill", {{"signal", "isValid(datum.v) && abs(datum.v) > 0.6 ? 'white' : 'black'"}}}}}}}});
+  s["marks"] = marks;
+  Chart ch{"corr-heatmap", "Correlations", "Correlation matrix (clustered order)",
+           best >= 0 ? "Strongest correlation among parameters and targets: " + best_text + "." : "No parameter or target has a defined correlation (too few rows or constant columns).",
+           s, {{"cells", static_cast<long>(k * k)}}};
+  out.push_back(ch);
+}
+
+// #4: the top relationships that involve a parameter (pairs of telemetry or outcome columns often
+// measure the same thing twice and would fill the chart); every pair is in pairs.csv.
+void pairs_chart(const Json& a, std::vector<Chart>& out) {
+  const auto& rows = a["pairs"]["rows"];
+  if (rows.empty()) return;
+  Json vals = Json::array();
+  std::size_t significant = 0, relevant = 0;
+  const Json* top = nullptr;
+  for (const auto& r : rows)
+    if (r["q"].is_number() && r["q"].get<double>() < 0.05) ++significant;
+  for (const auto& r : rows) {
+    const std::string x = r["a"], y = r["b"];
+    const bool keep = is_feature(a, x) || is_feature(a, y);
+    if (!keep) continue;
+    ++relevant;
+    if (vals.size() >= 20) continue;
+    if (!top) top = &r;
+    std::string sign = r["sign"] == 1 ? "positive" : (r["sign"] == -1 ? "negative" : "no sign");
+    vals.push_back({{"pair", std::to_string(vals.size() + 1) + ". " + x + " × " + y},
+                    {"effect", r["effect"]}, {"sign", sign}, {"kind", r["kind"]}, {"p", r["p"]}, {"q", r["q"]}});
+  }
+  if (vals.empty()) return;
+  Json s = base_spec(380, static_cast<int>(vals.size()) * 20);
+  s["config"]["axis"]["labelLimit"] = 340;
+  s["data"] = Json::array({{{"name", "pairs"}, {"values", vals}}});
+  Json domain = Json::array();
+  for (const auto& v : vals) domain.push_back(v["pair"]);
+  s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}, {"padding", 0.15}},
+                             {{"name", "x"}, {"type", "linear"}, {"domain", {0, 1}}, {"range", "width"}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"positive", "negative", "no sign"}},
+                              {"range", {"#c0392b", "#2471a3", "#7f8c8d"}}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "effect (|r|, |r_pb| or Cramér's V)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "direction"}}});
+  s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "pairs"}}},
+                             {"encode", {{"enter", {{"y", {{"scale", "y"}, {"field", "pair"}}}, {"height", {{"scale", "y"}, {"band", 1}}},
+                                                    {"x", {{"scale", "x"}, {"value", 0}}}, {"x2", {{"scale", "x"}, {"field", "effect"}}},
+                                                    {"fill", {{"scale", "color"}, {"field", "sign"}}},
+                                                    {"tooltip", tooltip_signal({{"pair", "datum.pair"}, {"kind", "datum.kind"}, {"effect", "format(datum.effect, '.3f')"},
+                                                                                 {"p", "format(datum.p, '.3g')"}, {"q (BH)", "format(datum.q, '.3g')"}})}}}}}}});
+  std::string finding = std::to_string(rows.size()) + " pairs in all, " + std::to_string(significant) + " with q < 0.05; strongest involving a parameter: " +
+                        (*top)["a"].get<std::string>() + " × " + (*top)["b"].get<std::string>() + " (effect " + fmt(d((*top)["effect"])) +
+                        ", q = " + fmt(d((*top)["q"])) + ").";
+  out.push_back({"pairs", "Top relationships",
+                 "Top relationships of a parameter (" + std::to_string(vals.size()) + " of " + std::to_string(relevant) + ")", finding, s,
+                 {{"bars", static_cast<long>(vals.size())}}});
+}
+
+constexpr int kFitPoints = 24;
+
+// #8: each parameter against a target, a selector over the parameters, the fit line.
+void fit_charts(const Json& a, std::vector<Chart>& out) {
+  for (const auto& tf : a["fits"]) {
+    const std::string target = tf["target"];
+    const Json* y = column(a, target);
+    if (!y || tf["fits"].empty()) continue;
+    Json points = Json::array(), lines = Json::array();
+    std::vector<std::string> params;
+    Json titles = Json::object(), log_ok = Json::object();
+    std::string first;
+    long first_n = 0;
+    for (const auto& f : tf["fits"]) {
+      if (f.contains("error")) continue;
+      const std::string xname = f["x"];
+      // The x values: a numeric/binary column, or an indicator "col=level".
+      std::vector<double> xs((*y)["values"].size(), NAN);
+      auto eq = xname.find('=');
+      const Json* xc = column(a, xname);
+      if (!xc && eq != std::string::npos) xc = column(a, xname.substr(0, eq));
+      if (!xc) continue;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Json& v = (*xc)["values"][i];
+        if (v.is_null()) continue;
+        if ((*xc)["kind"] == "numeric") xs[i] = v.get<double>();
+        else if ((*xc)["kind"] == "binary" && eq == std::string::npos) xs[i] = v == (*xc)["levels"][1] ? 1.0 : 0.0;
+        else xs[i] = v == xname.substr(eq + 1) ? 1.0 : 0.0;
+      }
+      long n = 0;
+      double lo = INFINITY, hi = -INFINITY;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Json& yv = (*y)["values"][i];
+        if (std::isnan(xs[i]) || !yv.is_number()) continue;
+        lo = std::min(lo, xs[i]);
+        hi = std::max(hi, xs[i]);
+        ++n;
+      }
+      // A log2 axis where every value is positive (the toggle); the fit line is drawn through
+      // kFitPoints points spaced evenly on that axis, so it is the same line on either axis.
+      const bool loggable = lo > 0;
+      for (std::size_t i = 0; i < xs.size(); ++i) {
+        const Json& yv = (*y)["values"][i];
+        if (std::isnan(xs[i]) || !yv.is_number()) continue;
+        points.push_back({{"param", xname}, {"x", xs[i]}, {"lx", loggable ? std::log2(xs[i]) : xs[i]}, {"y", yv}, {"row", a["table"]["row_labels"][i]}});
+      }
+      const double sl = d(f["slope"]), ic = d(f["intercept"]);
+      for (int k = 0; k < kFitPoints; ++k) {
+        const double t = static_cast<double>(k) / (kFitPoints - 1);
+        const double x = loggable ? std::exp2(std::log2(lo) + t * (std::log2(hi) - std::log2(lo))) : lo + t * (hi - lo);
+        lines.push_back({{"param", xname}, {"x", x}, {"lx", loggable ? std::log2(x) : x}, {"y", ic + sl * x}});
+      }
+      log_ok[xname] = loggable;
+      params.push_back(xname);
+      std::string title = xname;
+      if ((*xc)["kind"] == "binary" && eq == std::string::npos)
+        title += " (0 = " + (*xc)["levels"][0].get<std::string>() + ", 1 = " + (*xc)["levels"][1].get<std::string>() + ")";
+      else if (eq != std::string::npos)
+        title += " (1 = yes, 0 = another level)";
+      titles[xname] = title;
+      if (first.empty()) { first = xname; first_n = n; }
+    }
+    if (params.empty()) continue;
+    const auto& f0 = tf["fits"][0];
+    // The log2 axis starts on for a parameter of powers of two (frame: log2_axis).
+    const Json* fc = column(a, first);
+    const bool first_log = fc && (*fc)["log2_axis"].get<bool>();
+    Json s = base_spec(420, 260);
+    s["signals"] = Json::array({{{"name", "param"}, {"value", first}, {"bind", {{"input", "select"}, {"options", params}, {"name", "parameter "}}}},
+                                {{"name", "titles"}, {"value", titles}}, {{"name", "logok"}, {"value", log_ok}},
+                                {{"name", "logx"}, {"value", first_log}, {"bind", {{"input", "checkbox"}, {"name", "log2 axis "}}}}});
+    Json eqs = Json::array();
+    for (const auto& f : tf["fits"])
+      if (!f.contains("error"))
+        eqs.push_back({{"param", f["x"]}, {"text", target + " = " + fmt(d(f["intercept"]), 4) + " + " + fmt(d(f["slope"]), 4) + " · " +
+                                                       f["x"].get<std::string>() + "   r = " + fmt(d(f["r"])) + ", R² = " + fmt(d(f["r2"])) +
+                                                       ", p = " + fmt(d(f["p"])) + ", slope 95% CI [" + fmt(d(f["slope_ci_low"])) + ", " +
+                                                       fmt(d(f["slope_ci_high"])) + "]"}});
+    const Json xv = {{"type", "formula"}, {"as", "xv"}, {"expr", "logx && logok[param] ? datum.lx : datum.x"}};
+    s["data"] = Json::array({{{"name", "point_rows"}, {"values", points}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}, xv})}},
+                             {{"name", "line"}, {"values", lines}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}, xv})}},
+                             {{"name", "eq"}, {"values", eqs}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.param === param"}}})}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"},
+                                {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "xv"}}, {{"data", "line"}, {"field", "xv"}}})}}}},
+                               {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
+                                {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "y"}}, {{"data", "line"}, {"field", "y"}}})}}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param] + (logx && logok[param] ? ' (log2)' : '')"}}}},
+                             {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
+    s["marks"] = Json::array({{{"type", "line"}, {"name", "fit"}, {"from", {{"data", "line"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
+                                                       {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
+                              {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "point_rows"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 50}}},
+                                                       {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.75}}},
+                                                       {"tooltip", tooltip_signal({{"run", "datum.row"}, {"x", "datum.x"}, {"y", "datum.y"}})}}}}}},
+                              {{"type", "text"}, {"name", "equation"}, {"from", {{"data", "eq"}}},
+                               {"encode", {{"update", {{"x", {{"value", 0}}}, {"y", {{"value", -8}}}, {"text", {{"field", "text"}}}, {"fontSize", {{"value", 11}}}, {"fill", {{"value", "#333"}}}}}}}}});
+    std::string finding = "Best single predictor of " + target + ": " + f0["x"].get<std::string>() + " (r = " + fmt(d(f0["r"])) +
+                          ", R² = " + fmt(d(f0["r2"])) + ", p = " + fmt(d(f0["p"])) + ").";
+    out.push_back({"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", kFitPoints}}});
+  }
+}
+
+// #10: OLS standardized coefficients with their 95 % intervals.
+void ols_charts(const Json& a, std::vector<Chart>& out) {
+  for (const auto& o : a["ols"]) {
+    if (o.contains("error") || !o.contains("terms")) continue;
+    const std::string target = o["target"];
+    Json vals = Json::array();
+    std::string best;
+    double best_abs = -1;
+    for (const auto& t : o["terms"]) {
+      if (t["name"] == "const" || !t["std_beta"].is_number()) continue;
+      double coef = d(t["coef"]), sb = d(t["std_beta"]);
+      double scale = coef != 0 ? sb / coef : 0;
+      vals.push_back({{"term", t["name"]}, {"beta", sb}, {"lo", d(t["ci_low"]) * scale}, {"hi", d(t["ci_high"]) * scale}, {"p", t["p"]},
+                      {"vif", t["vif"]}, {"sig", d(t["p"], 1) < 0.05 ? "p < 0.05" : "p ≥ 0.05"}});
+      if (d(t["p"], 1) < 0.05 && std::fabs(sb) > best_abs) { best_abs = std::fabs(sb); best = t["name"].get<std::string>() + " (β = " + fmt(sb) + ", p = " + fmt(d(t["p"])) + ")"; }
+    }
+    if (vals.empty()) continue;
+    Json s = base_spec(420, static_cast<int>(vals.size()) * 26 + 10);
+    s["data"] = Json::array({{{"name", "terms"}, {"values", vals}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "terms"}, {"field", "term"}}}, {"range", "height"}, {"padding", 0.3}},
+                               {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", true}, {"range", "width"},
+                                {"domain", {{"fields", Json::array({{{"data", "terms"}, {"field", "lo"}}, {{"data", "terms"}, {"field", "hi"}}})}}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", {"p < 0.05", "p ≥ 0.05"}}, {"range", {"#c0392b", "#95a5a6"}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "standardized coefficient (95% CI)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
+    s["legends"] = Json::array({{{"fill", "color"}, {"title", "coefficient"}}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "ci"}, {"from", {{"data", "terms"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "term"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "lo"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "hi"}}}, {"stroke", {{"scale", "color"}, {"field", "sig"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
+                              {{"type", "symbol"}, {"name", "coef"}, {"from", {{"data", "terms"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "term"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "beta"}}},
+                                                       {"fill", {{"scale", "color"}, {"field", "sig"}}}, {"size", {{"value", 70}}},
+                                                       {"tooltip", tooltip_signal({{"term", "datum.term"}, {"beta", "format(datum.beta, '.3f')"}, {"p", "format(datum.p, '.3g')"}, {"VIF", "format(datum.vif, '.3g')"}})}}}}}}});
+    std::string finding = "R² = " + fmt(d(o["r2"])) + " (adjusted " + fmt(d(o["adj_r2"])) + "), F p = " + fmt(d(o["f_p"])) + "; " +
+                          (best.empty() ? "no coefficient with p < 0.05." : "largest significant effect: " + best + ".");
+    if (o.contains("cv")) finding += " Cross-validated R² = " + fmt(d(o["cv"]["r2"])) + ".";
+    out.push_back({"ols-" + target, "Regression", "OLS of " + target + " (n = " + std::to_string(o["n"].get<int>()) + ")", finding, s,
+                   {{"coef", static_cast<long>(vals.size())}}});
+  }
+}
+
+// #9: histogram with counts, and the ECDF, for each target and outcome column.
+void distribution_charts(const Json& a, std::vector<Chart>& out) {
+  std::set<std::string> targets;
+  for (const auto& t : a["options"]["targets"]) targets.insert(t.get<std::string>());
+  int shown = 0;
+  for (const auto& dist : a["distributions"]) {
+    const std::string col = dist["column"];
+    const bool is_target = targets.count(col) > 0;
+    if (!is_target && (dist["role"] != "outcome" || shown >= 6)) continue;
+    ++shown;
+    const auto& h = dist["histogram"];
+    Json bins = Json::array();
+    long total = 0;
+    std::size_t mode = 0;
+    for (std::size_t k = 0; k < h["counts"].size(); ++k) {
+      long c = h["counts"][k].get<long>();
+      total += c;
+      if (c > h["counts"][mode].get<long>()) mode = k;
+      bins.push_back({{"x0", h["edges"][k]}, {"x1", h["edges"][k + 1]}, {"count", c}});
+    }
+    Json steps = Json::array();
+    for (std::size_t k = 0; k < dist["ecdf"]["x"].size(); ++k) steps.push_back({{"x", dist["ecdf"]["x"][k]}, {"f", dist["ecdf"]["f"][k]}});
+    Json s = base_spec(420, 200);
+    s["data"] = Json::array({{{"name", "bins"}, {"values", bins}}, {{"name", "ecdf_rows"}, {"values", steps}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"range", "width"}, {"domain", {{"fields", Json::array({{{"data", "bins"}, {"field", "x0"}}, {{"data", "bins"}, {"field", "x1"}}})}}}},
+                               {{"name", "y"}, {"type", "linear"}, {"nice", true}, {"range", "height"}, {"domain", {0, h["counts"][mode].get<long>() + 1}}},
+                               {{"name", "f"}, {"type", "linear"}, {"domain", {0, 1}}, {"range", "height"}}});
+    Json xaxis = {{"orient", "bottom"}, {"scale", "x"}, {"title", col}};
+    if (std::max(std::fabs(d(h["edges"][0])), std::fabs(d(h["edges"][h["edges"].size() - 1]))) >= 1e5) xaxis["format"] = "~s";
+    s["axes"] = Json::array({xaxis, {{"orient", "left"}, {"scale", "y"}, {"title", "rows"}, {"tickMinStep", 1}},
+                             {{"orient", "right"}, {"scale", "f"}, {"title", "ECDF"}, {"format", "%"}}});
+    s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "bins"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x0"}, {"offset", 1}}}, {"x2", {{"scale", "x"}, {"field", "x1"}}},
+                                                       {"y", {{"scale", "y"}, {"field", "count"}}}, {"y2", {{"scale", "y"}, {"value", 0}}}, {"fill", {{"value", "#5dade2"}}},
+                                                       {"tooltip", tooltip_signal({{"bin", "format(datum.x0, '.4g') + ' – ' + format(datum.x1, '.4g')"}, {"rows", "datum.count"}})}}}}}},
+                              {{"type", "text"}, {"name", "counts"}, {"from", {{"data", "bins"}}},
+                               {"encode", {{"update", {{"x", {{"signal", "(scale('x', datum.x0) + scale('x', datum.x1)) / 2"}}}, {"y", {{"scale", "y"}, {"field", "count"}, {"offset", -3}}},
+                                                       {"text", {{"signal", "datum.count > 0 ? datum.count : ''"}}}, {"align", {{"value", "center"}}}, {"fontSize", {{"value", 10}}}}}}}},
+                              {{"type", "line"}, {"name", "ecdf"}, {"from", {{"data", "ecdf_rows"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "f"}, {"field", "f"}}}, {"interpolate", {{"value", "step-after"}}},
+                                                       {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}, {"tooltip", tooltip_signal({{"x", "datum.x"}, {"F(x)", "format(datum.f, '.3f')"}})}}}}}}});
+    const double lo = d(h["edges"][0]), hi = d(h["edges"][h["edges"].size() - 1]);
+    std::string finding = col + ": " + std::to_string(total) + " rows from " + fmt(lo, 4) + " to " + fmt(hi, 4) + "; most in [" +
+                          fmt(d(h["edges"][mode]), 4) + ", " + fmt(d(h["edges"][mode + 1]), 4) + ").";
+    out.push_back({"dist-" + col, "Distributions", "Distribution of " + col, finding, s,
+                   {{"bars", static_cast<long>(bins.size())}, {"ecdf", static_cast<long>(steps.size())}}});
+  }
+}
+
+// #6: box plots of each target per level of each categorical parameter (whiskers min..max, box
+// the quartiles, a tick at the median, a dot at the mean).
+void group_charts(const Json& a, std::vector<Chart>& out) {
+  for (const auto& g : a["groups"]) {
+    if (g.contains("error")) continue;
+    Json vals = Json::array();
+    for (std::size_t k = 0; k < g["levels"].size(); ++k) {
+      const auto& b = g["box"][k];
+      vals.push_back({{"level", g["levels"][k]}, {"mean", g["means"][k]}, {"n", g["sizes"][k]}, {"min", b["min"]}, {"q25", b["q25"]},
+                      {"median", b["median"]}, {"q75", b["q75"]}, {"max", b["max"]}});
+    }
+    Json s = base_spec(360, static_cast<int>(vals.size()) * 34 + 10);
+    s["data"] = Json::array({{{"name", "groups"}, {"values", vals}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "groups"}, {"field", "level"}}}, {"range", "height"}, {"padding", 0.3}},
+                               {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", false}, {"range", "width"},
+                                {"domain", {{"fields", Json::array({{{"data", "groups"}, {"field", "min"}}, {{"data", "groups"}, {"field", "max"}}})}}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", g["value"]}, {"format", "~s"}}, {{"orient", "left"}, {"scale", "y"}, {"title", g["group"]}}});
+    Json tip = tooltip_signal({{"level", "datum.level"}, {"rows", "datum.n"}, {"mean", "format(datum.mean, '.4g')"}, {"median", "format(datum.median, '.4g')"},
+                               {"quartiles", "format(datum.q25, '.4g') + ' – ' + format(datum.q75, '.4g')"}, {"range", "format(datum.min, '.4g') + ' – ' + format(datum.max, '.4g')"}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "whiskers"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "min"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "max"}}}, {"stroke", {{"value", "#555"}}}}}}}},
+                              {{"type", "rect"}, {"name", "boxes"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"field", "q25"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "q75"}}}, {"fill", {{"value", "#48c9b0"}}}, {"stroke", {{"value", "#1e8449"}}}, {"tooltip", tip}}}}}},
+                              {{"type", "rect"}, {"name", "medians"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"field", "median"}}},
+                                                       {"width", {{"value", 2}}}, {"fill", {{"value", "#1b2631"}}}}}}}},
+                              {{"type", "symbol"}, {"name", "means"}, {"from", {{"data", "groups"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "mean"}}}, {"size", {{"value", 30}}},
+                                                       {"fill", {{"value", "#c0392b"}}}, {"tooltip", tip}}}}}}});
+    std::string finding = g["group"].get<std::string>() + " explains " + fmt(100 * d(g["eta2"]), 3) + " % of the variance of " + g["value"].get<std::string>() +
+                          " (ANOVA F p = " + fmt(d(g["f_p"])) + ", Kruskal–Wallis p = " + fmt(d(g["kruskal_p"])) + "); red dot: mean.";
+    out.push_back({"group-" + g["group"].get<std::string>() + "-" + g["value"].get<std::string>(), "Groups",
+                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>(), finding, s, {{"boxes", static_cast<long>(vals.size())}}});
+  }
+}
+
+// #2: speedup against devices with the ideal line (a line per configuration), parallel
+// efficiency with the 80 % mark, and the Karp–Flatt serial fraction.
+void scaling_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("scaling")) return;
+  Json pts = Json::array();
+  double max_ranks = 1;
+  double below80 = -1;
+  std::set<std::string> configs;
+  for (const auto& r : a["scaling"]["rows"]) {
+    if (!r["speedup"].is_number() || !r["ranks"].is_number()) continue;
+    pts.push_back(r);
+    configs.insert(r["config"].get<std::string>());
+    max_ranks = std::max(max_ranks, d(r["ranks"]));
+    if (d(r["efficiency_pct"]) < 80 && (below80 < 0 || d(r["ranks"]) < below80)) below80 = d(r["ranks"]);
+  }
+  if (pts.empty()) return;
+  auto line_chart = [&](const std::string& id, const std::string& field, const std::string& title, const std::string& ytitle, bool ideal,
+                        double rule, const std::string& finding) {
+    Json s = base_spec(360, 220);
+    Json data = Json::array({{{"name", "sc_rows"}, {"values", pts}, {"transform", Json::array({{{"type", "filter"}, {"expr", "isValid(datum." + field + ")"}}})}}});
+    if (ideal) data.push_back({{"name", "ideal_rows"}, {"values", Json::array({{{"x", 1}, {"y", 1}}, {{"x", max_ranks}, {"y", max_ranks}}})}});
+    s["data"] = data;
+    Json yfields = Json::array({{{"data", "sc_rows"}, {"field", field}}});
+    if (ideal) yfields.push_back({{"data", "ideal_rows"}, {"field", "y"}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {1, max_ranks}}},
+                               {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"fields", yfields}}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "sc_rows"}, {"field", "config"}}}, {"range", "category"}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (ranks, log2 axis)"}}, {{"orient", "left"}, {"scale", "y"}, {"title", ytitle}}});
+    if (configs.size() > 1) s["legends"] = Json::array({{{"stroke", "color"}, {"title", "configuration"}, {"orient", "bottom"}, {"direction", "vertical"}}});
+    Json marks = Json::array();
+    if (ideal)
+      marks.push_back({{"type", "line"}, {"name", "ideal"}, {"from", {{"data", "ideal_rows"}}},
+                       {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"stroke", {{"value", "#999"}}}, {"strokeDash", {{"value", {5, 4}}}}}}}}});
+    if (rule > 0)
+      marks.push_back({{"type", "rule"}, {"name", "mark80"},
+                       {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"value", rule}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeDash", {{"value", {4, 3}}}}}}}}});
+    Json line = {{"type", "line"}, {"name", "series"}, {"from", {{"data", "sc_facet"}}},
+                 {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"stroke", {{"scale", "color"}, {"field", "config"}}}, {"strokeWidth", {{"value", 2}}}}}}}};
+    Json sym = {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "sc_facet"}}},
+                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"fill", {{"scale", "color"}, {"field", "config"}}}, {"size", {{"value", 50}}},
+                                        {"tooltip", tooltip_signal({{"configuration", "datum.config"}, {"devices", "datum.ranks"}, {"speedup", "format(datum.speedup, '.3f')"},
+                                                                    {"efficiency", "format(datum.efficiency_pct, '.1f') + ' %'"}, {"Karp–Flatt", "format(datum.karp_flatt, '.3f')"}})}}}}}};
+    marks.push_back({{"type", "group"}, {"from", {{"facet", {{"name", "sc_facet"}, {"data", "sc_rows"}, {"groupby", "config"}}}}},
+                     {"marks", Json::array({{{"type", "line"}, {"name", "series"}, {"from", {{"data", "sc_facet"}}}, {"sort", {{"field", "datum.ranks"}}}, {"encode", line["encode"]}}, sym})}});
+    s["marks"] = marks;
+    long n = 0;
+    for (const auto& p : pts) n += p[field].is_number();
+    std::map<std::string, long> expect{{"points", n}};
+    if (ideal) expect["ideal"] = 2;
+    out.push_back({id, "Scaling", title, finding, s, expect});
+  };
+  const std::string eff_finding = below80 > 0 ? "Efficiency falls below 80 % from " + fmt(below80) + " devices on (dashed: 80 %)."
+                                              : "Efficiency stays at or above 80 % up to " + fmt(max_ranks) + " devices (dashed: 80 %).";
+  line_chart("scaling-speedup", "speedup", "Speedup against devices", "speedup", true, 0,
+             "Speedup at " + fmt(max_ranks) + " devices against the ideal (dashed); " + std::to_string(configs.size()) + " configuration(s).");
+  line_chart("scaling-efficiency", "efficiency_pct", "Parallel efficiency", "efficiency (%)", false, 80, eff_finding);
+  line_chart("scaling-karp-flatt", "karp_flatt", "Karp–Flatt serial fraction", "serial fraction e", false, 0,
+             "A constant e means a fixed serial part; a growing e means overhead that grows with the device count.");
+}
+
+// #1: telemetry small multiples (one panel per source.metric, a line per device) for a selected
+// trial, and the GPU imbalance bars.
+void telemetry_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("telemetry") || a["telemetry"]["trials"].empty()) return;
+  const auto& trials = a["telemetry"]["trials"];
+  Json rows = Json::array(), options = Json::array(), labels = Json::array();
+  long first = -1;
+  long first_n = 0;
+  std::set<std::string> keys;
+  for (const auto& t : trials) {
+    const long label = t["trial_id"].get<long>();
+    options.push_back(label);
+    labels.push_back("trial " + std::to_string(label) + ": " + t["config"].get<std::string>());
+    long n = 0;
+    for (const auto& s : t["series"]) {
+      const std::string key = s["source"].get<std::string>() + "." + s["metric"].get<std::string>();
+      keys.insert(key);
+      for (std::size_t i = 0; i < s["t"].size(); ++i) {
+        rows.push_back({{"trial", label}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
+        ++n;
+      }
+    }
+    if (first < 0) { first = label; first_n = n; }
+  }
+  const int cols = 3, cw = 260, chh = 120;
+  Json s = base_spec(cw, chh);
+  s.erase("width");
+  s.erase("height");
+  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"labels", labels}, {"name", "trial "}}}}});
+  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial == trial"}}})}}});
+  s["layout"] = {{"columns", cols}, {"padding", {{"row", 36}, {"column", 50}}}, {"bounds", "full"}};
+  s["scales"] = Json::array({{{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "tel_rows"}, {"field", "device"}}}, {"range", "category"}}});
+  s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device"}, {"orient", "top"}, {"direction", "horizontal"}}});
+  Json line = {{"type", "line"}, {"name", "tel_line"}, {"from", {{"data", "dev_facet"}}},
+               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"stroke", {{"scale", "color"}, {"field", "device"}}},
+                                       {"strokeWidth", {{"value", 1.5}}},
+                                       {"tooltip", tooltip_signal({{"device", "datum.device"}, {"t (s)", "format(datum.t, '.2f')"}, {"value", "format(datum.v, '.4~s')"}})}}}}}};
+  Json by_device = {{"type", "group"}, {"from", {{"facet", {{"name", "dev_facet"}, {"data", "cell"}, {"groupby", "device"}}}}}, {"marks", Json::array({line})}};
+  Json cell = {{"type", "group"}, {"name", "panel"}, {"from", {{"facet", {{"name", "cell"}, {"data", "tel_rows"}, {"groupby", "key"}}}}},
+               {"sort", {{"field", "key"}}},
+               {"title", {{"text", {{"signal", "parent.key"}}}, {"fontSize", 11}, {"frame", "group"}}},
+               {"encode", {{"update", {{"width", {{"value", cw}}}, {"height", {{"value", chh}}}, {"stroke", {{"value", "#ccc"}}}}}}},
+               {"scales", Json::array({{{"name", "x"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "t"}}}, {"range", {0, cw}}, {"zero", false}},
+                                       {{"name", "y"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "v"}}}, {"range", {chh, 0}}, {"zero", false}, {"nice", true}}})},
+               {"axes", Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "t (s)"}, {"tickCount", 5}},
+                                     {{"orient", "left"}, {"scale", "y"}, {"format", "~s"}, {"tickCount", 4}}})},
+               {"marks", Json::array({by_device})}};
+  s["marks"] = Json::array({cell});
+  std::string finding = std::to_string(trials.size()) + " trials with telemetry, " + std::to_string(keys.size()) + " source.metric series each: a panel per series, a line per device; pick the trial below.";
+  const auto& fl = a["telemetry"]["flagged"];
+  out.push_back({"telemetry", "Telemetry", "Telemetry per trial and device", finding, s, {{"tel_line", first_n}}});
+
+  // Imbalance bars.
+  Json bars = Json::array();
+  std::map<std::string, int> straggler_count, idle_count;
+  for (const auto& t : trials) {
+    if (!t.contains("imbalance")) continue;
+    for (const auto& dv : t["imbalance"]["devices"]) {
+      if (dv["straggler"].get<bool>()) ++straggler_count[dv["device"].get<std::string>()];
+      if (dv["idle"].get<bool>()) ++idle_count[dv["device"].get<std::string>()];
+      if (bars.size() < 48)
+        bars.push_back({{"row", "trial " + std::to_string(dv["trial"].get<long>()) + " · GPU " + dv["device"].get<std::string>()},
+                        {"util", dv["mean_util_pct"]}, {"flag", dv["straggler"].get<bool>() ? "straggler" : (dv["idle"].get<bool>() ? "idle" : "ok")},
+                        {"idle", dv["idle_fraction"]}});
+    }
+  }
+  if (bars.empty()) return;
+  Json b = base_spec(380, static_cast<int>(bars.size()) * 16);
+  b["data"] = Json::array({{{"name", "imb_rows"}, {"values", bars}}});
+  Json domain = Json::array();
+  for (const auto& r : bars) domain.push_back(r["row"]);
+  b["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}, {"padding", 0.15}},
+                             {{"name", "x"}, {"type", "linear"}, {"domain", {0, 100}}, {"range", "width"}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"ok", "straggler", "idle"}}, {"range", {"#5dade2", "#e67e22", "#c0392b"}}}});
+  b["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean GPU utilization over the steady window (%)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
+  b["legends"] = Json::array({{{"fill", "color"}, {"title", "flag"}}});
+  b["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "imb_rows"}}},
+                             {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "row"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
+                                                     {"x2", {{"scale", "x"}, {"field", "util"}}}, {"fill", {{"scale", "color"}, {"field", "flag"}}},
+                                                     {"tooltip", tooltip_signal({{"device", "datum.row"}, {"util %", "format(datum.util, '.1f')"}, {"idle share", "format(datum.idle, '.0%')"}})}}}}}}});
+  std::string f2;
+  for (const auto& [dev, n] : straggler_count) f2 += (f2.empty() ? "" : "; ") + std::string("GPU ") + dev + " a straggler in " + std::to_string(n) + " of " + std::to_string(trials.size()) + " trials";
+  for (const auto& [dev, n] : idle_count) f2 += (f2.empty() ? "" : "; ") + std::string("GPU ") + dev + " idle in " + std::to_string(n) + " trials";
+  if (f2.empty()) f2 = "No idle GPU and no straggler (every device within 80 % of the median utilization).";
+  else f2 += " (" + std::to_string(fl.size()) + " flagged device rows).";
+  out.push_back({"imbalance", "Telemetry", "GPU utilization per trial and device" + std::string(bars.size() >= 48 ? " (first 48)" : ""), f2, b,
+                 {{"bars", static_cast<long>(bars.size())}}});
+}
+
+// #11: xgboost importances per target and model, with the cross-validated R² in the finding.
+void importance_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("trees")) return;
+  for (const auto& r : a["trees"]) {
+    if (r.contains("error")) continue;
+    Json vals = Json::array();
+    std::size_t top = 0;
+    double shap_max = 0;
+    for (const auto& v : r["shap_mean_abs"]) shap_max = std::max(shap_max, v.get<double>());
+    for (std::size_t k = 0; k < r["features"].size(); ++k) {
+      const double shap = r["shap_mean_abs"][k].get<double>();
+      vals.push_back({{"feature", r["features"][k]}, {"gain", r["gain"][k]}, {"weight", r["weight"][k]}, {"cover", r["cover"][k]},
+                      {"shap", shap_max > 0 ? 100 * shap / shap_max : 0.0}, {"shap_raw", shap},
+                      {"perm", r["permutation_mean"][k]}, {"perm_sd", r["permutation_sd"][k]}});
+      if (d(r["gain"][k]) > d(r["gain"][top])) top = k;
+    }
+    Json s = base_spec(360, static_cast<int>(vals.size()) * 22 + 10);
+    s["signals"] = Json::array({{{"name", "kind"}, {"value", "gain"}, {"bind", {{"input", "radio"}, {"options", {"gain", "weight", "cover", "shap"}}, {"name", "importance "}}}}});
+    s["data"] = Json::array({{{"name", "imp_rows"}, {"values", vals}, {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "datum[kind]"}}})}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "imp_rows"}, {"field", "feature"}, {"sort", {{"field", "gain"}, {"op", "max"}, {"order", "descending"}}}}},
+                                {"range", "height"}, {"padding", 0.2}},
+                               {{"name", "x"}, {"type", "linear"}, {"domain", {0, 100}}, {"range", "width"}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "kind + ' importance (100 = the largest)'"}}}, {"grid", true}},
+                             {{"orient", "left"}, {"scale", "y"}}});
+    const bool bad = r["unreliable"].get<bool>();
+    s["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "imp_rows"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "feature"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "v"}}}, {"fill", {{"value", bad ? "#bdc3c7" : "#8e44ad"}}},
+                                                       {"tooltip", tooltip_signal({{"feature", "datum.feature"}, {"gain", "format(datum.gain, '.1f')"}, {"weight", "format(datum.weight, '.1f')"},
+                                                                                   {"cover", "format(datum.cover, '.1f')"}, {"mean |SHAP|", "format(datum.shap_raw, '.4g')"}, {"permutation ΔMSE", "format(datum.perm, '.3g') + ' ± ' + format(datum.perm_sd, '.3g')"}})}}}}}}});
+    const std::string model = r["model"] == "random_forest" ? "random forest" : "gradient boosting";
+    std::string finding = (bad ? "SURROGATE UNRELIABLE — " : std::string()) + "cross-validated R² = " + fmt(d(r["cv_r2"])) + ", RMSE = " + fmt(d(r["cv_rmse"])) +
+                          " (" + std::to_string(r["folds"].get<int>()) + " folds); top: " + r["features"][top].get<std::string>() +
+                          " (permutation ΔMSE " + fmt(d(r["permutation_mean"][top])) + " ± " + fmt(d(r["permutation_sd"][top])) + ").";
+    out.push_back({"trees-" + r["model"].get<std::string>() + "-" + r["target"].get<std::string>(), "Importances (xgboost)",
+                   model + ": " + r["target"].get<std::string>(), finding, s, {{"bars", static_cast<long>(vals.size())}}});
+  }
+}
+
+// #7: Bland–Altman plots of the telemetry sources that measure the same quantity.
+void agreement_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("agreement")) return;
+  for (const auto& p : a["agreement"]) {
+    Json pts = Json::array();
+    const auto& st = p["per_sample"];
+    double lo = d(st["lower"], d(st["bias"])), hi = d(st["upper"], d(st["bias"]));
+    for (const auto& xy : p["points"]) {
+      const double x = xy[0].get<double>(), y = xy[1].get<double>();
+      pts.push_back({{"mean", 0.5 * (x + y)}, {"diff", y - x}});
+      lo = std::min(lo, y - x);
+      hi = std::max(hi, y - x);
+    }
+    // A spread that is rounding next to the bias (a fixed offset) gets a readable window of
+    // ±5 % of the bias around it.
+    const double mid = 0.5 * (lo + hi), span = hi - lo;
+    const double pad = span < 1e-6 * std::max({std::fabs(lo), std::fabs(hi), 1.0}) ? 0.05 * std::max(std::fabs(mid), 1.0) : 0.08 * span;
+    lo -= pad;
+    hi += pad;
+    Json lines = Json::array({{{"y", st["bias"]}, {"label", "bias"}}, {{"y", st["lower"]}, {"label", "−1.96 sd"}}, {{"y", st["upper"]}, {"label", "+1.96 sd"}}});
+    Json s = base_spec(380, 220);
+    s["data"] = Json::array({{{"name", "ba_rows"}, {"values", pts}}, {{"name", "ba_lines"}, {"values", lines}, {"transform", Json::array({{{"type", "filter"}, {"expr", "isValid(datum.y)"}}})}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"}, {"domain", {{"data", "ba_rows"}, {"field", "mean"}}}},
+                               {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"range", "height"}, {"domain", {lo, hi}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean of the two sources"}, {"format", "~s"}},
+                             {{"orient", "left"}, {"scale", "y"}, {"title", "difference (b − a)"}, {"format", "~s"}, {"tickCount", 5}}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "limits"}, {"from", {{"data", "ba_lines"}}},
+                               {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
+                                                       {"stroke", {{"value", "#c0392b"}}}, {"strokeDash", {{"signal", "datum.label === 'bias' ? [] : [4, 3]"}}}}}}}},
+                              {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "ba_rows"}}},
+                               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "mean"}}}, {"y", {{"scale", "y"}, {"field", "diff"}}}, {"size", {{"value", 16}}},
+                                                       {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.5}}},
+                                                       {"tooltip", tooltip_signal({{"mean", "format(datum.mean, '.4~s')"}, {"difference", "format(datum.diff, '.4~s')"}})}}}}}}});
+    std::string finding = p["b"].get<std::string>() + " − " + p["a"].get<std::string>() + ": bias " + fmt(d(st["bias"]), 4) + ", limits [" +
+                          fmt(d(st["lower"]), 4) + ", " + fmt(d(st["upper"]), 4) + "], Lin's CCC " + fmt(d(st["ccc"]), 4) + ", r = " + fmt(d(st["r"]), 4) +
+                          " over " + std::to_string(st["n"].get<long>()) + " aligned samples.";
+    out.push_back({"agree-" + p["a"].get<std::string>() + "-" + p["b"].get<std::string>(), "Agreement of telemetry sources",
+                   p["quantity"].get<std::string>() + ": " + p["b"].get<std::string>() + " vs " + p["a"].get<std::string>(), finding, s,
+                   {{"points", static_cast<long>(pts.size())}, {"limits", 3}}});
+  }
+}
+
+// #12: the sweep against a baseline sweep: a ratio per configuration and target, its interval,
+// the verdict.
+void baseline_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("baseline") || a["baseline"]["rows"].empty()) return;
+  std::map<std::string, Json> by_target;
+  for (const auto& r : a["baseline"]["rows"]) {
+    Json& v = by_target[r["target"].get<std::string>()];
+    if (v.is_null()) v = Json::array();
+    if (v.size() < 40) v.push_back(r);
+  }
+  for (const auto& [target, rows] : by_target) {
+    int worse = 0;
+    double lo = 1, hi = 1;
+    for (const auto& r : rows) {
+      worse += r["verdict"] == "regression";
+      for (const char* k : {"ratio", "ratio_low", "ratio_high"})
+        if (r[k].is_number()) { lo = std::min(lo, r[k].get<double>()); hi = std::max(hi, r[k].get<double>()); }
+    }
+    Json s = base_spec(360, static_cast<int>(rows.size()) * 18 + 10);
+    s["config"]["axis"]["labelLimit"] = 300;
+    s["data"] = Json::array({{{"name", "bl_rows"}, {"values", rows}}});
+    s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "bl_rows"}, {"field", "config"}}}, {"range", "height"}, {"padding", 0.2}},
+                               {{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"}, {"domain", {lo, hi}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", {"regression", "no change", "improvement"}}, {"range", {"#c0392b", "#95a5a6", "#27ae60"}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "current / baseline (95% interval from repeats)"}, {"grid", true}},
+                             {{"orient", "left"}, {"scale", "y"}}});
+    s["legends"] = Json::array({{{"fill", "color"}, {"title", "verdict"}}});
+    s["marks"] = Json::array({{{"type", "rule"}, {"name", "one"}, {"encode", {{"update", {{"x", {{"scale", "x"}, {"value", 1}}}, {"y", {{"value", 0}}}, {"y2", {{"signal", "height"}}}, {"stroke", {{"value", "#333"}}}}}}}},
+                              {{"type", "rule"}, {"name", "interval"}, {"from", {{"data", "bl_rows"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "config"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"signal", "isValid(datum.ratio_low) ? datum.ratio_low : datum.ratio"}}},
+                                                       {"x2", {{"scale", "x"}, {"signal", "isValid(datum.ratio_high) ? datum.ratio_high : datum.ratio"}}}, {"stroke", {{"scale", "color"}, {"field", "verdict"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
+                              {{"type", "symbol"}, {"name", "ratios"}, {"from", {{"data", "bl_rows"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "config"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "ratio"}}}, {"fill", {{"scale", "color"}, {"field", "verdict"}}}, {"size", {{"value", 60}}},
+                                                       {"tooltip", tooltip_signal({{"configuration", "datum.config"}, {"ratio", "format(datum.ratio, '.3f')"}, {"baseline", "format(datum.baseline_mean, '.4g')"},
+                                                                                   {"current", "format(datum.current_mean, '.4g')"}, {"verdict", "datum.verdict"}})}}}}}}});
+    std::string finding = std::to_string(worse) + " of " + std::to_string(rows.size()) + " configurations regress on " + target + " against " +
+                          a["baseline"]["sweep"].get<std::string>() + (lower_better_name(target) ? " (lower is better)." : " (higher is better).");
+    out.push_back({"baseline-" + target, "Against the baseline", target + ": current / baseline", finding, s, {{"ratios", static_cast<long>(rows.size())}}});
+  }
+}
+
+// #12: the Pareto front of two targets with opposite directions.
+void pareto_chart(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("pareto") || a["pareto"]["rows"].empty()) return;
+  const auto& p = a["pareto"];
+  Json front = Json::array();
+  for (const auto& r : p["rows"])
+    if (r["front"].get<bool>()) front.push_back(r);
+  std::sort(front.begin(), front.end(), [](const Json& l, const Json& r) { return l["x"].get<double>() < r["x"].get<double>(); });
+  Json s = base_spec(420, 260);
+  s["data"] = Json::array({{{"name", "pa_rows"}, {"values", p["rows"]}}, {{"name", "pa_front"}, {"values", front}}});
+  s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "width"}, {"domain", {{"data", "pa_rows"}, {"field", "x"}}}},
+                             {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"}, {"domain", {{"data", "pa_rows"}, {"field", "y"}}}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"on the front", "dominated"}}, {"range", {"#c0392b", "#aab7b8"}}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", p["x"].get<std::string>() + " (higher is better)"}, {"format", "~s"}},
+                           {{"orient", "left"}, {"scale", "y"}, {"title", p["y"].get<std::string>() + " (lower is better)"}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "configuration"}}});
+  s["marks"] = Json::array({{{"type", "line"}, {"name", "front"}, {"from", {{"data", "pa_front"}}},
+                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"interpolate", {{"value", "step-before"}}},
+                                                     {"stroke", {{"value", "#c0392b"}}}, {"strokeDash", {{"value", {4, 3}}}}}}}}},
+                            {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "pa_rows"}}},
+                             {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 55}}},
+                                                     {"fill", {{"scale", "color"}, {"signal", "datum.front ? 'on the front' : 'dominated'"}}},
+                                                     {"tooltip", tooltip_signal({{"run", "datum.row"}, {"configuration", "datum.config"}, {"x", "format(datum.x, '.4~s')"}, {"y", "format(datum.y, '.4g')"}})}}}}}}});
+  std::string finding = std::to_string(p["on_front"].get<long>()) + " of " + std::to_string(p["rows"].size()) + " configurations are Pareto-optimal for " +
+                        p["x"].get<std::string>() + " against " + p["y"].get<std::string>() + "; every other one is beaten on both by one of them.";
+  out.push_back({"pareto", "Trade-offs", "Pareto front: " + p["x"].get<std::string>() + " vs " + p["y"].get<std::string>(), finding, s,
+                 {{"points", static_cast<long>(p["rows"].size())}, {"front", static_cast<long>(front.size())}}});
+}
+
+}  // namespace
+
+std::vector<Chart> build_charts(const Json& a) {
+  std::vector<Chart> out;
+  baseline_charts(a, out);
+  scaling_charts(a, out);
+  telemetry_charts(a, out);
+  agreement_charts(a, out);
+  correlation_chart(a, out);
+  pairs_chart(a, out);
+  ols_charts(a, out);
+  importance_charts(a, out);
+  pareto_chart(a, out);
+  fit_charts(a, out);
+  group_charts(a, out);
+  distribution_charts(a, out);
+  return out;
+}
+
+}  // namespace scalelab::report
