@@ -11,6 +11,7 @@
 
 #include "cli/command.h"
 #include "cli/generate_common.h"
+#include "model/tokenizer/utf8.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "train/trainer.h"
@@ -43,7 +44,7 @@ struct Side {
 };
 
 std::string answer_text(const Side& s, const std::vector<std::int32_t>& tokens) {
-  if (s.codec) return s.codec->decode(tokens);
+  if (s.codec) return tok::sanitize_utf8(s.codec->decode(tokens));
   std::string out;
   for (auto t : tokens) {
     if (!out.empty()) out += ' ';

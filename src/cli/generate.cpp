@@ -5,6 +5,7 @@
 
 #include "cli/command.h"
 #include "cli/generate_common.h"
+#include "model/tokenizer/utf8.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "train/trainer.h"
@@ -70,12 +71,43 @@ Subcommand add_generate_command(CLI::App& root) {
               std::printf("[%zu] %s\n=> ", i + 1, p.text.c_str());
               std::fflush(stdout);
               bool first = true;
-              // Streaming: each token as soon as it is chosen (ids; text once a tokenizer is there).
+              // Streaming: each token as soon as it is chosen — its text with a tokenizer (the bytes the
+              // answer so far adds, held back while they end inside a UTF-8 character), else its id.
+              std::vector<std::int32_t> so_far;
+              std::size_t shown = 0;
               GenerationResult r = gen.generate(p.ids, g, [&](std::int32_t tok) {
-                std::printf(first ? "%d" : " %d", tok);
+                if (codec) {
+                  so_far.push_back(tok);
+                  const std::string text = codec->decode(so_far);
+                  std::size_t end = text.size();
+                  // Back off an incomplete trailing UTF-8 sequence (at most 3 bytes).
+                  for (std::size_t k = 1; k <= 3 && k <= end; ++k) {
+                    const auto c = static_cast<unsigned char>(text[end - k]);
+                    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+                    const std::size_t need = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+                    if (need > k) end -= k;
+                    break;
+                  }
+                  if (end > shown) {
+                    // Bytes that are no UTF-8 (a random or byte-fallback model) print as U+FFFD, as
+                    // the tokenizers library's decode gives them to Python.
+                    const std::string out = tok::sanitize_utf8(std::string_view(text).substr(shown, end - shown));
+                    std::fwrite(out.data(), 1, out.size(), stdout);
+                    shown = end;
+                  }
+                } else {
+                  std::printf(first ? "%d" : " %d", tok);
+                }
                 first = false;
                 std::fflush(stdout);
               });
+              if (codec) {
+                const std::string text = codec->decode(so_far);
+                if (text.size() > shown) {
+                  const std::string out = tok::sanitize_utf8(std::string_view(text).substr(shown));
+                  std::fwrite(out.data(), 1, out.size(), stdout);
+                }
+              }
               std::printf("\n");
               std::fflush(stdout);  // before the stderr line that follows
               if (!f->quiet) {
@@ -85,7 +117,7 @@ Subcommand add_generate_command(CLI::App& root) {
               nlohmann::json a = r.to_json();
               a["prompt"] = p.text;
               a["prompt_ids"] = p.ids;
-              if (codec) a["text"] = codec->decode(r.tokens);
+              if (codec) a["text"] = tok::sanitize_utf8(codec->decode(r.tokens));
               answers.push_back(a);
             }
             if (!f->json.empty()) {

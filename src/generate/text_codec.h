@@ -3,9 +3,8 @@
 // `compare` take token ids (--prompt-ids) everywhere; text prompts (--prompt, --prompts-file) go
 // through the codec that find_text_codec finds for a model directory (its tokenizer.json).
 //
-// The tokenizer itself (src/model/tokenizer/) is being written beside this; until it is merged
-// find_text_codec finds none, and text prompts are refused with a message that says to pass ids.
-// Plugging it in is this one function (generate/text_codec.cpp).
+// The codec is the model directory's tokenizer.json (src/model/tokenizer/); a model without one
+// has none, and text prompts are then refused with a message that says to pass ids.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,7 +20,7 @@ class TextCodec {
   virtual std::string describe() const = 0;  // e.g. the tokenizer file
 };
 
-// The codec of a model directory; null when none is available (see above).
+// The codec of a model directory (or a tokenizer.json path); null when there is no tokenizer.
 std::unique_ptr<TextCodec> find_text_codec(const std::string& model_dir);
 
 }  // namespace scalelab

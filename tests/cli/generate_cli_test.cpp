@@ -5,7 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cli_run.h"
 
@@ -153,3 +155,45 @@ TEST(ResumeCli, CheckpointsResumeAndRefuseAnotherModel) {
 }
 
 }  // namespace
+
+// A model directory with a tokenizer.json: --prompt takes text, encoded as `scalelab tokenize`
+// encodes it, and the answer streams as text equal to the decoded tokens of the JSON record.
+TEST(GenerateCli, TextPromptsThroughTheModelsTokenizer) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(testing::TempDir()) / "gen_text_model";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto cfg = read_json(textgen("llama_gqa_untied") + "/config.json");
+  cfg["vocab_size"] = 1200;  // the GPT-2-style test tokenizer's vocabulary
+  cfg["bos_token_id"] = 0;
+  cfg["eos_token_id"] = 0;
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  fs::copy_file(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/tokenizer/gpt2_style/tokenizer.json",
+                dir / "tokenizer.json");
+  const fs::path saved = dir / "saved";
+  const CmdResult t = run_cli("train --model " + dir.string() + " --seq-len 16 --max-steps 1 --quiet --threads 1 --save " +
+                              saved.string());
+  ASSERT_EQ(t.code, 0) << t.output;
+  ASSERT_TRUE(fs::exists(saved / "tokenizer.json")) << "saved models carry their tokenizer";
+  const std::string json = (dir / "gen.json").string();
+  const CmdResult g = run_cli("generate --model " + saved.string() +
+                              " --prompt 'The licenses for most software' --max-new-tokens 6 --no-eos --threads 1 --json " + json);
+  ASSERT_EQ(g.code, 0) << g.output;
+  const auto j = read_json(json);
+  ASSERT_EQ(j["answers"].size(), 1u);
+  const auto& a = j["answers"][0];
+  EXPECT_EQ(a["tokens"].size(), 6u);
+  const std::string text = a["text"].get<std::string>();
+  EXPECT_NE(g.output.find("=> " + text + "\n"), std::string::npos) << "streamed text = decoded tokens\n" << g.output;
+  // The prompt's ids are the tokenizer's: the same as `scalelab tokenize` writes for that text.
+  std::ofstream(dir / "prompt.txt") << "The licenses for most software";
+  const CmdResult k = run_cli("tokenize --tokenizer " + (dir / "tokenizer.json").string() + " --input " +
+                              (dir / "prompt.txt").string() + " --out " + (dir / "prompt.bin").string());
+  ASSERT_EQ(k.code, 0) << k.output;
+  std::ifstream in(dir / "prompt.bin", std::ios::binary);
+  std::vector<std::uint32_t> ids;
+  std::uint32_t v = 0;
+  while (in.read(reinterpret_cast<char*>(&v), sizeof v)) ids.push_back(v);
+  ASSERT_EQ(a["prompt_ids"].size(), ids.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(a["prompt_ids"][i].get<std::uint32_t>(), ids[i]);
+}
