@@ -8,6 +8,7 @@
 #include "analysis/agreement.h"
 #include "analysis/baseline.h"
 #include "analysis/scale_study.h"
+#include "analysis/profile.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
 #include "core/error.h"
@@ -84,6 +85,7 @@ Subcommand add_analyze_command(CLI::App& root) {
             if (f->csv.empty()) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
               analysis::add_telemetry(a, store, f->sweep);
+              analysis::add_profile(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
               if (!f->baseline.empty()) analysis::add_baseline(a, store, f->sweep, f->baseline, a.json["options"]["targets"].get<std::vector<std::string>>());

@@ -711,11 +711,88 @@ void pareto_chart(const Json& a, std::vector<Chart>& out) {
 
 }  // namespace
 
+// The profiling card: each profiled trial's time split by op family (or GPU kernel), as stacked
+// bars (from analysis.json's "profile" section: `results --view profile`'s table).
+void profile_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("profile")) return;
+  const Json& ops = a["profile"]["ops"];
+  std::vector<std::string> fams, params;
+  std::map<std::string, std::string> title_of;
+  for (const auto& c : ops["columns"]) {
+    const std::string k = c["key"];
+    if (k.rfind("pct_", 0) == 0) {
+      fams.push_back(k);
+      std::string t = c["title"];
+      if (t.size() > 2 && t.compare(t.size() - 2, 2, " %") == 0) t.resize(t.size() - 2);
+      title_of[k] = t;
+    } else if (k != "trial_id" && k != "status" && k != "step_time_s" && k != "op_time_fraction") {
+      params.push_back(k);
+    }
+  }
+  if (fams.empty()) return;
+  Json vals = Json::array(), domain = Json::array();
+  std::map<std::string, std::vector<double>> by_family;
+  for (const auto& r : ops["rows"]) {
+    std::string label = "trial " + std::to_string(r.value("trial_id", 0));
+    std::string ps;
+    for (const auto& p : params) {
+      if (!r.contains(p) || r[p].is_null()) continue;
+      ps += (ps.empty() ? "" : ", ") + p + "=" + (r[p].is_string() ? r[p].get<std::string>() : r[p].dump());
+    }
+    if (!ps.empty()) label += " (" + ps + ")";
+    domain.push_back(label);
+    for (const auto& f : fams) {
+      if (!r.contains(f) || !r[f].is_number()) continue;
+      vals.push_back({{"trial", label}, {"family", title_of[f]}, {"pct", r[f]}});
+      by_family[title_of[f]].push_back(r[f].get<double>());
+    }
+  }
+  if (vals.empty()) return;
+  // The finding: the family with the largest mean share, and the one that changes most between trials.
+  std::string top, spread;
+  double top_mean = -1, spread_range = -1, lo = 0, hi = 0;
+  for (const auto& [f, v] : by_family) {
+    double m = 0, mn = v[0], mx = v[0];
+    for (double x : v) {
+      m += x;
+      mn = std::min(mn, x);
+      mx = std::max(mx, x);
+    }
+    m /= static_cast<double>(v.size());
+    if (m > top_mean) top_mean = m, top = f;
+    if (mx - mn > spread_range) spread_range = mx - mn, spread = f, lo = mn, hi = mx;
+  }
+  std::string finding = top + " takes " + fmt(top_mean) + " % of the profiled time on average";
+  finding += domain.size() > 1 ? "; the largest change between trials: " + spread + " from " + fmt(lo) + " to " + fmt(hi) + " %."
+                               : " (one profiled trial).";
+  Json s = base_spec(520, static_cast<int>(domain.size()) * 26 + 10);
+  s["config"]["axis"]["labelLimit"] = 300;
+  s["data"] = Json::array({{{"name", "ops"},
+                            {"values", vals},
+                            {"transform", Json::array({{{"type", "stack"}, {"groupby", {"trial"}}, {"field", "pct"},
+                                                        {"sort", {{"field", "family"}}}, {"as", {"x0", "x1"}}}})}}});
+  s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}, {"padding", 0.2}},
+                             {{"name", "x"}, {"type", "linear"}, {"domain", {{"data", "ops"}, {"field", "x1"}}}, {"range", "width"}, {"nice", true}, {"zero", true}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "ops"}, {"field", "family"}, {"sort", true}}}, {"range", {{"scheme", "tableau20"}}}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "share of the profiled time (%)"}, {"grid", true}},
+                           {{"orient", "left"}, {"scale", "y"}}});
+  s["legends"] = Json::array({{{"fill", "color"}, {"title", "op family / kernel"}, {"orient", "right"}}});
+  s["marks"] = Json::array({{{"type", "rect"}, {"name", "segments"}, {"from", {{"data", "ops"}}},
+                             {"encode", {{"enter", {{"y", {{"scale", "y"}, {"field", "trial"}}}, {"height", {{"scale", "y"}, {"band", 1}}},
+                                                    {"x", {{"scale", "x"}, {"field", "x0"}}}, {"x2", {{"scale", "x"}, {"field", "x1"}}},
+                                                    {"fill", {{"scale", "color"}, {"field", "family"}}},
+                                                    {"tooltip", tooltip_signal({{"trial", "datum.trial"}, {"family", "datum.family"},
+                                                                                 {"share %", "format(datum.pct, '.1f')"}})}}}}}}});
+  out.push_back({"profile-ops", "Profiles", "Where the time goes, per profiled trial", finding, s,
+                 {{"segments", static_cast<long>(vals.size())}}});
+}
+
 std::vector<Chart> build_charts(const Json& a) {
   std::vector<Chart> out;
   baseline_charts(a, out);
   scaling_charts(a, out);
   telemetry_charts(a, out);
+  profile_charts(a, out);
   agreement_charts(a, out);
   correlation_chart(a, out);
   pairs_chart(a, out);

@@ -190,6 +190,24 @@ std::string render_report(const Json& a, const std::string& title) {
     for (const auto& n : ss["notes"]) h << "<li>" << esc(n.get<std::string>()) << "</li>";
     h << "</ul></div></section>\n";
   }
+  // The profiles' derived figures side by side (`results --view profile-compare`).
+  if (a.contains("profile")) {
+    const auto& pc = a["profile"]["compare"];
+    h << "<section><h2>Profile comparison</h2><div class=\"card\"><p class=\"finding\">Each trial's profile figures "
+         "side by side, as `scalelab results --view profile-compare` prints them (step time, time in ops, launch and "
+         "synchronization API time, host-to-device copies, NCCL kernels, communication hidden / exposed).</p>"
+         "<div class=\"tablewrap\"><table><tr>";
+    for (const auto& c : pc["columns"]) h << "<th>" << esc(c["title"].get<std::string>()) << "</th>";
+    h << "</tr>\n";
+    for (const auto& r : pc["rows"]) {
+      h << "<tr>";
+      for (const auto& c : pc["columns"]) h << "<td>" << cell(r.value(c["key"].get<std::string>(), Json())) << "</td>";
+      h << "</tr>\n";
+    }
+    h << "</table></div><ul>";
+    for (const auto& n : pc["notes"]) h << "<li>" << esc(n.get<std::string>()) << "</li>";
+    h << "</ul></div></section>\n";
+  }
   // The descriptive statistics and the data table, as HTML tables.
   h << "<section><h2>Descriptive statistics</h2><div class=\"card\"><p class=\"finding\">std (ddof=0), skew g1 and kurtosis g2 (biased, excess) as numpy/scipy; "
        "ddof=1, G1, G2 as pandas.</p><div class=\"tablewrap\"><table><tr><th class=\"t\">column</th><th class=\"t\">role</th><th>n</th><th>missing</th><th>mean</th>"

@@ -197,5 +197,42 @@ TEST_F(ReportInBrowser, ScalingCardsRender) {
   EXPECT_NE(ss.str().find("Efficiency falls below 80 % from 8 devices on"), std::string::npos);
 }
 
+// A sweep whose trials ran with --profile: the profile card (each trial's time by op family as
+// stacked bars, one segment per trial and family) and the profile comparison table.
+TEST_F(ReportInBrowser, ProfiledSweepGetsAProfileCard) {
+  const std::string spec = (dir_ / "profiled.toml").string();
+  std::ofstream(spec) << "name = \"profiled\"\n[workload]\ntype = \"native\"\n[parameters]\nmodel = [\"llama-tiny\"]\n"
+                         "seq_len = [16]\nmicro_batch_size = [1, 2]\nmax_steps = [3]\n";
+  const std::string db = (dir_ / "profiled.db").string();
+  auto sw = cli_test::run("sweep " + spec + " --db " + db + " --profile --log-dir " + (dir_ / "logs").string());
+  ASSERT_EQ(sw.code, 0) << sw.output;
+  const std::string out = (dir_ / "profiled-analysis").string();
+  auto an = cli_test::run("analyze --db " + db + " --sweep profiled --format json -o " + out);
+  ASSERT_EQ(an.code, 0) << an.output;
+  const Json a = analysis::testing::read_json_file(out + "/analysis.json");
+  ASSERT_TRUE(a.contains("profile")) << "the profiled trials' op families";
+  ASSERT_EQ(a["profile"]["ops"]["rows"].size(), 2u);
+  long cells = 0;
+  for (const auto& r : a["profile"]["ops"]["rows"])
+    for (auto it = r.begin(); it != r.end(); ++it)
+      if (it.key().rfind("pct_", 0) == 0 && it.value().is_number()) ++cells;
+  EXPECT_GT(cells, 10) << "matmul, attention, norm, ... for each trial";
+  EXPECT_TRUE(fs::exists(out + "/profile.csv"));
+  EXPECT_TRUE(fs::exists(out + "/profile_compare.csv"));
+  const std::string html = (dir_ / "profiled.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep profiled -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-profile-screenshot.png");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["rendered"], status["charts"]);
+  EXPECT_EQ(status["marks"]["profile-ops"]["segments"].get<long>(), cells);
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("Profile comparison"), std::string::npos);
+  EXPECT_NE(ss.str().find("of the profiled time on average"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace scalelab
