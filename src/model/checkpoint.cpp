@@ -223,7 +223,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   }
   std::vector<std::string> missing;
   for (const ParamInfo& p : layout.params())
-    if (found.count(p.name) == 0) missing.push_back(p.name);
+    if (!p.is_adapter && found.count(p.name) == 0) missing.push_back(p.name);  // adapters: not in a base model
   if (!missing.empty()) {
     std::string hint = "the checkpoint is incomplete or belongs to another config; use the config.json saved with it";
     if (missing.size() == 1 && missing[0] == "lm_head.weight") {
@@ -236,6 +236,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
 
   // Shapes.
   for (const ParamInfo& p : layout.params()) {
+    if (p.is_adapter) continue;
     const Located& loc = found.at(p.name);
     if (!same_shape(loc.tensor->shape, p.shape)) {
       throw InvalidInput("[checkpoint] " + loc.file->path() + ": tensor '" + loc.tensor->name + "' has shape " +
@@ -261,6 +262,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   const std::size_t es = dtype_size(flat.dtype());
   auto* base = static_cast<std::uint8_t*>(flat.raw());
   for (const ParamInfo& p : layout.params()) {
+    if (p.is_adapter) continue;  // the caller initializes or loads them (init_adapters, load_adapter)
     const Located& loc = found.at(p.name);
     loc.file->read(*loc.tensor, base + static_cast<std::size_t>(p.offset) * es, flat.dtype());
     ++summary.tensors;

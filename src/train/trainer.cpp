@@ -19,6 +19,7 @@
 #include "model/params.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
+#include "model/adapter.h"
 #include "scalelab/version.h"
 #include "distributed/config_check.h"
 #include "train/data.h"
@@ -81,7 +82,35 @@ nlohmann::json TrainOptions::to_json() const {
           {"zero", dist.zero},
           {"comm_timeout", dist.comm_timeout_s},
           {"comm_backend", dist.comm_backend},
-          {"freeze", freeze}};
+          {"freeze", freeze},
+          {"lora_rank", lora_rank},
+          {"lora_alpha", lora_alpha},
+          {"lora_dropout", lora_dropout},
+          {"lora_targets", lora_targets},
+          {"rslora", rslora},
+          {"adapter", adapter}};
+}
+
+LoraConfig TrainOptions::lora_config() const {
+  LoraConfig c;
+  c.rank = lora_rank;
+  c.alpha = lora_alpha;
+  c.dropout = lora_dropout;
+  c.rslora = rslora;
+  std::size_t start = 0;
+  while (start <= lora_targets.size() && !lora_targets.empty()) {
+    const std::size_t comma = std::min(lora_targets.find(',', start), lora_targets.size());
+    std::string t = lora_targets.substr(start, comma - start);
+    t.erase(0, t.find_first_not_of(' '));
+    t.erase(t.find_last_not_of(' ') + 1);
+    if (t.empty()) {
+      throw InvalidInput("[--lora-targets] '" + lora_targets + "' has an empty name — give module names separated "
+                         "by commas, e.g. q_proj,k_proj,v_proj,o_proj");
+    }
+    c.targets.push_back(t);
+    start = comma + 1;
+  }
+  return c;
 }
 
 const char* run_status_name(RunStatus s) {
@@ -207,6 +236,19 @@ void validate_train_options(const TrainOptions& o) {
     throw InvalidInput("[--eval-every/--eval-batches] need validation data — add --val-data PATH");
   }
   parse_lr_schedule(o.lr_scheduler);
+  if (o.lora_rank < 0) throw InvalidInput("[--lora-rank] must be >= 1 (0: no LoRA), got " + std::to_string(o.lora_rank));
+  if (o.lora_rank == 0 && (!o.lora_targets.empty() || o.rslora || o.lora_dropout != 0 || !o.adapter.empty())) {
+    throw InvalidInput("[--lora-targets/--rslora/--lora-dropout/--adapter] are LoRA settings — add --lora-rank R");
+  }
+  if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
+  if (o.lora_dropout > 0) {
+    throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
+                       "(see docs/finetuning.md)");
+  }
+  if (o.lora_rank > 0 && (!o.resume.empty() || o.save_every > 0)) {
+    throw InvalidInput("[--resume/--save-every] resumable checkpoints of a LoRA run are not supported yet — "
+                       "use --save DIR for the final adapter");
+  }
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
   // cpu, cuda or meta (the memory plan's device; train refuses it: parse_train_device).
@@ -276,6 +318,7 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.threads = num_threads();
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
+  in.lora = o.lora_config();
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
@@ -523,13 +566,20 @@ void TrainSession::build() {
   // Initial weights are written on the host (and copied to the device when it is not the host).
   if (!is_preset(o.model) && has_weights(o.model)) {
     LoadSummary ls;
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { ls = load_weights(o.model, cfg, layout_, host); });
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+      ls = load_weights(o.model, cfg, layout_, host);  // the base; adapters are not in it
+      if (layout_.lora().enabled()) init_adapters(host, layout_, o.seed);
+      if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
+    });
     if (!o.quiet) {
       std::fprintf(stderr, "scalelab train: loaded %lld tensors from %s\n", static_cast<long long>(ls.tensors),
                    o.model.c_str());
     }
   } else {
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { init_params(host, layout_, cfg, o.seed); });
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+      init_params(host, layout_, cfg, o.seed);
+      if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
+    });
   }
   std::optional<TrainCheckpointState> resumed;
   if (!o.resume.empty()) {
@@ -774,9 +824,15 @@ void TrainSession::finish_ok() {
     SaveOptions so;
     so.dtype = o.save_precision.empty() ? prec_.param : parse_dtype(o.save_precision, "--save-precision");
     so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
-    save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
-    copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
-    if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    if (layout_.lora().enabled()) {
+      // LoRA: only the adapters, in PEFT's format (the base is unchanged).
+      save_adapter(o.save, layout_, host_view_of(bufs_.params, dev_), so.dtype, o.model);
+      if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the LoRA adapter to %s\n", o.save.c_str());
+    } else {
+      save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
+      copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
+      if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    }
   }
   res_.loss_scale = prec_.loss_scaling ? loss_scale_ : 0.0;
   res_.status = RunStatus::kOk;
