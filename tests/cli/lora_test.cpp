@@ -81,7 +81,8 @@ TEST(LoraLayout, RefusesUnknownTargetsLargeRanksAndFreeze) {
 TEST(LoraInit, AIsKaimingUniformAndBIsZero) {
   const ModelConfig cfg = resolve_model("llama-tiny");
   const ParamLayout L = ParamLayout::build(cfg, "", lora(8));
-  Tensor flat = Tensor::empty({L.total_numel()}, DType::kF32, cpu_allocator(), "test");
+  DeviceAllocator alloc(make_host_backend(), std::size_t{1} << 30);
+  Tensor flat = Tensor::empty({L.total_numel()}, DType::kF32, alloc, "test");
   init_params(flat, L, cfg, 7);
   const ParamInfo& a = L.at("model.layers.0.self_attn.q_proj.lora_A.weight");
   const ParamInfo& b = L.at("model.layers.0.self_attn.q_proj.lora_B.weight");
@@ -104,7 +105,10 @@ TEST(LoraInit, AIsKaimingUniformAndBIsZero) {
 std::string lora_flags(const nlohmann::json& e) {
   const auto& l = e["lora"];
   std::string targets;
-  for (const auto& t : l["targets"]) targets += (targets.empty() ? "" : ",") + t.get<std::string>();
+  for (const auto& t : l["targets"]) {
+    if (!targets.empty()) targets += ',';
+    targets += t.get<std::string>();
+  }
   std::string f = " --lora-rank " + std::to_string(l["r"].get<int>()) + " --lora-alpha " +
                   std::to_string(l["alpha"].get<double>()) + " --lora-targets " + targets;
   if (l["rslora"].get<bool>()) f += " --rslora";
@@ -159,8 +163,9 @@ TEST_P(LoraGolden, TrajectoryEqualsPeftAndTheSavedAdapterEqualsPefts) {
       maxdiff = std::max(maxdiff, std::abs(static_cast<double>(a[i]) - b[i]));
     }
     // Six AdamW steps normalize each gradient element, so fp32 rounding differences in a small
-    // gradient can move an element by up to ~lr; relative to the tensor's scale this stays small.
-    EXPECT_LE(maxdiff, 1e-3 * std::max(maxabs, 1e-2)) << t.name;
+    // gradient can move an element by more than they move the loss; relative to the tensor's largest
+    // element it stays near 1e-5.
+    EXPECT_LE(maxdiff, 2e-4 * std::max(maxabs, 1e-2)) << t.name;  // measured: <= 2e-5
   }
   const nlohmann::json cfg = read_json(out + "/adapter_config.json");
   EXPECT_EQ(cfg["peft_type"], "LORA");
@@ -171,6 +176,30 @@ TEST_P(LoraGolden, TrajectoryEqualsPeftAndTheSavedAdapterEqualsPefts) {
 INSTANTIATE_TEST_SUITE_P(Peft, LoraGolden,
                          ::testing::Values("llama_gqa_tied_qv", "llama_gqa_tied_all_rslora_accum2",
                                            "opt_biases_attn_mlp"));
+
+// The engine's switches still combine with LoRA: flash attention and activation checkpointing
+// change no math (fp32: the same trajectory within 1e-5); bf16 autocast rounds the activations
+// (within 1e-2 of fp32 over six steps); --fused-kernels has no LoRA form yet and is refused.
+TEST(LoraCli, SwitchesCombine) {
+  const std::string dir = kGolden + "llama_gqa_tied_all_rslora_accum2";
+  const nlohmann::json e = read_json(dir + "/expected.json");
+  const std::string json = testing::TempDir() + "lora_switch.json";
+  const std::string base = "train --model " + dir + " --data " + dir + "/tokens.bin" + train_flags(e["training"]) +
+                           lora_flags(e) + " --adapter " + dir + "/adapter_init --json " + json;
+  for (const auto& [sw, tol] : std::vector<std::pair<std::string, double>>{
+           {"--attn flash --activation-checkpointing", 1e-5}, {"--mixed-precision bf16", 1e-2}}) {
+    const auto r = run(base + " " + sw);
+    ASSERT_EQ(r.code, 0) << sw << "\n" << r.output;
+    const auto got = read_json(json)["losses"];
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double w = e["losses"][i].get<double>();
+      EXPECT_NEAR(got[i].get<double>(), w, tol * w) << sw << " step " << i + 1;
+    }
+  }
+  const auto r = run(base + " --fused-kernels");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("[--fused-kernels]"), std::string::npos) << r.output;
+}
 
 TEST(LoraCli, BadInputExitsTwoNamingTheFlag) {
   const std::string dir = kGolden + "llama_gqa_tied_qv";
