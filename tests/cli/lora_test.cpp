@@ -201,6 +201,22 @@ TEST(LoraCli, SwitchesCombine) {
   EXPECT_NE(r.output.find("[--fused-kernels]"), std::string::npos) << r.output;
 }
 
+// The plan (the real model on the meta device) is the measured peak, adapters included.
+TEST(LoraCli, MeasuredPeakEqualsThePlan) {
+  const std::string json = testing::TempDir() + "lora_peak.json";
+  for (const std::string sw : {"", " --activation-checkpointing --attn flash --mixed-precision bf16"}) {
+    const auto r = run("train --model llama-tiny --seq-len 64 --micro-batch-size 2 --max-steps 2 --threads 1 --quiet "
+                       "--lora-rank 8 --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj --json " +
+                       json + sw);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto rec = read_json(json);
+    EXPECT_EQ(rec["max_reserved_bytes"], rec["memory_plan"]["total_bytes"]) << sw;
+    EXPECT_GT(rec["trainable_params"].get<std::int64_t>(), 0);
+    EXPECT_EQ(rec["frozen_params"].get<std::int64_t>() + rec["trainable_params"].get<std::int64_t>(),
+              rec["params"].get<std::int64_t>());
+  }
+}
+
 TEST(LoraCli, BadInputExitsTwoNamingTheFlag) {
   const std::string dir = kGolden + "llama_gqa_tied_qv";
   const std::string base = "train --model " + dir + " --data " + dir + "/tokens.bin --max-steps 1 --seq-len 16 --quiet";
