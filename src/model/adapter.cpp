@@ -1,5 +1,6 @@
 #include "model/adapter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,42 @@ std::string shape_str(const Shape& s) {
 }  // namespace
 
 std::string peft_tensor_name(const std::string& layout_name) { return kPrefix + layout_name; }
+
+LoraConfig read_adapter_config(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kConfig).string();
+  std::ifstream in(path);
+  if (!in) {
+    throw InvalidInput("[--adapter] cannot read " + path + " — give a directory written by peft's save_pretrained or "
+                       "by scalelab train --lora-rank R --save DIR");
+  }
+  json c;
+  try {
+    c = json::parse(in);
+  } catch (const json::exception& e) {
+    throw InvalidInput("[--adapter] " + path + " is not valid JSON (" + e.what() + ")");
+  }
+  auto refuse = [&](const std::string& why) {
+    throw InvalidInput("[--adapter] " + path + ": " + why + " — not supported yet (docs/finetuning.md)");
+  };
+  if (c.value("peft_type", std::string()) != "LORA") refuse("peft_type is not LORA");
+  if (!c.contains("r") || !c["r"].is_number_integer()) refuse("no integer r");
+  LoraConfig l;
+  l.rank = c["r"].get<std::int64_t>();
+  l.alpha = c.contains("lora_alpha") && c["lora_alpha"].is_number() ? c["lora_alpha"].get<double>() : 8.0;
+  l.rslora = c.value("use_rslora", false);
+  l.dropout = c.contains("lora_dropout") && c["lora_dropout"].is_number() ? c["lora_dropout"].get<double>() : 0.0;
+  if (!c.contains("target_modules") || !c["target_modules"].is_array()) {
+    refuse("target_modules is not a list of module names");
+  }
+  for (const auto& t : c["target_modules"]) l.targets.push_back(t.get<std::string>());
+  std::sort(l.targets.begin(), l.targets.end());  // peft writes a set: any order
+  if (c.value("use_dora", false)) refuse("use_dora is true");
+  if (c.value("bias", std::string("none")) != "none") refuse("bias is not \"none\"");
+  for (const char* k : {"rank_pattern", "alpha_pattern"})
+    if (c.contains(k) && c[k].is_object() && !c[k].empty()) refuse(std::string(k) + " is not empty");
+  if (c.contains("modules_to_save") && !c["modules_to_save"].is_null()) refuse("modules_to_save is set");
+  return l;
+}
 
 void load_adapter(const std::string& dir, const ParamLayout& layout, const Tensor& flat) {
   SCALELAB_CHECK(flat.device() == DeviceType::kCPU && flat.numel() == layout.total_numel(),

@@ -15,6 +15,12 @@ namespace scalelab {
 // peft's tensor name of a layout adapter parameter ("base_model.model." + name).
 std::string peft_tensor_name(const std::string& layout_name);
 
+// The LoRA settings of a PEFT adapter directory (dir/adapter_config.json: r, lora_alpha,
+// target_modules, use_rslora, lora_dropout), for loading it without repeating them as flags.
+// InvalidInput (--adapter) when the file is absent or not a LoRA config this engine supports
+// (a regex target_modules, rank_pattern / alpha_pattern, DoRA, trained biases, modules_to_save).
+LoraConfig read_adapter_config(const std::string& dir);
+
 // Loads every adapter of `layout` (ParamInfo::is_adapter) from dir/adapter_model.safetensors into
 // `flat` (a CPU buffer of the layout). InvalidInput (--adapter) naming the file and the tensor
 // when the file is absent, a tensor is missing, extra or of another shape, or when

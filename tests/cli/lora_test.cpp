@@ -217,6 +217,38 @@ TEST(LoraCli, MeasuredPeakEqualsThePlan) {
   }
 }
 
+// scalelab generate --adapter: the settings come from adapter_config.json; greedy tokens equal
+// peft's generate with the same trained adapter (expected.json "generate", whose smallest top-1 /
+// top-2 logit gap is far above fp32 rounding).
+TEST_P(LoraGolden, GenerateWithTheAdapterEqualsPeft) {
+  const std::string dir = kGolden + GetParam();
+  const nlohmann::json g = read_json(dir + "/expected.json")["generate"];
+  std::string prompt, want;
+  for (const auto& t : g["prompt_ids"]) {
+    if (!prompt.empty()) prompt += ',';
+    prompt += std::to_string(t.get<int>());
+  }
+  for (const auto& t : g["tokens"]) {
+    want += ' ';
+    want += std::to_string(t.get<int>());
+  }
+  const std::string json = testing::TempDir() + "lora_gen.json";
+  const auto r = run("generate --model " + dir + " --adapter " + dir + "/adapter_final --prompt-ids " + prompt +
+                     " --max-new-tokens " + std::to_string(g["max_new_tokens"].get<int>()) + " --no-eos --quiet --json " +
+                     json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("=>" + want + "\n"), std::string::npos) << r.output << "\nwant:" << want;
+  EXPECT_EQ(read_json(json)["adapter"], dir + "/adapter_final");
+}
+
+TEST(LoraCli, GenerateRefusesAnAdapterOfAnotherModel) {
+  const auto r = run("generate --model " + kGolden + "llama_gqa_tied_qv --adapter " + kGolden +
+                     "opt_biases_attn_mlp/adapter_final --prompt-ids 1,2 --max-new-tokens 2 --quiet");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("[--adapter]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("'fc1' matches no linear module"), std::string::npos) << r.output;
+}
+
 TEST(LoraCli, BadInputExitsTwoNamingTheFlag) {
   const std::string dir = kGolden + "llama_gqa_tied_qv";
   const std::string base = "train --model " + dir + " --data " + dir + "/tokens.bin --max-steps 1 --seq-len 16 --quiet";

@@ -14,7 +14,8 @@ For each case it writes a directory with
                       starts from it with --adapter so that both runs start from the same A and B
   adapter_final/      the same after training
   expected.json       the LoRA settings, the training hyperparameters, the per-step losses and
-                      gradient norms, the library versions
+                      gradient norms, peft's greedy generation with adapter_final (prompt, new
+                      tokens, smallest top-1/top-2 logit gap), the library versions
 
 Training is the Hugging Face Trainer's step written out (as make_golden.py): torch.optim.AdamW over
 the trainable (adapter) parameters, weight decay on every non-bias, non-norm one (all adapters),
@@ -149,6 +150,18 @@ def make_case(case, out_root):
     assert losses[-1] < losses[0] - 0.05, f"{case['name']}: the loss barely moves ({losses})"
     model.save_pretrained(os.path.join(out, "adapter_final"), safe_serialization=True)
 
+    # Greedy generation with the trained adapter (scalelab generate --adapter DIR/adapter_final):
+    # the new tokens, and the smallest gap between the best and second-best logit along the way
+    # (kept well above rounding, so that an equal fp32 engine cannot pick another token).
+    model.eval()
+    prompt = tokens[0, :6].tolist()
+    with torch.no_grad():
+        g = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=8, do_sample=False,
+                           eos_token_id=None, pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    new = g.sequences[0, len(prompt):].tolist()
+    margin = min(float(torch.topk(s[0], 2).values[0] - torch.topk(s[0], 2).values[1]) for s in g.scores)
+    assert margin > 1e-4, f"{case['name']}: greedy generation has a near tie ({margin})"
+
     expected = {
         "description": case["description"],
         "lora": {"r": case["r"], "alpha": case["alpha"], "targets": case["targets"] or ["q_proj", "v_proj"],
@@ -156,6 +169,7 @@ def make_case(case, out_root):
         "training": t,
         "losses": losses,
         "grad_norms": norms,
+        "generate": {"prompt_ids": prompt, "max_new_tokens": 8, "tokens": new, "min_margin": margin},
         "trainable_params": sum(p.numel() for p in trainable),
         "total_params": sum(p.numel() for p in model.parameters()),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
