@@ -245,10 +245,7 @@ void validate_train_options(const TrainOptions& o) {
     throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
                        "(see docs/finetuning.md)");
   }
-  if (o.lora_rank > 0 && (!o.resume.empty() || o.save_every > 0)) {
-    throw InvalidInput("[--resume/--save-every] resumable checkpoints of a LoRA run are not supported yet — "
-                       "use --save DIR for the final adapter");
-  }
+
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
   // cpu, cuda or meta (the memory plan's device; train refuses it: parse_train_device).
@@ -484,6 +481,11 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
   res_.config["threads_resolved"] = num_threads();
   res_.config["model_config"] = cfg.to_hf_json();
   res_.config["model_family"] = family_name(cfg.family);
+  if (layout_.lora().enabled()) {
+    const LoraConfig& l = layout_.lora();
+    res_.config["lora"] = {{"r", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora}, {"targets", l.resolved_targets()},
+                           {"scale", l.scale()}};
+  }
   res_.config["dropout_resolved"] = pin_.options.dropout;
   res_.config["threads"] = requested.threads;
   res_.config["world_size"] = world_;
