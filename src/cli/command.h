@@ -27,5 +27,6 @@ Subcommand add_profile_summary_command(CLI::App& root);
 Subcommand add_trace_merge_command(CLI::App& root);
 Subcommand add_generate_command(CLI::App& root);
 Subcommand add_compare_command(CLI::App& root);
+Subcommand add_merge_command(CLI::App& root);
 
 }  // namespace scalelab::cli

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       cli::add_trace_merge_command(app),
       cli::add_generate_command(app),
       cli::add_compare_command(app),
+      cli::add_merge_command(app),
   };
 
   try {

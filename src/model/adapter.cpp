@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "kernels/matmul.h"
 #include "model/safetensors.h"
 
 namespace scalelab {
@@ -131,6 +132,29 @@ void load_adapter(const std::string& dir, const ParamLayout& layout, const Tenso
       throw InvalidInput("[--adapter] " + path + ": '" + name + "' is " + t->dtype_name + ", not F32/BF16/F16");
     }
     file.read(*t, base + static_cast<std::size_t>(p->offset) * es, flat.dtype());
+  }
+}
+
+void merge_adapter(const ParamLayout& lora_layout, const Tensor& flat, const ParamLayout& base_layout,
+                   const Tensor& merged) {
+  SCALELAB_CHECK(flat.device() == DeviceType::kCPU && merged.device() == DeviceType::kCPU &&
+                     flat.dtype() == DType::kF32 && merged.dtype() == DType::kF32 &&
+                     flat.numel() == lora_layout.total_numel() && merged.numel() == base_layout.total_numel(),
+                 "[adapter] merge_adapter takes fp32 host buffers of the two layouts");
+  const float* src = flat.data<float>();
+  float* dst = merged.data<float>();
+  for (const ParamInfo& p : base_layout.params()) {
+    const ParamInfo& q = lora_layout.at(p.name);
+    std::copy(src + q.offset, src + q.offset + q.numel, dst + p.offset);
+  }
+  const float s = static_cast<float>(lora_layout.lora().scale());
+  for (const ParamInfo& a : lora_layout.params()) {
+    if (!a.is_adapter || !a.name.ends_with(".lora_A.weight")) continue;
+    const std::string module = a.name.substr(0, a.name.size() - std::string(".lora_A.weight").size());
+    const ParamInfo& b = lora_layout.at(module + ".lora_B.weight");
+    const ParamInfo& w = base_layout.at(module + ".weight");
+    const std::int64_t out = w.shape[0], in = w.shape[1], r = a.shape[0];
+    kernels::gemm(false, false, out, in, r, s, src + b.offset, r, src + a.offset, in, 1.0f, dst + w.offset, in);
   }
 }
 

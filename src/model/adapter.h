@@ -27,6 +27,13 @@ LoraConfig read_adapter_config(const std::string& dir);
 // adapter_config.json (when present) disagrees with the layout's r, lora_alpha or use_rslora.
 void load_adapter(const std::string& dir, const ParamLayout& layout, const Tensor& flat);
 
+// Folds the adapters into the base weights: for each adapted "<module>.weight" W [out, in],
+// W + s·B·A (one sgemm with beta = 1, as peft's merge adds scaling·(B @ A) in fp32). `flat`
+// (CPU, fp32) is of `lora_layout`; `merged` (CPU, fp32) of `base_layout`, the same model without
+// adapters: every base parameter is copied, the adapted weights then updated.
+void merge_adapter(const ParamLayout& lora_layout, const Tensor& flat, const ParamLayout& base_layout,
+                   const Tensor& merged);
+
 // Writes the adapters of `layout` from `flat` (CPU) into dir (created), fp32 or `dtype`:
 // adapter_model.safetensors and adapter_config.json (each written to a temporary and renamed).
 void save_adapter(const std::string& dir, const ParamLayout& layout, const Tensor& flat, DType dtype,

@@ -243,6 +243,69 @@ TEST_P(LoraGolden, GenerateWithTheAdapterEqualsPeft) {
   EXPECT_EQ(read_json(json)["adapter"], dir + "/adapter_final");
 }
 
+// scalelab merge: every adapted weight is W + s·B·A (checked against a double-precision product
+// from the files, within fp32 rounding of the sum), every other tensor byte-identical, and the
+// merged model generates peft's greedy tokens without an adapter.
+TEST_P(LoraGolden, MergeFoldsTheAdapterIntoTheBase) {
+  const std::string dir = kGolden + GetParam();
+  const nlohmann::json e = read_json(dir + "/expected.json");
+  const std::string out = testing::TempDir() + "lora_merged_" + GetParam();
+  std::filesystem::remove_all(out);
+  auto r = run("merge " + dir + "/adapter_final --model " + dir + " --into " + out);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const SafetensorsFile base = SafetensorsFile::open(dir + "/model.safetensors");
+  const SafetensorsFile merged = SafetensorsFile::open(out + "/model.safetensors");
+  const SafetensorsFile ad = SafetensorsFile::open(dir + "/adapter_final/adapter_model.safetensors");
+  const double r_ = e["lora"]["r"].get<double>(), alpha = e["lora"]["alpha"].get<double>();
+  const double s = e["lora"]["rslora"].get<bool>() ? alpha / std::sqrt(r_) : alpha / r_;
+  auto read = [](const SafetensorsFile& f, const SafetensorsTensor& t) {
+    std::vector<float> v(static_cast<std::size_t>(t.numel()));
+    f.read(t, v.data(), DType::kF32);
+    return v;
+  };
+  int adapted = 0;
+  ASSERT_EQ(merged.tensors().size(), base.tensors().size());
+  for (const SafetensorsTensor& t : base.tensors()) {
+    const SafetensorsTensor* m = merged.find(t.name);
+    ASSERT_NE(m, nullptr) << t.name;
+    const std::vector<float> w = read(base, t), got = read(merged, *m);
+    const std::string module = t.name.substr(0, t.name.size() - 7);
+    const SafetensorsTensor* a = ad.find("base_model.model." + module + ".lora_A.weight");
+    if (a == nullptr) {
+      EXPECT_EQ(w, got) << t.name;
+      continue;
+    }
+    ++adapted;
+    const std::vector<float> A = read(ad, *a), B = read(ad, *ad.find("base_model.model." + module + ".lora_B.weight"));
+    const std::int64_t out_f = t.shape[0], in = t.shape[1], rank = a->shape[0];
+    for (std::int64_t o = 0; o < out_f; ++o)
+      for (std::int64_t i = 0; i < in; ++i) {
+        double d = 0;
+        for (std::int64_t k = 0; k < rank; ++k) d += static_cast<double>(B[o * rank + k]) * A[k * in + i];
+        const double want = w[o * in + i] + s * d;
+        ASSERT_NEAR(got[o * in + i], want, 1e-6 * (1 + std::abs(want))) << t.name << " [" << o << ", " << i << "]";
+      }
+  }
+  EXPECT_EQ(adapted, 2 * static_cast<int>(e["lora"]["targets"].size()));  // two layers
+  const nlohmann::json g = e["generate"];
+  std::string prompt, want;
+  for (const auto& t : g["prompt_ids"]) {
+    if (!prompt.empty()) prompt += ',';
+    prompt += std::to_string(t.get<int>());
+  }
+  for (const auto& t : g["tokens"]) {
+    want += ' ';
+    want += std::to_string(t.get<int>());
+  }
+  r = run("generate --model " + out + " --prompt-ids " + prompt + " --max-new-tokens 8 --no-eos --quiet");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("=>" + want + "\n"), std::string::npos) << r.output;
+  // No base model to be found: exit 2 naming --model.
+  r = run("merge " + dir + "/adapter_final --into " + out + "_x");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("[--model]"), std::string::npos) << r.output;
+}
+
 TEST(LoraCli, GenerateRefusesAnAdapterOfAnotherModel) {
   const auto r = run("generate --model " + kGolden + "llama_gqa_tied_qv --adapter " + kGolden +
                      "opt_biases_attn_mlp/adapter_final --prompt-ids 1,2 --max-new-tokens 2 --quiet");

@@ -3,7 +3,8 @@
 make_lora_golden.sh). For each case of tests/golden/data/lora/ it trains with scalelab from peft's
 initial adapter, then loads scalelab's --save directory with PeftModel.from_pretrained and checks
 that (1) the loaded lora_A/lora_B equal the file bit for bit, (2) the adapted model's logits equal
-those of peft's own trained adapter (adapter_final/) within 1e-5.
+those of peft's own trained adapter (adapter_final/) within 1e-5, and (3) `scalelab merge` of
+adapter_final equals peft's merge_and_unload within 1e-6 (weights) and 1e-5 (logits).
 
   <venv>/bin/python tests/golden/check_peft_load.py --scalelab build/scalelab
 """
@@ -48,6 +49,15 @@ def main():
         ids = torch.arange(t["seq_len"]).unsqueeze(0) + 3
         diff = (m(ids).logits - ref(ids).logits).abs().max().item()
         assert diff < 1e-5, f"{case}: logits differ by {diff}"
+        merged = tempfile.mkdtemp(prefix="merged_")
+        subprocess.run([a.scalelab, "merge", os.path.join(d, "adapter_final"), "--model", d, "--into", merged],
+                       check=True, stdout=subprocess.DEVNULL)
+        ref_merged = ref.merge_and_unload()
+        mw = load_file(os.path.join(merged, "model.safetensors"))
+        wdiff = max((mw[k] - ref_merged.state_dict()[k]).abs().max().item() for k in mw)
+        ldiff = (AutoModelForCausalLM.from_pretrained(merged)(ids).logits - ref_merged(ids).logits).abs().max().item()
+        assert wdiff < 1e-6 and ldiff < 1e-5, f"{case}: merge differs from peft's by {wdiff} / {ldiff}"
+        print(f"{case}: scalelab merge = peft merge_and_unload within {wdiff:.1e} (weights), {ldiff:.1e} (logits)")
         print(f"{case}: peft loads scalelab's adapter; logits within {diff:.2e} of peft's trained adapter")
 
 
