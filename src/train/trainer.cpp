@@ -833,7 +833,11 @@ void TrainSession::finish_ok() {
     so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
     if (layout_.lora().enabled()) {
       // LoRA: only the adapters, in PEFT's format (the base is unchanged).
-      save_adapter(o.save, layout_, host_view_of(bufs_.params, dev_), so.dtype, o.model);
+      // base_model_name_or_path: an absolute directory (merge / generate find it from anywhere), or the preset.
+      std::error_code ec;
+      const std::string base = std::filesystem::is_directory(o.model, ec) ? std::filesystem::absolute(o.model).string()
+                                                                          : o.model;
+      save_adapter(o.save, layout_, host_view_of(bufs_.params, dev_), so.dtype, base);
       if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the LoRA adapter to %s\n", o.save.c_str());
     } else {
       save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);

@@ -171,6 +171,11 @@ TEST_P(LoraGolden, TrajectoryEqualsPeftAndTheSavedAdapterEqualsPefts) {
   }
   const nlohmann::json cfg = read_json(out + "/adapter_config.json");
   EXPECT_EQ(cfg["peft_type"], "LORA");
+  // base_model_name_or_path is the base's absolute directory: merge finds it without --model.
+  EXPECT_EQ(cfg["base_model_name_or_path"], std::filesystem::absolute(dir).string());
+  std::filesystem::remove_all(out + "_merged");
+  const auto m = run("merge " + out + " --into " + out + "_merged");
+  EXPECT_EQ(m.code, 0) << m.output;
   EXPECT_EQ(cfg["r"], e["lora"]["r"]);
   EXPECT_EQ(cfg["use_rslora"], e["lora"]["rslora"]);
 }
