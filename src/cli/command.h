@@ -38,5 +38,6 @@ Subcommand add_report_command(CLI::App& root);
 // The most recently updated sweep of the database (analyze and report without --sweep); says so
 // on stderr. InvalidInput when there is none.
 std::string latest_sweep(const lab::ResultsStore& store, const char* command);
+Subcommand add_merge_command(CLI::App& root);
 
 }  // namespace scalelab::cli

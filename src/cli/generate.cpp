@@ -23,6 +23,7 @@ struct GenerateFlags {
   int threads = 0;
   std::string device_memory;
   std::string json;
+  std::string adapter;
   bool quiet = false;
 };
 
@@ -42,6 +43,8 @@ Subcommand add_generate_command(CLI::App& root) {
   app->add_option("--device-memory", f->device_memory, "Memory capacity to enforce (weights + KV cache), e.g. 2GiB");
   app->add_option("--json", f->json, "Write the answers, timings and memory plan (JSON) to this file");
   app->add_flag("--quiet", f->quiet, "Only the answers (no header lines on stderr)");
+  app->add_option("--adapter", f->adapter,
+                  "A PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors) applied to --model");
   return {app, [f] {
             GenerateOptions g = f->gen;
             validate_sampling(g.sampling);
@@ -50,7 +53,7 @@ Subcommand add_generate_command(CLI::App& root) {
             set_num_threads(f->threads);
             auto codec = find_text_codec(f->model);
             const std::vector<Prompt> prompts = read_prompts(f->prompts, codec.get());
-            TextGenerator gen(f->model, f->device_memory);
+            TextGenerator gen(f->model, f->device_memory, 0, f->adapter);
             g.eos_token_ids = f->no_eos ? std::vector<std::int32_t>{} : (f->eos.empty() ? model_eos_token_ids(f->model) : f->eos);
             if (!f->quiet) {
               std::string eos;
@@ -123,6 +126,7 @@ Subcommand add_generate_command(CLI::App& root) {
             if (!f->json.empty()) {
               nlohmann::json j;
               j["model"] = f->model;
+              if (!f->adapter.empty()) j["adapter"] = f->adapter;
               j["sampling"] = {{"temperature", g.sampling.temperature}, {"top_k", g.sampling.top_k},
                                {"top_p", g.sampling.top_p}, {"min_tokens_to_keep", g.sampling.min_tokens_to_keep},
                                {"seed", g.sampling.seed}, {"greedy", g.sampling.greedy()}};

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
       cli::add_tokenize_command(app),
       cli::add_analyze_command(app),
       cli::add_report_command(app),
+      cli::add_merge_command(app),
   };
 
   try {

@@ -33,7 +33,7 @@ struct HfStackFlags {
 // Hugging Face Trainer (src/predict/), and the largest micro-batch that fits --device-memory.
 int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const CLI::App& app) {
   auto refuse = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
-  for (const char* flag : {"--freeze", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
+  for (const char* flag : {"--freeze", "--lora-rank", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
                            "--rank", "--profile", "--telemetry"}) {
     if (app.count(flag) > 0)
       refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
@@ -144,9 +144,11 @@ Subcommand add_plan_command(CLI::App& root) {
             std::printf("Memory plan: %s, micro-batch %lld, seq-len %lld\n", in.config.name.c_str(),
                         static_cast<long long>(o.micro_batch_size), static_cast<long long>(o.seq_len));
             if (plan.frozen_params > 0) {
-              std::printf("Parameters: %lld (%lld trainable, %lld frozen by --freeze '%s')\n",
-                          static_cast<long long>(plan.params), static_cast<long long>(plan.trainable_params),
-                          static_cast<long long>(plan.frozen_params), o.freeze.c_str());
+              const std::string why = o.lora_rank > 0 ? "the LoRA base (--lora-rank " + std::to_string(o.lora_rank) + ")"
+                                                      : "--freeze '" + o.freeze + "'";
+              std::printf("Parameters: %lld (%lld trainable, %lld frozen by %s)\n", static_cast<long long>(plan.params),
+                          static_cast<long long>(plan.trainable_params), static_cast<long long>(plan.frozen_params),
+                          why.c_str());
             }
             std::printf("%s", plan.to_table().c_str());
             if (!o.json.empty()) {

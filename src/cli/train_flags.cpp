@@ -39,6 +39,19 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--freeze", o.freeze,
                   "Freeze the parameters whose Hugging Face name matches this regex (ECMAScript, searched), "
                   "e.g. 'embed_tokens|layers\\.[0-5]\\.': no gradients or optimizer states for them");
+  app->add_option("--lora-rank", o.lora_rank,
+                  "LoRA: adapters of rank R on --lora-targets, every base weight frozen (0: off; docs/finetuning.md)")
+      ->capture_default_str();
+  app->add_option("--lora-alpha", o.lora_alpha, "LoRA scaling numerator: the update is (alpha/r)·B·A")
+      ->capture_default_str();
+  app->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout on the adapter input (only 0 is implemented yet)")
+      ->capture_default_str();
+  app->add_option("--lora-targets", o.lora_targets,
+                  "Comma-separated module names to adapt, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
+                  "down_proj (default: q_proj,v_proj, as peft)");
+  app->add_flag("--rslora", o.rslora, "Rank-stabilized LoRA: scale alpha/sqrt(r) instead of alpha/r");
+  app->add_option("--adapter", o.adapter,
+                  "Start LoRA from this PEFT adapter directory (adapter_model.safetensors) instead of peft's init");
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
   app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
   app->add_flag("--allow-tf32", o.allow_tf32,

@@ -1,5 +1,7 @@
 #include "generate/generator.h"
 
+#include "model/adapter.h"
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -43,19 +45,32 @@ std::vector<std::int32_t> model_eos_token_ids(const std::string& model_dir) {
   return {};
 }
 
-TextGenerator::TextGenerator(const std::string& model, const std::string& device_memory, std::uint64_t seed) {
+TextGenerator::TextGenerator(const std::string& model, const std::string& device_memory, std::uint64_t seed,
+                             const std::string& adapter) {
   config_ = resolve_model(model);
-  layout_ = ParamLayout::build(config_);
+  if (adapter.empty()) {
+    layout_ = ParamLayout::build(config_);
+  } else {
+    LoraConfig lora = read_adapter_config(adapter);
+    lora.dropout = 0;  // inference
+    try {
+      layout_ = ParamLayout::build(config_, "", lora);
+    } catch (const InvalidInput& e) {
+      throw InvalidInput("[--adapter] " + adapter + " does not fit " + config_.name + ": " + e.what());
+    }
+  }
   const std::size_t capacity = device_memory.empty() ? host_physical_memory() : parse_bytes(device_memory, "--device-memory");
   alloc_ = std::make_unique<DeviceAllocator>(make_host_backend(), capacity);
   ctx_.alloc = alloc_.get();
   params_ = Tensor::empty({layout_.total_numel()}, DType::kF32, *alloc_, "weights");
   if (!is_preset(model) && has_weights(model)) {
     load_weights(model, config_, layout_, params_);
+    if (!adapter.empty()) load_adapter(adapter, layout_, params_);
   } else if (!is_preset(model)) {
     throw InvalidInput("[--model] " + model + " has no weights (model.safetensors) — generation needs a trained model");
   } else {
     init_params(params_, layout_, config_, seed);
+    if (!adapter.empty()) load_adapter(adapter, layout_, params_);
   }
   // Inference computes no gradient: the models bind gradient views they never touch in forward,
   // so they point into a buffer of no memory (an external storage at null).

@@ -52,7 +52,9 @@ class TextGenerator {
   // Loads `model` (a directory with config.json and weights; a preset name gets random weights
   // from `seed`, for tests and benchmarks). device_memory: the allocator's capacity ("" = host
   // memory). Throws InvalidInput for a bad model directory.
-  explicit TextGenerator(const std::string& model, const std::string& device_memory = "", std::uint64_t seed = 0);
+  // adapter: a PEFT LoRA adapter directory applied on top of the model (empty: none).
+  explicit TextGenerator(const std::string& model, const std::string& device_memory = "", std::uint64_t seed = 0,
+                         const std::string& adapter = "");
   TextGenerator(const TextGenerator&) = delete;
   TextGenerator& operator=(const TextGenerator&) = delete;
   ~TextGenerator();

@@ -226,7 +226,20 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   }
   std::vector<std::string> missing;
   for (const ParamInfo& p : layout.params())
-    if (found.count(p.name) == 0) missing.push_back(p.name);
+    if (!p.is_adapter && found.count(p.name) == 0) missing.push_back(p.name);  // adapters: not in a base model
+  {
+    std::int64_t adapters = 0, present = 0;
+    for (const ParamInfo& p : layout.params())
+      if (p.is_adapter) {
+        ++adapters;
+        present += found.count(p.name) != 0 ? 1 : 0;
+      }
+    if (present != 0 && present != adapters) {
+      throw InvalidInput("[checkpoint] " + dir + " holds " + std::to_string(present) + " of the " +
+                         std::to_string(adapters) + " LoRA adapter tensors this run has — it was written with other "
+                         "--lora-targets; resume with the LoRA flags of the run that wrote it");
+    }
+  }
   if (!missing.empty()) {
     std::string hint = "the checkpoint is incomplete or belongs to another config; use the config.json saved with it";
     if (missing.size() == 1 && missing[0] == "lm_head.weight") {
@@ -239,6 +252,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
 
   // Shapes.
   for (const ParamInfo& p : layout.params()) {
+    if (p.is_adapter && found.count(p.name) == 0) continue;
     const Located& loc = found.at(p.name);
     if (!same_shape(loc.tensor->shape, p.shape)) {
       throw InvalidInput("[checkpoint] " + loc.file->path() + ": tensor '" + loc.tensor->name + "' has shape " +
@@ -264,6 +278,9 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   const std::size_t es = dtype_size(flat.dtype());
   auto* base = static_cast<std::uint8_t*>(flat.raw());
   for (const ParamInfo& p : layout.params()) {
+    // LoRA adapters are loaded when the file has them (a resumable checkpoint of a LoRA run);
+    // otherwise (a base model) the caller initializes or loads them (init_adapters, load_adapter).
+    if (p.is_adapter && found.count(p.name) == 0) continue;
     const Located& loc = found.at(p.name);
     loc.file->read(*loc.tensor, base + static_cast<std::size_t>(p.offset) * es, flat.dtype());
     ++summary.tensors;

@@ -36,7 +36,9 @@ struct LoadSummary {
 
 // Loads every parameter of `layout` from the checkpoint in `dir` into `flat` (a CPU tensor of
 // layout.total_numel() elements, fp32 / bf16 / fp16). `config` is the one built from
-// dir/config.json (or a compatible one); it names the expected shapes in errors.
+// dir/config.json (or a compatible one); it names the expected shapes in errors. LoRA adapters
+// (ParamInfo::is_adapter) are loaded when the checkpoint holds them all (a resumable checkpoint of
+// a LoRA run) and left untouched when it holds none (a base model).
 // Throws InvalidInput naming the file and the tensor when weights are absent, missing, extra,
 // mis-shaped, of an unreadable dtype, or when a shard index is malformed.
 LoadSummary load_weights(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,

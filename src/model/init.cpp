@@ -50,7 +50,42 @@ void normal_block(std::array<std::uint32_t, 2> key, std::int64_t begin, std::int
   }
 }
 
+// Uniform values in [-bound, bound) for elements [begin, begin + n) of the stream `key`.
+void uniform_block(std::array<std::uint32_t, 2> key, std::int64_t begin, std::int64_t n, double bound, float* out) {
+  constexpr double kScale = 1.0 / 4294967296.0;
+  for (std::int64_t i = 0; i < n; i += 4) {
+    const auto j = static_cast<std::uint64_t>((begin + i) / 4);
+    const auto r = philox4x32_10({static_cast<std::uint32_t>(j), static_cast<std::uint32_t>(j >> 32), 1u, 0u}, key);
+    for (std::int64_t l = 0; l < 4 && i + l < n; ++l)
+      out[i + l] = static_cast<float>((2.0 * static_cast<double>(r[static_cast<std::size_t>(l)]) * kScale - 1.0) * bound);
+  }
+}
+
+void init_adapter(const ParamInfo& p, std::uint8_t* dst, DType dt, std::uint64_t seed_key) {
+  const std::size_t es = dtype_size(dt);
+  if (p.name.ends_with(".lora_B.weight")) {
+    std::memset(dst, 0, static_cast<std::size_t>(p.numel) * es);  // B = 0: the adapted model starts as the base
+    return;
+  }
+  // kaiming_uniform_(a=√5) on [r, in]: gain √(2/(1+5)), bound gain·√(3/in) = 1/√in.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(p.shape[1]));
+  const std::uint64_t k = splitmix64(seed_key ^ fnv1a64(p.name));
+  const std::array<std::uint32_t, 2> key{static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(k >> 32)};
+  std::vector<float> buf(static_cast<std::size_t>(p.numel));
+  uniform_block(key, 0, p.numel, bound, buf.data());
+  convert(buf.data(), DType::kF32, dst, dt, buf.size());
+}
+
 }  // namespace
+
+void init_adapters(const Tensor& flat, const ParamLayout& layout, std::uint64_t seed) {
+  SCALELAB_CHECK(flat.device() == DeviceType::kCPU && flat.numel() == layout.total_numel(),
+                 "[init] init_adapters writes a host buffer of the layout's size");
+  const std::size_t es = dtype_size(flat.dtype());
+  auto* base = static_cast<std::uint8_t*>(flat.raw());
+  for (const ParamInfo& p : layout.params())
+    if (p.is_adapter) init_adapter(p, base + static_cast<std::size_t>(p.offset) * es, flat.dtype(), splitmix64(seed));
+}
 
 void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfig& config, std::uint64_t seed) {
   SCALELAB_CHECK(flat.device() == DeviceType::kCPU,
@@ -71,6 +106,10 @@ void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfi
 
   for (const ParamInfo& p : layout.params()) {
     std::uint8_t* dst = base + static_cast<std::size_t>(p.offset) * es;
+    if (p.is_adapter) {
+      init_adapter(p, dst, dt, seed_key);
+      continue;
+    }
     if (p.is_bias || p.is_norm) {
       const float v = (p.is_norm && !p.is_bias) ? 1.0f : 0.0f;
       std::uint8_t one[4];

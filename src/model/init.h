@@ -18,6 +18,11 @@ namespace scalelab {
 // parameter name, element index) through a counter-based generator (Philox4x32-10 with
 // Box-Muller), so the result is bit-identical for any thread count and any layout order (a tied
 // and an untied model draw the same embedding).
+// LoRA adapters (ParamInfo::is_adapter) as peft initializes them: lora_A kaiming-uniform with
+// a = √5 (torch's nn.Linear default: U(-1/√in, 1/√in)), lora_B 0.
 void init_params(const Tensor& flat, const ParamLayout& layout, const ModelConfig& config, std::uint64_t seed);
+
+// Only the adapters (as init_params does them): after the base weights were loaded.
+void init_adapters(const Tensor& flat, const ParamLayout& layout, std::uint64_t seed);
 
 }  // namespace scalelab

@@ -1,6 +1,9 @@
 #include "model/params.h"
 
+#include <algorithm>
+#include <cmath>
 #include <regex>
+#include <set>
 
 #include "core/error.h"
 #include "model/family.h"
@@ -17,6 +20,8 @@ void ParamLayout::add(std::string name, Shape shape, ParamKind kind) {
   p.is_norm = kind == ParamKind::kNormWeight || kind == ParamKind::kNormBias;
   p.is_bias = kind == ParamKind::kNormBias || kind == ParamKind::kBias;
   p.is_embedding = kind == ParamKind::kEmbedding;
+  p.decay = p.decay || kind == ParamKind::kAdapter;  // the HF Trainer decays every non-bias, non-norm weight
+  p.is_adapter = kind == ParamKind::kAdapter;
   total_ += p.numel;
   trainable_ += p.numel;
   if (kind == ParamKind::kLinear) matmul_numel_ += p.numel;
@@ -29,10 +34,88 @@ ParamLayout ParamLayout::build(const ModelConfig& c) {
   return L;
 }
 
-ParamLayout ParamLayout::build(const ModelConfig& c, const std::string& freeze_regex) {
+ParamLayout ParamLayout::build(const ModelConfig& c, const std::string& freeze_regex, const LoraConfig& lora) {
   ParamLayout L = build(c);
-  if (!freeze_regex.empty()) L.freeze(freeze_regex);
+  if (lora.enabled()) {
+    if (!freeze_regex.empty()) {
+      throw InvalidInput("[--freeze] LoRA (--lora-rank) already freezes every base parameter; --freeze with "
+                         "--lora-rank is not supported — drop --freeze");
+    }
+    L.add_lora(lora);
+  } else if (!freeze_regex.empty()) {
+    L.freeze(freeze_regex);
+  }
   return L;
+}
+
+double LoraConfig::scale() const {
+  return rslora ? alpha / std::sqrt(static_cast<double>(rank)) : alpha / static_cast<double>(rank);
+}
+
+std::vector<std::string> LoraConfig::resolved_targets() const {
+  return targets.empty() ? std::vector<std::string>{"q_proj", "v_proj"} : targets;
+}
+
+void ParamLayout::add_lora(const LoraConfig& lora) {
+  SCALELAB_CHECK(lora.enabled(), "[params] add_lora without a rank");
+  const std::vector<std::string> targets = lora.resolved_targets();
+  // The linear weights of the decoder layers: "<prefix>layers.N.<path>.<module>.weight".
+  struct Site {
+    std::string module;  // the module path, "model.layers.0.self_attn.q_proj"
+    std::string short_name;
+    std::int64_t out, in;
+  };
+  std::vector<Site> sites;
+  std::set<std::string> existing;
+  for (const ParamInfo& p : params_) {
+    if (p.is_embedding || p.is_norm || p.is_bias || p.shape.rank() != 2) continue;
+    if (p.name.find("layers.") == std::string::npos || !p.name.ends_with(".weight")) continue;
+    const std::string module = p.name.substr(0, p.name.size() - 7);
+    const std::string short_name = module.substr(module.rfind('.') + 1);
+    existing.insert(short_name);
+    sites.push_back({module, short_name, p.shape[0], p.shape[1]});
+  }
+  std::string names;
+  for (const auto& e : existing) names += (names.empty() ? "" : ",") + e;
+  for (const auto& t : targets) {
+    if (existing.count(t) == 0) {
+      throw InvalidInput("[--lora-targets] '" + t + "' matches no linear module of this model's layers — the "
+                         "modules are: " + names);
+    }
+  }
+  if (lora.alpha <= 0 || !std::isfinite(lora.alpha)) {
+    throw InvalidInput("[--lora-alpha] must be a positive number, got " + std::to_string(lora.alpha));
+  }
+  // Appended layer by layer in the family's order, so that a layer's adapters are one run.
+  const std::vector<ParamInfo> base = params_;
+  for (const Site& s : sites) {
+    if (std::find(targets.begin(), targets.end(), s.short_name) == targets.end()) continue;
+    if (lora.rank > std::min(s.out, s.in)) {
+      throw InvalidInput("[--lora-rank] " + std::to_string(lora.rank) + " is above a dimension of " + s.module +
+                         " [" + std::to_string(s.out) + ", " + std::to_string(s.in) + "] — use a rank of at most " +
+                         std::to_string(std::min(s.out, s.in)));
+    }
+    add(s.module + ".lora_A.weight", Shape{lora.rank, s.in}, ParamKind::kAdapter);
+    add(s.module + ".lora_B.weight", Shape{s.out, lora.rank}, ParamKind::kAdapter);
+  }
+  for (auto& p : params_) p.trainable = p.is_adapter;
+  lora_ = lora;
+  relayout();
+}
+
+void ParamLayout::relayout() {
+  std::int64_t off = 0;
+  for (auto& p : params_)
+    if (p.trainable) {
+      p.offset = off;
+      off += p.numel;
+    }
+  trainable_ = off;
+  for (auto& p : params_)
+    if (!p.trainable) {
+      p.offset = off;
+      off += p.numel;
+    }
 }
 
 void ParamLayout::freeze(const std::string& pattern) {
@@ -56,19 +139,7 @@ void ParamLayout::freeze(const std::string& pattern) {
     throw InvalidInput("[--freeze] '" + pattern + "' matches no parameter of this model — it is searched in the "
                        "Hugging Face names (" + names + ", ...)");
   }
-  // Trainable first, then frozen, each in the family's order.
-  std::int64_t off = 0;
-  for (auto& p : params_)
-    if (p.trainable) {
-      p.offset = off;
-      off += p.numel;
-    }
-  trainable_ = off;
-  for (auto& p : params_)
-    if (!p.trainable) {
-      p.offset = off;
-      off += p.numel;
-    }
+  relayout();  // trainable first, then frozen, each in the family's order
   if (trainable_ == 0) {
     throw InvalidInput("[--freeze] '" + pattern + "' matches every parameter of this model: nothing would train — "
                        "freeze fewer");

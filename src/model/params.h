@@ -37,18 +37,37 @@ struct ParamInfo {
   bool is_bias = false;
   bool is_embedding = false;  // token or position embedding table
   bool trainable = true;      // false: frozen (--freeze): no gradient, no optimizer state
+  bool is_adapter = false;    // a LoRA matrix (--lora-rank): not in the base checkpoint
+};
+
+// LoRA (--lora-rank R, --lora-alpha A, --lora-targets, --rslora), as peft's LoraConfig: each
+// targeted linear module gets lora_A [r, in] and lora_B [out, r] and computes
+// y = x·Wᵀ + s·(x·Aᵀ)·Bᵀ with s = alpha/r (alpha/√r with rslora); every base parameter is frozen.
+struct LoraConfig {
+  std::int64_t rank = 0;  // 0: no LoRA
+  double alpha = 8.0;     // peft's default lora_alpha
+  double dropout = 0.0;   // lora_dropout (only 0 is implemented: see docs/finetuning.md)
+  std::vector<std::string> targets;  // module names (suffixes of the module path); empty: q_proj, v_proj
+  bool rslora = false;
+  bool enabled() const { return rank > 0; }
+  double scale() const;
+  // peft's defaults when no --lora-targets is given (its Llama/OPT/Qwen2 mapping).
+  std::vector<std::string> resolved_targets() const;
 };
 
 // What a parameter is, which sets its flags: linear weights and embeddings decay, norm weights
 // and biases do not (as the HF Trainer); norms initialize to 1 (weight) or 0 (bias), biases to 0.
-enum class ParamKind { kLinear, kEmbedding, kNormWeight, kNormBias, kBias };
+// kAdapter: a LoRA matrix (decays like a linear weight, not counted in matmul_numel()).
+enum class ParamKind { kLinear, kEmbedding, kNormWeight, kNormBias, kBias, kAdapter };
 
 class ParamLayout {
  public:
   // The layout of config.family (its descriptor's build_layout).
   static ParamLayout build(const ModelConfig& config);
   // The same with the parameters whose name matches `freeze_regex` frozen (freeze()); empty: none.
-  static ParamLayout build(const ModelConfig& config, const std::string& freeze_regex);
+  // With lora.enabled(): the LoRA adapters added and the base frozen (add_lora()).
+  static ParamLayout build(const ModelConfig& config, const std::string& freeze_regex,
+                           const LoraConfig& lora = {});
 
   // Freezes every parameter whose Hugging Face name matches `regex` (std::regex ECMAScript,
   // std::regex_search: a match anywhere in the name, e.g. "embed_tokens" or "layers\.[0-5]\.")
@@ -56,6 +75,16 @@ class ParamLayout {
   // last add(). Throws InvalidInput naming --freeze when the regex is not valid, matches no
   // parameter, or matches every parameter (nothing would train).
   void freeze(const std::string& regex);
+
+  // LoRA: appends, layer by layer, "<module>.lora_A.weight" [r, in] and "<module>.lora_B.weight"
+  // [out, r] for every linear weight "<module>.weight" of a decoder layer whose module name
+  // (the last part of the path) is one of lora.resolved_targets(), then freezes every other
+  // parameter (the adapters are the trainable buffer). Call it after the last add(), instead of
+  // freeze(). Throws InvalidInput naming --lora-targets when a target matches no module (listing
+  // the modules that exist) and --lora-rank when the rank is above a targeted matrix's dimension.
+  void add_lora(const LoraConfig& lora);
+  // The LoRA settings (rank 0: none).
+  const LoraConfig& lora() const { return lora_; }
 
   // Appends a parameter at the end of the buffer (families' build_layout). A kLinear weight
   // counts into matmul_numel().
@@ -91,6 +120,9 @@ class ParamLayout {
   std::int64_t total_ = 0;
   std::int64_t trainable_ = 0;
   std::int64_t matmul_numel_ = 0;
+  LoraConfig lora_;
+  // Lays the buffer out again: trainable parameters first, then frozen ones, each in order.
+  void relayout();
 };
 
 }  // namespace scalelab

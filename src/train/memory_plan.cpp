@@ -198,7 +198,7 @@ bool fits_capacity(const PlanInput& in, std::size_t capacity) {
 
 }  // namespace
 
-ParamLayout build_layout(const PlanInput& in) { return ParamLayout::build(in.config, in.freeze); }
+ParamLayout build_layout(const PlanInput& in) { return ParamLayout::build(in.config, in.freeze, in.lora); }
 
 std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t trainable_params) {
   if (in.zero_stage != 1 || in.world_size <= 1) return trainable_params;

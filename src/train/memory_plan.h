@@ -38,6 +38,8 @@ struct PlanInput {
   // --freeze: the parameters matching it are frozen (ParamLayout::freeze); gradients and optimizer
   // states cover the trainable ones only, so the plan shrinks by exactly theirs.
   std::string freeze;
+  // LoRA: adapters added to the layout, the base frozen (ParamLayout::add_lora).
+  LoraConfig lora;
   // The device the plan is for (--device): the meta run mirrors its kernels' size choices where
   // they differ from the CPU's (the fused loss's chunk, kernels/fused.h).
   DeviceType device = DeviceType::kCPU;

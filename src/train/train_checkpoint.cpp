@@ -38,7 +38,8 @@ const std::vector<std::string>& resume_checked_keys() {
       "max_steps",     "warmup_steps",      "lr",                "lr_scheduler",     "weight_decay",
       "adam_beta1",    "adam_beta2",        "adam_epsilon",      "max_grad_norm",    "model_precision",
       "mixed_precision", "optim_state_dtype", "seed",            "data",             "freeze",
-      "dropout_resolved", "world_size",     "zero",              "attn",             "fused_kernels"};
+      "dropout_resolved", "world_size",     "zero",              "attn",             "fused_kernels",
+      "lora"};  // "lora": present only in LoRA runs (so checkpoints of earlier versions still resume)
   return keys;
 }
 

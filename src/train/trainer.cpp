@@ -19,6 +19,7 @@
 #include "model/params.h"
 #include "model/checkpoint.h"
 #include "model/init.h"
+#include "model/adapter.h"
 #include "scalelab/version.h"
 #include "distributed/config_check.h"
 #include "train/data.h"
@@ -82,7 +83,35 @@ nlohmann::json TrainOptions::to_json() const {
           {"zero", dist.zero},
           {"comm_timeout", dist.comm_timeout_s},
           {"comm_backend", dist.comm_backend},
-          {"freeze", freeze}};
+          {"freeze", freeze},
+          {"lora_rank", lora_rank},
+          {"lora_alpha", lora_alpha},
+          {"lora_dropout", lora_dropout},
+          {"lora_targets", lora_targets},
+          {"rslora", rslora},
+          {"adapter", adapter}};
+}
+
+LoraConfig TrainOptions::lora_config() const {
+  LoraConfig c;
+  c.rank = lora_rank;
+  c.alpha = lora_alpha;
+  c.dropout = lora_dropout;
+  c.rslora = rslora;
+  std::size_t start = 0;
+  while (start <= lora_targets.size() && !lora_targets.empty()) {
+    const std::size_t comma = std::min(lora_targets.find(',', start), lora_targets.size());
+    std::string t = lora_targets.substr(start, comma - start);
+    t.erase(0, t.find_first_not_of(' '));
+    t.erase(t.find_last_not_of(' ') + 1);
+    if (t.empty()) {
+      throw InvalidInput("[--lora-targets] '" + lora_targets + "' has an empty name — give module names separated "
+                         "by commas, e.g. q_proj,k_proj,v_proj,o_proj");
+    }
+    c.targets.push_back(t);
+    start = comma + 1;
+  }
+  return c;
 }
 
 const char* run_status_name(RunStatus s) {
@@ -208,6 +237,16 @@ void validate_train_options(const TrainOptions& o) {
     throw InvalidInput("[--eval-every/--eval-batches] need validation data — add --val-data PATH");
   }
   parse_lr_schedule(o.lr_scheduler);
+  if (o.lora_rank < 0) throw InvalidInput("[--lora-rank] must be >= 1 (0: no LoRA), got " + std::to_string(o.lora_rank));
+  if (o.lora_rank == 0 && (!o.lora_targets.empty() || o.rslora || o.lora_dropout != 0 || !o.adapter.empty())) {
+    throw InvalidInput("[--lora-targets/--rslora/--lora-dropout/--adapter] are LoRA settings — add --lora-rank R");
+  }
+  if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
+  if (o.lora_dropout > 0) {
+    throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
+                       "(see docs/finetuning.md)");
+  }
+
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
   // cpu, cuda or meta (the memory plan's device; train refuses it: parse_train_device).
@@ -277,6 +316,12 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.threads = num_threads();
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
+  in.lora = o.lora_config();
+  if (in.lora.enabled() && o.fused_kernels) {
+    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward compute the "
+                       "frozen base's weight gradients inside the kernel and have no LoRA form yet — run LoRA without "
+                       "--fused-kernels");
+  }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
@@ -438,6 +483,11 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
   res_.config["threads_resolved"] = num_threads();
   res_.config["model_config"] = cfg.to_hf_json();
   res_.config["model_family"] = family_name(cfg.family);
+  if (layout_.lora().enabled()) {
+    const LoraConfig& l = layout_.lora();
+    res_.config["lora"] = {{"r", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora}, {"targets", l.resolved_targets()},
+                           {"scale", l.scale()}};
+  }
   res_.config["dropout_resolved"] = pin_.options.dropout;
   res_.config["threads"] = requested.threads;
   res_.config["world_size"] = world_;
@@ -525,13 +575,20 @@ void TrainSession::build() {
   // Initial weights are written on the host (and copied to the device when it is not the host).
   if (!is_preset(o.model) && has_weights(o.model)) {
     LoadSummary ls;
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { ls = load_weights(o.model, cfg, layout_, host); });
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+      ls = load_weights(o.model, cfg, layout_, host);  // the base; adapters are not in it
+      if (layout_.lora().enabled()) init_adapters(host, layout_, o.seed);
+      if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
+    });
     if (!o.quiet) {
       std::fprintf(stderr, "scalelab train: loaded %lld tensors from %s\n", static_cast<long long>(ls.tensors),
                    o.model.c_str());
     }
   } else {
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { init_params(host, layout_, cfg, o.seed); });
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+      init_params(host, layout_, cfg, o.seed);
+      if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
+    });
   }
   std::optional<TrainCheckpointState> resumed;
   if (!o.resume.empty()) {
@@ -777,9 +834,19 @@ void TrainSession::finish_ok() {
     SaveOptions so;
     so.dtype = o.save_precision.empty() ? prec_.param : parse_dtype(o.save_precision, "--save-precision");
     so.max_shard_bytes = o.max_shard_size.empty() ? 0 : parse_bytes(o.max_shard_size, "--max-shard-size");
-    save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
-    copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
-    if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    if (layout_.lora().enabled()) {
+      // LoRA: only the adapters, in PEFT's format (the base is unchanged).
+      // base_model_name_or_path: an absolute directory (merge / generate find it from anywhere), or the preset.
+      std::error_code ec;
+      const std::string base = std::filesystem::is_directory(o.model, ec) ? std::filesystem::absolute(o.model).string()
+                                                                          : o.model;
+      save_adapter(o.save, layout_, host_view_of(bufs_.params, dev_), so.dtype, base);
+      if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the LoRA adapter to %s\n", o.save.c_str());
+    } else {
+      save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
+      copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
+      if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    }
   }
   res_.loss_scale = prec_.loss_scaling ? loss_scale_ : 0.0;
   res_.status = RunStatus::kOk;

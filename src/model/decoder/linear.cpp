@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/matmul.h"
+#include "model/decoder/lora.h"
 
 namespace scalelab {
 
@@ -86,6 +87,7 @@ Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor
     l.b = contiguous_view(layout, params, biases, 0);
     if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0);
   }
+  l.adapter = bind_lora(layout, params, grads, weights);  // LoRA (--lora-rank), else none
   return l;
 }
 

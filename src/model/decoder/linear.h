@@ -27,7 +27,7 @@ struct ActAlloc {
 
 // An adapter beside a Linear (LoRA attaches here): y += adapter(x) after the base projection,
 // and in backward dx += adapter's input gradient (after the base wrote dx) plus its own
-// parameter gradients. No adapter exists yet; the slot is empty.
+// parameter gradients. LoRA (model/decoder/lora.h) is the one adapter; bind_linear attaches it.
 class LinearAdapter {
  public:
   virtual ~LinearAdapter() = default;
