@@ -239,7 +239,7 @@ TEST_P(LoraGolden, GenerateWithTheAdapterEqualsPeft) {
     want += ' ';
     want += std::to_string(t.get<int>());
   }
-  const std::string json = testing::TempDir() + "lora_gen.json";
+  const std::string json = testing::TempDir() + "lora_gen_" + std::string(GetParam()) + ".json";
   const auto r = run("generate --model " + dir + " --adapter " + dir + "/adapter_final --prompt-ids " + prompt +
                      " --max-new-tokens " + std::to_string(g["max_new_tokens"].get<int>()) + " --no-eos --quiet --json " +
                      json);
