@@ -1,6 +1,9 @@
 // Validation during training (--val-data, --eval-every, --eval-batches): the trajectory is the same
 // bit for bit with and without it; the whole set counts each target once; the record carries it.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <cmath>
 #include <fstream>
@@ -11,13 +14,20 @@
 namespace scalelab {
 namespace {
 
+// Written under a temporary name, then renamed: ctest runs these tests as concurrent processes
+// that share the file names, and rewriting a file in place under a process that has it mapped
+// kills that process with SIGBUS; a rename leaves the mapped file intact.
 std::string token_file(const std::string& name, std::uint32_t n, std::uint32_t period, std::uint32_t mult) {
   const std::string path = testing::TempDir() + name;
-  std::ofstream out(path, std::ios::binary);
-  for (std::uint32_t i = 0; i < n; ++i) {
-    const std::uint32_t t = (i * mult) % period;
-    out.write(reinterpret_cast<const char*>(&t), 4);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    for (std::uint32_t i = 0; i < n; ++i) {
+      const std::uint32_t t = (i * mult) % period;
+      out.write(reinterpret_cast<const char*>(&t), 4);
+    }
   }
+  std::filesystem::rename(tmp, path);
   return path;
 }
 

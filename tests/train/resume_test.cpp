@@ -2,6 +2,7 @@
 // trainer state; --resume continues bit for bit (same thread count); --save-total-limit rotates;
 // resuming under another model or configuration is refused naming what differs.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -15,13 +16,19 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Temporary name + rename: the tests of this file run as concurrent processes (ctest) sharing
+// the name, and rewriting the file in place under one that has it mapped kills it with SIGBUS.
 std::string token_file(const std::string& name) {
   const std::string path = testing::TempDir() + name;
-  std::ofstream out(path, std::ios::binary);
-  for (std::uint32_t i = 0; i < 4000; ++i) {
-    const std::uint32_t t = (i * 7 + i / 13) % 101;
-    out.write(reinterpret_cast<const char*>(&t), 4);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    for (std::uint32_t i = 0; i < 4000; ++i) {
+      const std::uint32_t t = (i * 7 + i / 13) % 101;
+      out.write(reinterpret_cast<const char*>(&t), 4);
+    }
   }
+  fs::rename(tmp, path);
   return path;
 }
 
