@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/trace.h"
 
 namespace scalelab {
 
@@ -37,14 +38,35 @@ void DataParallel::mark_ready(std::int64_t begin, std::int64_t end) {
 }
 
 void DataParallel::set_tracer(Tracer* tracer) {
+  tracer_ = tracer;
   if (reducer_) reducer_->set_tracer(tracer);
 }
+
+namespace {
+
+// Runs a blocking ZeRO collective, and with a tracer records it on the communication track and
+// the wait for it on the calling thread.
+template <class F>
+auto traced_collective(Tracer* tracer, const char* name, std::int64_t bytes, F&& f) {
+  if (!tracer) return f();
+  const auto t0 = Tracer::Clock::now();
+  auto result = f();
+  const auto t1 = Tracer::Clock::now();
+  tracer->complete(name, "comm", t0, t1, "comm", -1, bytes, Tracer::kCommTid);
+  tracer->complete("zero wait", "comm", t0, t1, "comm");
+  return result;
+}
+
+}  // namespace
 
 double DataParallel::end_backward() {
   SCALELAB_CHECK(last_micro_, "[dist] end_backward after a micro-step that was not the last of the step — "
                               "call begin_micro_step(true) on the last micro-step");
   synced_ = true;
-  if (zero_) return zero_->reduce_gradients();
+  if (zero_) {
+    return traced_collective(tracer_, "reduce_scatter", numel_ * static_cast<std::int64_t>(sizeof(float)),
+                             [&] { return zero_->reduce_gradients(); });
+  }
   reducer_->finish();
   return std::sqrt(sum_of_squares(grads_, numel_));
 }
@@ -53,7 +75,12 @@ void DataParallel::optimizer_step() {
   SCALELAB_CHECK(synced_, "[dist] optimizer_step before end_backward — synchronize the gradients first");
   synced_ = false;
   if (zero_) {
-    zero_->update_and_gather();
+    // The shard's update runs inside (before the gather): the event spans both, named for the
+    // collective that dominates at scale.
+    traced_collective(tracer_, "update + all_gather", numel_ * static_cast<std::int64_t>(sizeof(float)), [&] {
+      zero_->update_and_gather();
+      return 0;
+    });
   } else if (numel_ > 0) {
     update_(0, numel_);
   }

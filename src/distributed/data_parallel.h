@@ -60,6 +60,8 @@ class DataParallel {
   nlohmann::json summary() const;
   const DdpStats& ddp_stats() const;
   // DDP: the bucket launches, waits and all-reduces on a timeline (GradReducer::set_tracer).
+  // ZeRO-1: its reduce-scatter and all-gather on the communication track (cat "comm", args.bytes),
+  // and "zero wait" on the calling thread over each (they block the step: all exposed).
   void set_tracer(Tracer* tracer);
 
  private:
@@ -73,6 +75,7 @@ class DataParallel {
   std::unique_ptr<ZeroOptimizer> zero_;   // zero_stage 1
   bool last_micro_ = false;
   bool synced_ = false;
+  Tracer* tracer_ = nullptr;
 };
 
 // A per-rank figure summarized over the ranks (collective): min, max, mean, sum.

@@ -185,8 +185,11 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
       layers[phase.empty() ? name : name + " (" + phase + ")"].push_back(ns);
     } else if (cat == "comm") {
       comm[name].push_back(ns);
-      if (name == "all_reduce") allreduce[pid].push_back({ts, ts + dur});
-      if (name == "ddp wait") waits[pid].push_back({ts, ts + dur});
+      // The collectives as the communication engine ran them (DDP's all-reduce; ZeRO-1's blocking
+      // reduce-scatter and gather) and the step's waits for them.
+      if (name == "all_reduce" || name == "reduce_scatter" || name == "update + all_gather")
+        allreduce[pid].push_back({ts, ts + dur});
+      if (name == "ddp wait" || name == "zero wait") waits[pid].push_back({ts, ts + dur});
     }
   }
   const std::string op_timing = other.value("op_timing", std::string());

@@ -416,6 +416,39 @@ TEST_F(TrainMpi, TraceWritesAFilePerRankWithLaunchesInsideBackward) {
   EXPECT_NE(s.output.find("comm_hidden_fraction"), std::string::npos) << s.output;
 }
 
+// ZeRO-1 under --trace: its blocking reduce-scatter and update + all-gather on the communication
+// track, each under a "zero wait" of the main thread, so the summary counts all of it exposed.
+TEST_F(TrainMpi, ZeroTraceShowsItsCollectivesOnTheCommunicationTrack) {
+  const std::string trace = path("zero.trace.json");
+  const SubprocessResult r = scalelab(2, "train " + kCommon + "--micro-batch-size 2 --zero 1 --trace " + trace);
+  ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+  std::ifstream in(path("zero.trace.rank1.json"));
+  ASSERT_TRUE(in);
+  const nlohmann::json t = nlohmann::json::parse(in);
+  int scatters = 0, gathers = 0, waits = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    if (e["name"] == "reduce_scatter" || e["name"] == "update + all_gather") {
+      (e["name"] == "reduce_scatter" ? scatters : gathers)++;
+      EXPECT_EQ(e["tid"], 1) << "the communication track";
+      EXPECT_GT(e["args"]["bytes"].get<double>(), 0);
+    }
+    if (e["name"] == "zero wait") {
+      ++waits;
+      EXPECT_EQ(e["tid"], 0);
+    }
+  }
+  EXPECT_EQ(scatters, 4) << "one per step";
+  EXPECT_EQ(gathers, 4);
+  EXPECT_EQ(waits, 8);
+  const SubprocessResult s = scalelab(0, "profile-summary --all-steps --format json " + path("zero.trace.rank1.json"));
+  ASSERT_TRUE(s.ok()) << s.output;
+  const nlohmann::json j = nlohmann::json::parse(s.output);
+  const double total = j["derived"]["comm_time_s"].get<double>();
+  EXPECT_GT(total, 0);
+  EXPECT_NEAR(j["derived"]["comm_exposed_s"].get<double>(), total, 1e-9) << "ZeRO-1's collectives block the step";
+}
+
 TEST_F(TrainMpi, ScaleDryRunPrintsTheLaunchesWithoutRunning) {
   const std::string db = path("dry.db");
   const SubprocessResult local =
