@@ -31,7 +31,7 @@ struct GenerateFlags {
 
 Subcommand add_generate_command(CLI::App& root) {
   auto f = std::make_shared<GenerateFlags>();
-  auto* app = root.add_subcommand("generate", "Generate text (token ids) from a model with a KV cache");
+  auto* app = root.add_subcommand("generate", "Generate text from a model with a KV cache (text prompts through its tokenizer.json, or token ids)");
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app->add_option("--model", f->model, "A Hugging Face model directory (config.json + model.safetensors)")->required();
   add_prompt_flags(*app, f->prompts);
