@@ -165,6 +165,15 @@ std::string copy_name(uint8_t k) {
   }
 }
 
+// The fields kernels, copies and memsets share (each record struct has them under these names).
+template <class R>
+void device_fields(ActivityRecord& a, const R& r) {
+  a.start_ns = r.start;
+  a.end_ns = r.end;
+  a.stream = r.streamId;
+  a.correlation = r.correlationId;
+}
+
 }  // namespace
 
 bool cupti_available(std::string* why) {
@@ -188,10 +197,7 @@ std::vector<ActivityRecord> parse_activity_buffer(std::uint8_t* buffer, std::siz
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
         a.kind = ActivityRecord::Kind::kKernel;
         a.name = demangle(k->name);
-        a.start_ns = k->start;
-        a.end_ns = k->end;
-        a.stream = k->streamId;
-        a.correlation = k->correlationId;
+        device_fields(a, *k);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -200,10 +206,7 @@ std::vector<ActivityRecord> parse_activity_buffer(std::uint8_t* buffer, std::siz
         a.name = copy_name(m->copyKind);
         a.copy_kind = copy_kind_short(m->copyKind);
         a.bytes = static_cast<std::int64_t>(m->bytes);
-        a.start_ns = m->start;
-        a.end_ns = m->end;
-        a.stream = m->streamId;
-        a.correlation = m->correlationId;
+        device_fields(a, *m);
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
@@ -211,10 +214,7 @@ std::vector<ActivityRecord> parse_activity_buffer(std::uint8_t* buffer, std::siz
         a.kind = ActivityRecord::Kind::kMemset;
         a.name = "[CUDA memset]";
         a.bytes = static_cast<std::int64_t>(m->bytes);
-        a.start_ns = m->start;
-        a.end_ns = m->end;
-        a.stream = m->streamId;
-        a.correlation = m->correlationId;
+        device_fields(a, *m);
         break;
       }
       case CUPTI_ACTIVITY_KIND_RUNTIME: {
