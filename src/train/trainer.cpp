@@ -318,11 +318,6 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
   in.lora = o.lora_config();
-  if (in.lora.enabled() && o.fused_kernels) {
-    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward compute the "
-                       "frozen base's weight gradients inside the kernel and have no LoRA form yet — run LoRA without "
-                       "--fused-kernels");
-  }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
