@@ -283,7 +283,42 @@ Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, cons
     });
     rows = std::move(kept);
   }
-  return summary_table(rows, filters, parameter_order(sweep));
+  Table t = summary_table(rows, filters, parameter_order(sweep));
+  // [oom_search]: each configuration's largest fitting micro-batch, beside its trials' figures.
+  if (m.is_object() && m.contains("oom_limits") && m["oom_limits"].is_array()) {
+    std::map<std::string, const Json*> limits;
+    for (const auto& e : m["oom_limits"])
+      if (e.is_object() && e.contains("key") && e["key"].is_string()) limits[e["key"].get<std::string>()] = &e;
+    std::map<std::string, std::string> key_of;  // config hash -> its search's key
+    for (const auto& r : rows) key_of.emplace(r.config_hash, oom_search_key(r.params()));
+    auto runs = std::find_if(t.columns.begin(), t.columns.end(), [](const Column& c) { return c.key == "runs"; });
+    t.columns.insert(runs, {"max_micro_batch_size", "max micro-batch", CellFormat::kText});
+    int capped = 0;
+    std::vector<std::string> failures;
+    for (auto& row : t.rows) {
+      const auto k = key_of.find(row.value("config_hash", std::string()));
+      const auto it = k == key_of.end() ? limits.end() : limits.find(k->second);
+      if (it == limits.end()) continue;
+      const OomSearchResult res = OomSearchResult::from_json(*it->second);
+      if (res.failed) {
+        row["max_micro_batch_size"] = "failed";
+        failures.push_back(res.failure);
+      } else if (res.capped) {
+        row["max_micro_batch_size"] = ">= " + std::to_string(res.max_micro_batch_size);
+        ++capped;
+      } else {
+        row["max_micro_batch_size"] = std::to_string(res.max_micro_batch_size);
+      }
+    }
+    t.notes.push_back("max micro-batch: the largest micro-batch that fits each configuration, verified by trials (it "
+                      "fits, one more runs out of memory; `results --sweep " + sweep.name + " --view trials` lists "
+                      "the search's trials)." +
+                      (capped ? " \">= N\": the search stopped at [oom_search] max_micro_batch." : std::string()));
+    for (const auto& f : failures) t.notes.push_back("An OOM search stopped: " + f);
+    if (limits.size() < key_of.size() && !key_of.empty())
+      t.notes.push_back("Some configurations have no OOM search result yet (the sweep was interrupted): run it again.");
+  }
+  return t;
 }
 
 Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
