@@ -341,6 +341,8 @@ Frame build_frame_from_sweep(const lab::ResultsStore& store, const std::string& 
     }
     f.row_labels.push_back("trial " + std::to_string(g.front()->trial_id));
     f.repeats.push_back(static_cast<int>(g.size()));
+    f.row_trials.emplace_back();
+    for (const auto* t : g) f.row_trials.back().push_back(t->trial_id);
     rows.push_back(std::move(rd));
   }
   std::sort(tel_keys.begin(), tel_keys.end());
