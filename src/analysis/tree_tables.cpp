@@ -75,7 +75,7 @@ std::string tree_detail_markdown(const std::vector<TreeModelResult>& results) {
     if (r.stability.empty()) continue;
     lab::Table t;
     t.columns = {{"feature", "feature"}, {"gain", "gain mean [95 %]"}, {"gain_rank", "gain mean rank"}, {"gain_top3", "gain top-3", CellFormat::kFixed2},
-                 {"shap", "mean |SHAP| [95 %]"}, {"shap_rank", "SHAP mean rank"}, {"shap_top3", "SHAP top-3", CellFormat::kFixed2}};
+                 {"shap", "mean abs SHAP [95 %]"}, {"shap_rank", "SHAP mean rank"}, {"shap_top3", "SHAP top-3", CellFormat::kFixed2}};
     const auto& g = r.stability.at("gain");
     const auto& s = r.stability.at("shap_mean_abs");
     std::vector<std::size_t> order(p);
