@@ -126,21 +126,25 @@ void interaction_charts(const Json& a, std::vector<Chart>& out) {
           best_pair = r["features"][j].get<std::string>() + " × " + r["features"][k].get<std::string>();
         }
       }
-    const int side = static_cast<int>(std::min<std::size_t>(p * 34, 420));
+    const int side = static_cast<int>(std::min<std::size_t>(p * 40, 440));
     Json s = spec(side, side);
-    s["data"] = Json::array({{{"name", "inter_cells"}, {"values", cells}}});
+    // The colour scale spans the interactions only: the main effects (diagonal, grey) are
+    // usually far larger and would wash the interactions out; their values are in the tooltips.
+    s["data"] = Json::array({{{"name", "inter_cells"}, {"values", cells}},
+                             {{"name", "inter_off"}, {"source", "inter_cells"}, {"transform", Json::array({{{"type", "filter"}, {"expr", "!datum.main"}}})}}});
     s["scales"] = Json::array({{{"name", "x"}, {"type", "band"}, {"domain", r["features"]}, {"range", "width"}},
                                {{"name", "y"}, {"type", "band"}, {"domain", r["features"]}, {"range", "height"}},
-                               {{"name", "color"}, {"type", "linear"}, {"scheme", "blues"}, {"domain", {{"data", "inter_cells"}, {"field", "v"}}}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"labelAngle", -40}, {"labelAlign", "right"}}, {{"orient", "left"}, {"scale", "y"}}});
-    s["legends"] = Json::array({{{"fill", "color"}, {"title", "mean |φ|"}, {"orient", "right"}}});
+                               {{"name", "color"}, {"type", "linear"}, {"scheme", "blues"}, {"zero", true}, {"domain", {{"data", "inter_off"}, {"field", "v"}}}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"labelAngle", -40}, {"labelAlign", "right"}, {"labelOverlap", false}},
+                             {{"orient", "left"}, {"scale", "y"}, {"labelOverlap", false}}});
+    s["legends"] = Json::array({{{"fill", "color"}, {"title", "mean |φ| (off-diagonal)"}, {"orient", "right"}}});
     s["marks"] = Json::array({{{"type", "rect"}, {"name", "cells"}, {"from", {{"data", "inter_cells"}}},
                                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "a"}}}, {"width", {{"scale", "x"}, {"band", 1}}},
                                                        {"y", {{"scale", "y"}, {"field", "b"}}}, {"height", {{"scale", "y"}, {"band", 1}}},
-                                                       {"fill", {{"scale", "color"}, {"field", "v"}}}, {"stroke", {{"value", "#fff"}}},
+                                                       {"fill", {{"signal", "datum.main ? '#d5d8dc' : scale('color', datum.v)"}}}, {"stroke", {{"value", "#fff"}}},
                                                        {"tooltip", tooltip({{"pair", "datum.a + ' × ' + datum.b"}, {"mean |SHAP interaction|", "format(datum.v, '.4g')"},
                                                                             {"kind", "datum.main ? 'main effect' : 'interaction (half of the pair)'"}})}}}}}}});
-    const std::string finding = best >= 0 ? "Strongest interaction: " + best_pair + " (mean |φ| " + fmt(best) + " each way; diagonal: main effects; additivity error " +
+    const std::string finding = best >= 0 ? "Strongest interaction: " + best_pair + " (mean |φ| " + fmt(best) + " each way; grey diagonal: main effects; additivity error " +
                                                 fmt(d(r["interaction_additivity_max_abs_error"])) + ")."
                                           : "One feature: no interactions.";
     out.push_back({"shap-interactions-" + r["model"].get<std::string>() + "-" + r["target"].get<std::string>(), "SHAP and stability (xgboost)",
@@ -222,9 +226,57 @@ void dependence_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
+// #6: a target's histogram per level of a categorical on common edges (the bars of the levels
+// overlaid, translucent) with each level's ECDF as a step line on the right axis.
+void grouped_histogram_charts(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("groups")) return;
+  for (const auto& g : a["groups"]) {
+    if (g.contains("error") || !g.contains("histogram") || g["histogram"]["levels"].empty()) continue;
+    const Json& edges = g["histogram"]["edges"];
+    Json bars = Json::array(), steps = Json::array();
+    for (const auto& l : g["histogram"]["levels"]) {
+      for (std::size_t k = 0; k + 1 < edges.size(); ++k)
+        bars.push_back({{"level", l["level"]}, {"low", edges[k]}, {"high", edges[k + 1]}, {"count", l["counts"][k]}});
+      for (std::size_t k = 0; k < l["ecdf"]["x"].size(); ++k) steps.push_back({{"level", l["level"]}, {"x", l["ecdf"]["x"][k]}, {"f", l["ecdf"]["f"][k]}});
+    }
+    Json s = spec(380, 200);
+    s["data"] = Json::array({{{"name", "gh_bars"}, {"values", bars}}, {{"name", "gh_ecdf"}, {"values", steps}}});
+    s["scales"] = Json::array({{{"name", "x"}, {"type", "linear"}, {"zero", false}, {"range", "width"}, {"domain", {edges.front(), edges.back()}}},
+                               {{"name", "y"}, {"type", "linear"}, {"nice", true}, {"range", "height"}, {"domain", {{"data", "gh_bars"}, {"field", "count"}}}},
+                               {{"name", "f"}, {"type", "linear"}, {"range", "height"}, {"domain", {0, 1}}},
+                               {{"name", "color"}, {"type", "ordinal"}, {"domain", g["levels"]}, {"range", "category"}}});
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", g["value"]}, {"format", "~s"}},
+                             {{"orient", "left"}, {"scale", "y"}, {"title", "rows"}, {"tickMinStep", 1}},
+                             {{"orient", "right"}, {"scale", "f"}, {"title", "ECDF"}, {"format", "%"}}});
+    s["legends"] = Json::array({{{"fill", "color"}, {"title", g["group"]}, {"orient", "right"}, {"offset", 50}}});
+    s["marks"] = Json::array(
+        {{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "gh_bars"}}},
+          {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "low"}}}, {"x2", {{"scale", "x"}, {"field", "high"}}}, {"y", {{"scale", "y"}, {"field", "count"}}},
+                                  {"y2", {{"scale", "y"}, {"value", 0}}}, {"fill", {{"scale", "color"}, {"field", "level"}}}, {"fillOpacity", {{"value", 0.45}}},
+                                  {"tooltip", tooltip({{"level", "datum.level"}, {"bin", "format(datum.low, '.4g') + ' – ' + format(datum.high, '.4g')"}, {"rows", "datum.count"}})}}}}}},
+         {{"type", "group"}, {"from", {{"facet", {{"name", "gh_level"}, {"data", "gh_ecdf"}, {"groupby", "level"}}}}},
+          {"marks", Json::array({{{"type", "line"}, {"from", {{"data", "gh_level"}}}, {"sort", {{"field", "datum.x"}}},
+                                  {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "f"}, {"field", "f"}}}, {"interpolate", {{"value", "step-after"}}},
+                                                          {"stroke", {{"scale", "color"}, {"field", "level"}}}, {"strokeWidth", {{"value", 2}}}}}}}}})}}});
+    // The level whose median is highest, and by how much above the lowest.
+    std::size_t hi = 0, lo = 0;
+    for (std::size_t k = 0; k < g["box"].size(); ++k) {
+      if (d(g["box"][k]["median"]) > d(g["box"][hi]["median"])) hi = k;
+      if (d(g["box"][k]["median"]) < d(g["box"][lo]["median"])) lo = k;
+    }
+    const std::string finding = g["value"].get<std::string>() + ": median " + fmt(d(g["box"][hi]["median"]), 4) + " for " + g["levels"][hi].get<std::string>() +
+                                " against " + fmt(d(g["box"][lo]["median"]), 4) + " for " + g["levels"][lo].get<std::string>() + " (" +
+                                std::to_string(edges.size() - 1) + " common bins; lines: ECDF per level).";
+    out.push_back({"group-hist-" + g["group"].get<std::string>() + "-" + g["value"].get<std::string>(), "Grouped distributions",
+                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>() + ": histograms and ECDFs", finding, s,
+                   {{"bars", static_cast<long>(bars.size())}}});
+  }
+}
+
 }  // namespace
 
 void stats_charts(const Json& a, std::vector<Chart>& out) {
+  grouped_histogram_charts(a, out);
   scaling_curve_charts(a, out);
   interaction_charts(a, out);
   stability_charts(a, out);
