@@ -34,6 +34,10 @@ bool is_dropped(const Frame& f, const std::string& name) {
   return std::find(f.dropped_constant.begin(), f.dropped_constant.end(), sanitize_name(name)) != f.dropped_constant.end();
 }
 
+bool is_missing(const Frame& f, const std::string& name) {
+  return std::find(f.dropped_missing.begin(), f.dropped_missing.end(), sanitize_name(name)) != f.dropped_missing.end();
+}
+
 std::vector<std::string> default_targets(const Frame& f) {
   for (const char* k : {"val_loss", "tokens_per_s_per_device", "final_loss", "tokens_per_s", "step_time_s"})
     if (const Column* c = f.find(k); c && c->kind == ColumnKind::kNumeric) return {c->name};
@@ -110,6 +114,11 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   for (const auto& t : opt.targets) {
     const Column* c = frame.find(t);
     if (!c) {
+      if (is_missing(frame, t)) {
+        problems.push_back("target '" + t + "' has no value in any of the " + std::to_string(n) +
+                           " rows (every cell is missing: NaN, null or empty) — nothing to model; check the metric's name and the runs");
+        continue;
+      }
       if (is_dropped(frame, t)) {
         problems.push_back("target '" + t + "' is constant over the " + std::to_string(n) +
                            " rows — no model or fit for it (it explains nothing and nothing explains it)");
@@ -137,6 +146,7 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
     for (const auto& f : opt.features) {
       const Column* c = frame.find(f);
       if (!c) {
+        if (is_missing(frame, f)) { problems.push_back("feature '" + f + "' has no value in any row — left out"); continue; }
         if (is_dropped(frame, f)) { problems.push_back("feature '" + f + "' is constant — left out"); continue; }
         throw InvalidInput("[analyze] --features: '" + f + "' is not a column of " + frame.source + " — columns: " + column_list(frame));
       }
@@ -446,6 +456,11 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   if (!frame.dropped_constant.empty()) {
     md << "; constant columns dropped: ";
     for (std::size_t k = 0; k < frame.dropped_constant.size(); ++k) md << (k ? ", " : "") << frame.dropped_constant[k];
+    if (!frame.dropped_missing.empty()) {
+      md << " (no value at all: ";
+      for (std::size_t k = 0; k < frame.dropped_missing.size(); ++k) md << (k ? ", " : "") << frame.dropped_missing[k];
+      md << ")";
+    }
   }
   md << ".\n";
   for (const auto& note : frame.notes) md << "\n" << note << ".\n";

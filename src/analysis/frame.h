@@ -60,6 +60,7 @@ struct Frame {
   std::vector<std::vector<std::int64_t>> row_trials;  // a sweep's trial ids per row (empty for a CSV)
   std::vector<Column> columns;
   std::vector<std::string> dropped_constant;
+  std::vector<std::string> dropped_missing;  // of those, the columns with no value at all (every cell missing)
   std::vector<std::string> notes;       // trials left out and why, ...
 
   std::size_t rows() const { return row_labels.size(); }

@@ -72,14 +72,17 @@ void scaling_curve_charts(const Json& a, std::vector<Chart>& out) {
       if (pts.empty()) continue;
       if (hi <= lo) hi = lo * 2;
       Json s = spec(380, 220);
-      s["data"] = Json::array({{{"name", "curve_rows"}, {"values", pts}}});
+      s["signals"] = Json::array({{{"name", "metric"}, {"value", "efficiency"}, {"bind", {{"input", "radio"}, {"options", {"efficiency", "speedup"}}, {"name", "show "}}}}});
+      s["data"] = Json::array({{{"name", "curve_rows"}, {"values", pts},
+                                {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "metric == 'efficiency' ? datum.eff : datum.speedup"}}})}}});
       s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {lo, hi}}},
                                  {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
-                                  {"domain", {{"fields", Json::array({{{"data", "curve_rows"}, {"field", "eff"}}})}}}},
+                                  {"domain", {{"fields", Json::array({{{"data", "curve_rows"}, {"field", "v"}}})}}}},
                                  {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "curve_rows"}, {"field", "devices"}, {"sort", true}}}, {"range", "category"}}});
-      s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", xtitle}}, {{"orient", "left"}, {"scale", "y"}, {"title", "parallel efficiency (%)"}}});
+      s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", xtitle}},
+                               {{"orient", "left"}, {"scale", "y"}, {"title", {{"signal", "metric == 'efficiency' ? 'parallel efficiency (%)' : 'speedup (x)'"}}}}});
       s["legends"] = Json::array({{{"stroke", "color"}, {"title", "devices"}, {"orient", "right"}}});
-      Json enc = {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "eff"}}}};
+      Json enc = {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}};
       Json line_enc = enc;
       line_enc["stroke"] = {{"scale", "color"}, {"field", "devices"}};
       line_enc["strokeWidth"] = {{"value", 2}};
@@ -93,7 +96,7 @@ void scaling_curve_charts(const Json& a, std::vector<Chart>& out) {
       s["marks"] = Json::array(
           {{{"type", "rule"}, {"name", "mark80"},
             {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"value", 80}}}, {"stroke", {{"value", "#e67e22"}}},
-                                    {"strokeDash", {{"value", {4, 3}}}}}}}}},
+                                    {"strokeDash", {{"value", {4, 3}}}}, {"strokeOpacity", {{"signal", "metric == 'efficiency' ? 1 : 0"}}}}}}}},
            {{"type", "group"}, {"from", {{"facet", {{"name", "curve_facet"}, {"data", "curve_rows"}, {"groupby", "series"}}}}},
             {"marks", Json::array({{{"type", "line"}, {"from", {{"data", "curve_facet"}}}, {"sort", {{"field", "datum.x"}}}, {"encode", {{"update", line_enc}}}},
                                    {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "curve_facet"}}}, {"encode", {{"update", sym_enc}}}}})}}});
@@ -101,10 +104,58 @@ void scaling_curve_charts(const Json& a, std::vector<Chart>& out) {
                                       ? "Lowest efficiency " + fmt(worst) + " % at " + std::to_string(worst_n) + " devices, " + x + " = " + fmt(worst_x) + " (dashed: 80 %)."
                                       : "One device count only: nothing to compare.";
       const std::string id = "scaling-eff-" + x + "-" + m;
-      out.push_back({id, "Scaling curves", "Efficiency against " + (x == "micro_batch_size" ? std::string("micro-batch size") : std::string("sequence length")) + ": " + m,
+      out.push_back({id, "Scaling curves", "Efficiency and speedup against " + (x == "micro_batch_size" ? std::string("micro-batch size") : std::string("sequence length")) + ": " + m,
                      finding, s, {{"points", static_cast<long>(pts.size())}}});
     }
   }
+}
+
+// #2: cost per 1M tokens and energy per token against the device count (the medians over each
+// model's configurations), a line per model; a toggle between the two where both exist.
+void cost_energy_chart(const Json& a, std::vector<Chart>& out) {
+  if (!a.contains("scaling_curves")) return;
+  Json rows = Json::array();
+  long n_cost = 0, n_energy = 0;
+  double max_dev = 1;
+  for (const auto& r : a["scaling_curves"]["summary"]) {
+    rows.push_back({{"model", r["model"]}, {"devices", r["devices"]}, {"cost", r["cost_per_million_tokens_median"]}, {"jpt", r["j_per_token_median"]}});
+    n_cost += r["cost_per_million_tokens_median"].is_number();
+    n_energy += r["j_per_token_median"].is_number();
+    max_dev = std::max(max_dev, d(r["devices"]));
+  }
+  if (n_cost == 0 && n_energy == 0) return;
+  std::vector<std::string> options;
+  if (n_cost) options.push_back("cost");
+  if (n_energy) options.push_back("energy");
+  Json s = spec(380, 220);
+  s["signals"] = Json::array({{{"name", "per_token"}, {"value", options.front()}, {"bind", {{"input", "radio"}, {"options", options}, {"name", "per token "}}}}});
+  s["data"] = Json::array({{{"name", "ce_rows"}, {"values", rows},
+                            {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "per_token == 'cost' ? datum.cost : datum.jpt"}},
+                                                       {{"type", "filter"}, {"expr", "isValid(datum.v)"}}})}}});
+  s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {1, std::max(2.0, max_dev)}}},
+                             {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"data", "ce_rows"}, {"field", "v"}}}},
+                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "ce_rows"}, {"field", "model"}}}, {"range", "category"}}});
+  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (log2 axis)"}},
+                           {{"orient", "left"}, {"scale", "y"}, {"title", {{"signal", "per_token == 'cost' ? 'cost per 1M tokens (median)' : 'J per token (median)'"}}}}});
+  s["legends"] = Json::array({{{"stroke", "color"}, {"title", "model"}, {"orient", "right"}}});
+  Json enc = {{"x", {{"scale", "x"}, {"field", "devices"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}};
+  Json line_enc = enc;
+  line_enc["stroke"] = {{"scale", "color"}, {"field", "model"}};
+  line_enc["strokeWidth"] = {{"value", 2}};
+  Json sym_enc = enc;
+  sym_enc["fill"] = {{"scale", "color"}, {"field", "model"}};
+  sym_enc["size"] = {{"value", 50}};
+  sym_enc["tooltip"] = tooltip({{"model", "datum.model"}, {"devices", "datum.devices"}, {"cost / 1M tokens", "isValid(datum.cost) ? format(datum.cost, '.4g') : '—'"},
+                                {"J/token", "isValid(datum.jpt) ? format(datum.jpt, '.4g') : '—'"}});
+  s["marks"] = Json::array({{{"type", "group"}, {"from", {{"facet", {{"name", "ce_facet"}, {"data", "ce_rows"}, {"groupby", "model"}}}}},
+                             {"marks", Json::array({{{"type", "line"}, {"from", {{"data", "ce_facet"}}}, {"sort", {{"field", "datum.devices"}}}, {"encode", {{"update", line_enc}}}},
+                                                    {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "ce_facet"}}}, {"encode", {{"update", sym_enc}}}}})}}});
+  const Json& sc = a["scaling_curves"];
+  std::string finding = n_cost ? "Price " + fmt(d(sc["price_per_gpu_hour"]), 4) + " per GPU-hour (" + sc["price_source"].get<std::string>() + ")"
+                               : std::string("No price (give --price-per-gpu-hour)");
+  finding += n_energy ? "; energy from the power telemetry over the steady window." : "; no power telemetry for the energy.";
+  out.push_back({"scaling-cost-energy", "Scaling curves", "Cost and energy per token against devices", finding, s,
+                 {{"points", options.front() == "cost" ? n_cost : n_energy}}});
 }
 
 // #12: mean |SHAP interaction| heatmap per tree model.
@@ -278,6 +329,7 @@ void grouped_histogram_charts(const Json& a, std::vector<Chart>& out) {
 void stats_charts(const Json& a, std::vector<Chart>& out) {
   grouped_histogram_charts(a, out);
   scaling_curve_charts(a, out);
+  cost_energy_chart(a, out);
   interaction_charts(a, out);
   stability_charts(a, out);
   dependence_charts(a, out);

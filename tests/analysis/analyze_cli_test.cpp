@@ -187,6 +187,23 @@ TEST_F(AnalyzeCli, ScalingCurvesCostEnergyAndStabilityFiles) {
   EXPECT_NE(r.output.find("--bootstrap"), std::string::npos) << r.output;
 }
 
+// A target whose every cell is missing (NaN metrics) is named as such, not as "constant"; a CSV
+// whose every column is constant analyses nothing and says so.
+TEST_F(AnalyzeCli, AllMissingTargetAndAllConstantColumnsAreReported) {
+  auto csv = file("nan.csv", "a,b,y\n1,2,nan\n2,3,NaN\n3,5,\n4,4,NA\n");
+  auto r = run("analyze --csv " + csv + " --target y -o " + out("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("target 'y' has no value in any of the 4 rows"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(no value at all: y)"), std::string::npos) << r.output;
+  auto j = cli_test::read_json(out("a") + "/analysis.json");
+  EXPECT_EQ(j["table"]["dropped_missing"], Json({"y"}));
+  csv = file("const.csv", "a,b,y\n1,2,3\n1,2,3\n1,2,3\n");
+  r = run("analyze --csv " + csv + " --target y -o " + out("b"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("constant columns dropped: a, b, y"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("target 'y' is constant over the 3 rows"), std::string::npos) << r.output;
+}
+
 // A sweep with one trial: the new sections say what they could not compute instead of failing.
 TEST_F(AnalyzeCli, OneTrialSweepReportsWhatItCannotCompute) {
   const std::string db = out("one.db");

@@ -51,6 +51,9 @@ TEST(StatsCharts, ScalingCurvesPerModelAndAxis) {
       EXPECT_EQ(charts[id].expect_marks["points"], 24) << id;  // 3 micro-batches x 2 lengths x 4 device counts
       EXPECT_NE(charts[id].finding.find("Lowest efficiency"), std::string::npos) << charts[id].finding;
     }
+  ASSERT_TRUE(charts.count("scaling-cost-energy"));
+  EXPECT_EQ(charts["scaling-cost-energy"].expect_marks["points"], 8);  // 2 models x 4 device counts
+  EXPECT_NE(charts["scaling-cost-energy"].finding.find("Price 2.5 per GPU-hour"), std::string::npos) << charts["scaling-cost-energy"].finding;
 }
 
 TEST(StatsCharts, ShapStabilityDependenceAndGroupedHistograms) {
