@@ -103,7 +103,7 @@ void add_scaling_curves(Analysis& a, const Frame& f, const ScalingCurveInputs& i
     r.jpt = i < in.j_per_token.size() ? in.j_per_token[i] : kNaN;
     const double mb = value_at(f, "micro_batch_size", i);
     double gas = value_at(f, "grad_accum_steps", i);
-    if (std::isnan(gas)) gas = 1;
+    if (std::isnan(gas)) gas = in.grad_accum_steps;
     std::string other;
     for (const auto& c : f.columns) {
       if (c.role != ColumnRole::kParameter || axis_params.count(c.name)) continue;
@@ -201,9 +201,17 @@ void add_scaling_curves(Analysis& a, const Frame& frame, const lab::ResultsStore
     in.price_source = "the scale study's --price-per-device-hour";
   }
   std::map<std::int64_t, double> tokens;
-  for (const auto& t : store.trials(sweep->sweep_id))
+  bool gas_seen = false;
+  for (const auto& t : store.trials(sweep->sweep_id)) {
     if (t.metrics.is_object() && t.metrics.contains("tokens_per_s") && t.metrics["tokens_per_s"].is_number())
       tokens[t.trial_id] = t.metrics["tokens_per_s"].get<double>();
+    // A grad_accum_steps that is constant over the sweep is not a column of the table.
+    auto params = t.params();
+    if (!gas_seen && t.status == lab::TrialStatus::kOk && params.count("grad_accum_steps") && params.at("grad_accum_steps").is_number()) {
+      in.grad_accum_steps = params.at("grad_accum_steps").get<double>();
+      gas_seen = true;
+    }
+  }
   std::map<std::int64_t, std::vector<lab::TelemetrySample>> samples;
   for (auto& s : store.telemetry_samples(0, sweep->sweep_id)) samples[s.trial_id].push_back(std::move(s));
   std::size_t missing = 0;

@@ -8,7 +8,7 @@
 //   devices          ranks
 //   micro_batch_size, seq_len   the x axes (NaN when the sweep does not vary them: the column is
 //                    constant and dropped); global_batch = micro_batch_size x ranks x
-//                    grad_accum_steps (1 when absent)
+//                    grad_accum_steps (the sweep's value when it is constant, 1 when absent)
 //   series           "<devices> devices" plus the other varying parameters, so a line joins rows
 //                    that differ only on the x axis
 // and the numbers, per configuration (repeats averaged):
@@ -40,6 +40,7 @@ struct ScalingCurveInputs {
   std::optional<double> price_per_gpu_hour;
   std::string price_source;                    // where the price came from (for the JSON and docs)
   std::vector<std::string> energy_notes;       // why some rows have no energy figure
+  double grad_accum_steps = 1;                 // when the table has no grad_accum_steps column (constant over the sweep)
 };
 
 // Adds "scaling_curves" to analysis.json, scaling_curves.csv, scaling_summary.csv and a Markdown

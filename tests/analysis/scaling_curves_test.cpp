@@ -106,6 +106,33 @@ TEST(ScalingCurves, WithoutAPriceTheCostIsNotComputedAndSaysWhy) {
   EXPECT_TRUE(said) << g.analysis.json["problems"].dump();
 }
 
+// A grad_accum_steps that does not vary is dropped from the table as constant; the global batch
+// still counts it (the sweep's value, read from the trials).
+TEST(ScalingCurves, GlobalBatchCountsAConstantGradAccum) {
+  Json sweep = read_json_file(golden_dir() + "/scaling_sweep.json");
+  for (auto& t : sweep["trials"]) t["params"]["grad_accum_steps"] = 4;
+  const fs::path dir = fs::temp_directory_path() / ("scalelab-scaling-gas-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string db = (dir / "s.db").string();
+  build_golden_db(db, sweep);
+  Json rows;
+  {
+    lab::ResultsStore store(db, lab::ResultsStore::Mode::kReadOnly);
+    Frame f = build_frame_from_sweep(store, "golden-scaling");
+    EXPECT_EQ(f.find("grad_accum_steps"), nullptr);
+    AnalyzeOptions opt;
+    opt.targets = {"tokens_per_s"};
+    opt.trees = false;
+    Analysis a = analyze(f, opt);
+    add_scaling_curves(a, f, store, "golden-scaling", std::nullopt);
+    rows = a.json["scaling_curves"]["rows"];
+  }
+  fs::remove_all(dir);
+  ASSERT_EQ(rows.size(), 48u);
+  for (const auto& r : rows)
+    EXPECT_EQ(r["global_batch"].get<double>(), r["micro_batch_size"].get<double>() * r["devices"].get<double>() * 4) << r.dump();
+}
+
 lab::TelemetrySample power(double t, const std::string& dev, double w, const std::string& source = "nvml") {
   return {0, t, source, dev, "power_w", w};
 }
