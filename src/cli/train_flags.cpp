@@ -52,6 +52,9 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_flag("--rslora", o.rslora, "Rank-stabilized LoRA: scale alpha/sqrt(r) instead of alpha/r");
   app->add_option("--adapter", o.adapter,
                   "Start LoRA from this PEFT adapter directory (adapter_model.safetensors) instead of peft's init");
+  app->add_option("--quantize-base", o.quantize_base,
+                  "QLoRA: store the frozen base's linear weights in NF4 — nf4 (torchao's to_nf4, torchtune) or "
+                  "nf4-bnb (bitsandbytes' quantize_4bit, peft); needs --lora-rank (docs/finetuning.md)");
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
   app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
   app->add_flag("--allow-tf32", o.allow_tf32,

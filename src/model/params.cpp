@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/family.h"
+#include "model/nf4.h"
 
 namespace scalelab {
 
@@ -23,6 +24,7 @@ void ParamLayout::add(std::string name, Shape shape, ParamKind kind) {
   p.decay = p.decay || kind == ParamKind::kAdapter;  // the HF Trainer decays every non-bias, non-norm weight
   p.is_adapter = kind == ParamKind::kAdapter;
   total_ += p.numel;
+  dense_ += p.numel;
   trainable_ += p.numel;
   if (kind == ParamKind::kLinear) matmul_numel_ += p.numel;
   params_.push_back(std::move(p));
@@ -99,6 +101,19 @@ void ParamLayout::add_lora(const LoraConfig& lora) {
     add(s.module + ".lora_B.weight", Shape{s.out, lora.rank}, ParamKind::kAdapter);
   }
   for (auto& p : params_) p.trainable = p.is_adapter;
+  if (!lora.quantize_base.empty()) {
+    const Nf4Flavor flavor = *parse_quantize_base(lora.quantize_base);
+    for (auto& p : params_) {
+      const bool site = std::any_of(sites.begin(), sites.end(), [&](const Site& s) { return s.module + ".weight" == p.name; });
+      if (!site) continue;
+      const std::string why = nf4_refusal(flavor, p.numel);
+      if (!why.empty()) {
+        throw InvalidInput("[--quantize-base] " + p.name + " [" + std::to_string(p.shape[0]) + ", " +
+                           std::to_string(p.shape[1]) + "] cannot be stored as " + nf4_flavor_name(flavor) + ": " + why);
+      }
+      p.quantized = true;
+    }
+  }
   lora_ = lora;
   relayout();
 }
@@ -112,7 +127,13 @@ void ParamLayout::relayout() {
     }
   trainable_ = off;
   for (auto& p : params_)
-    if (!p.trainable) {
+    if (!p.trainable && !p.quantized) {
+      p.offset = off;
+      off += p.numel;
+    }
+  dense_ = off;
+  for (auto& p : params_)  // QLoRA: after the flat buffer (a full-size staging buffer on load holds them)
+    if (p.quantized) {
       p.offset = off;
       off += p.numel;
     }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -21,6 +22,7 @@
 #include "model/checkpoint.h"
 #include "model/init.h"
 #include "model/adapter.h"
+#include "model/nf4.h"
 #include "scalelab/version.h"
 #include "distributed/config_check.h"
 #include "train/data.h"
@@ -90,7 +92,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"lora_dropout", lora_dropout},
           {"lora_targets", lora_targets},
           {"rslora", rslora},
-          {"adapter", adapter}};
+          {"adapter", adapter},
+          {"quantize_base", quantize_base}};
 }
 
 LoraConfig TrainOptions::lora_config() const {
@@ -99,6 +102,7 @@ LoraConfig TrainOptions::lora_config() const {
   c.alpha = lora_alpha;
   c.dropout = lora_dropout;
   c.rslora = rslora;
+  c.quantize_base = quantize_base;
   std::size_t start = 0;
   while (start <= lora_targets.size() && !lora_targets.empty()) {
     const std::size_t comma = std::min(lora_targets.find(',', start), lora_targets.size());
@@ -242,6 +246,18 @@ void validate_train_options(const TrainOptions& o) {
   if (o.lora_rank == 0 && (!o.lora_targets.empty() || o.rslora || o.lora_dropout != 0 || !o.adapter.empty())) {
     throw InvalidInput("[--lora-targets/--rslora/--lora-dropout/--adapter] are LoRA settings — add --lora-rank R");
   }
+  if (!o.quantize_base.empty()) {
+    parse_quantize_base(o.quantize_base);  // InvalidInput naming the accepted values
+    if (o.lora_rank == 0) {
+      throw InvalidInput("[--quantize-base] QLoRA quantizes the frozen base under LoRA adapters — add --lora-rank R "
+                         "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
+    }
+    if (o.save_every > 0 || !o.resume.empty()) {
+      throw InvalidInput(std::string("[") + (o.save_every > 0 ? "--save-every" : "--resume") +
+                         "] resumable checkpoints of a QLoRA run (--quantize-base) are not supported yet — use --save "
+                         "for the adapter");
+    }
+  }
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
   if (o.lora_dropout > 0) {
     throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
@@ -318,6 +334,11 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
   in.lora = o.lora_config();
+  if (!in.lora.quantize_base.empty() && !in.lora.enabled()) {
+    parse_quantize_base(in.lora.quantize_base);
+    throw InvalidInput("[--quantize-base] QLoRA quantizes the frozen base under LoRA adapters — add --lora-rank R "
+                       "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
+  }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
@@ -483,6 +504,14 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
     const LoraConfig& l = layout_.lora();
     res_.config["lora"] = {{"r", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora}, {"targets", l.resolved_targets()},
                            {"scale", l.scale()}};
+    if (!l.quantize_base.empty()) {  // QLoRA: which NF4 flavour, and what it reproduces
+      const Nf4Flavor f = *parse_quantize_base(l.quantize_base);
+      res_.config["lora"]["quantize_base"] = {{"flavor", nf4_flavor_name(f)},
+                                              {"reference", nf4_flavor_reference(f)},
+                                              {"quantized_params", layout_.quantized_numel()},
+                                              {"block_size", kernels::kNf4BlockSize},
+                                              {"scaler_block_size", kernels::kNf4ScalerBlockSize}};
+    }
   }
   res_.config["dropout_resolved"] = pin_.options.dropout;
   res_.config["threads"] = requested.threads;
@@ -565,13 +594,46 @@ void TrainSession::build() {
   const TrainOptions& o = o_;
   const ModelConfig& cfg = pin_.config;
   DeviceAllocator& alloc = *dev_.alloc;
-  const std::int64_t P = layout_.total_numel(), Pt = layout_.trainable_numel();
+  // QLoRA: the quantized weights are not in the flat buffer (ParamLayout::dense_numel).
+  const std::int64_t P = layout_.dense_numel(), Pt = layout_.trainable_numel();
   const std::int64_t S = dp_ ? dp_->state_numel() : Pt;  // ZeRO-1: this rank's shard
   bufs_ = allocate_step_buffers(alloc, prec_, P, Pt, S, dp_ && dp_->zero());
+  std::shared_ptr<Nf4Store> nf4;
+  if (layout_.quantized_numel() > 0) {
+    nf4 = std::make_shared<Nf4Store>(layout_, *parse_quantize_base(layout_.lora().quantize_base), alloc);
+  }
   // Initial weights are written on the host (and copied to the device when it is not the host).
+  // QLoRA: into a host staging buffer of the whole layout (host memory outside the device
+  // allocator, freed before the first step), from which each quantized weight is quantized into
+  // the NF4 store and the dense prefix copied to the parameter buffer.
+  auto fill_params = [&](const std::function<void(const Tensor&)>& fill) {
+    if (!nf4) {
+      fill_through_host(bufs_.params, dev_, fill);
+      return;
+    }
+    DeviceAllocator staging_alloc(make_host_backend(), std::numeric_limits<std::size_t>::max() / 4);
+    Tensor staging = Tensor::empty({layout_.total_numel()}, bufs_.params.dtype(), staging_alloc, "host staging");
+    fill(staging);
+    std::vector<float> values;
+    for (const ParamInfo& p : layout_.params()) {
+      if (!p.quantized) continue;
+      const float* src = staging.data<float>() + p.offset;
+      if (staging.dtype() != DType::kF32) {  // a bf16 model: its values, quantized in fp32 arithmetic
+        values.resize(static_cast<std::size_t>(p.numel));
+        const bf16* h = static_cast<const bf16*>(staging.raw()) + p.offset;
+        for (std::int64_t i = 0; i < p.numel; ++i) values[i] = bf16_to_float(h[i]);
+        src = values.data();
+      }
+      nf4->quantize(p.name, src);
+    }
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+      Tensor dst = host;
+      dst.copy_from(staging.slice(0, P));
+    });
+  };
   if (!is_preset(o.model) && has_weights(o.model)) {
     LoadSummary ls;
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+    fill_params([&](const Tensor& host) {
       ls = load_weights(o.model, cfg, layout_, host);  // the base; adapters are not in it
       if (layout_.lora().enabled()) init_adapters(host, layout_, o.seed);
       if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
@@ -581,10 +643,19 @@ void TrainSession::build() {
                    o.model.c_str());
     }
   } else {
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+    fill_params([&](const Tensor& host) {
       init_params(host, layout_, cfg, o.seed);
       if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
     });
+  }
+  if (nf4) {
+    layout_.attach_nf4(nf4);
+    if (!o.quiet) {
+      std::fprintf(stderr, "scalelab train: QLoRA base in %s: %lld parameters in %s (%.3f bytes each)\n",
+                   nf4_flavor_name(nf4->flavor()), static_cast<long long>(layout_.quantized_numel()),
+                   format_bytes(nf4->bytes()).c_str(),
+                   static_cast<double>(nf4->bytes()) / static_cast<double>(layout_.quantized_numel()));
+    }
   }
   std::optional<TrainCheckpointState> resumed;
   if (!o.resume.empty()) {

@@ -84,6 +84,9 @@ struct TrainOptions {
   std::string lora_targets;
   bool rslora = false;
   std::string adapter;
+  // QLoRA: --quantize-base nf4 (torchao's to_nf4) | nf4-bnb (bitsandbytes'): every linear weight
+  // of the decoder layers stored in NF4 (model/nf4.h); needs --lora-rank. Empty: off.
+  std::string quantize_base;
   LoraConfig lora_config() const;
 
   nlohmann::json to_json() const;

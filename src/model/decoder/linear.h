@@ -35,6 +35,18 @@ class LinearAdapter {
   virtual void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) = 0;
 };
 
+// A frozen base weight held in another form than a dense tensor (QLoRA's NF4 base:
+// model/decoder/nf4_linear.h): it computes the base products itself.
+class QuantizedBase {
+ public:
+  virtual ~QuantizedBase() = default;
+  virtual std::int64_t out_features() const = 0;
+  // y = x·wᵀ (+ bias, when non-null).
+  virtual void forward(Tensor& y, const Tensor& x, const Tensor* bias, ExecContext& ctx) const = 0;
+  // dx = dy·w (assigned, or added when accumulate).
+  virtual void backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, bool accumulate) const = 0;
+};
+
 // y = x · wᵀ (+ b): kernels::linear_forward / linear_backward over views of the flat buffers.
 // w/dw: [out, in] (a fused projection is a contiguous run of the layout: q/k/v, gate/up);
 // b/db: [out] or undefined. A frozen weight (--freeze) has frozen = true and dw undefined, a
@@ -44,8 +56,10 @@ struct Linear {
   Tensor w, dw, b, db;
   std::shared_ptr<LinearAdapter> adapter;  // empty: no adapter
   bool frozen = false;  // the weight is frozen: dw is undefined
+  std::shared_ptr<const QuantizedBase> quantized;  // QLoRA: the base weight (w undefined, frozen)
 
   bool has_bias() const { return b.defined(); }
+  std::int64_t out_features() const { return quantized ? quantized->out_features() : w.dim(0); }
   // y = x·wᵀ (+ b when with_bias; a fused kernel may add the bias itself, e.g. OPT's bias+ReLU).
   void forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bias = true) const;
   // dx = dy·w (assigned, or added when accumulate_dx; dx may be null), dw += dyᵀ·x,

@@ -249,10 +249,15 @@ class LlamaModel final : public Model {
     swiglu_forward(a.act, a.gu, ctx);
     w.down.forward(out, a.act, ctx);
     // Recomputed in backward by the fused SwiGLU/down_proj kernel; kept when down_proj carries a
-    // LoRA adapter, whose gradients need it (that layer's MLP backward then runs unfused).
-    if (fused && !w.down.adapter) a.act = Tensor();
+    // LoRA adapter, whose gradients need it, or an NF4 base the kernel cannot read (that layer's
+    // MLP backward then runs unfused).
+    if (fused && fused_mlp_backward(w)) a.act = Tensor();
     add_(out, a.h, ctx);
   }
+
+  // Whether --fused-kernels' SwiGLU/down_proj backward kernel can serve this layer: a dense
+  // down_proj without an adapter.
+  static bool fused_mlp_backward(const Layer& w) { return !w.down.adapter && !w.down.quantized; }
 
   // dx holds the gradient of the layer's output on entry and of its input on return.
   void layer_backward(std::int64_t l, Tensor& dx, Acts& a, const Batch& b, ExecContext& ctx) {
@@ -261,14 +266,15 @@ class LlamaModel final : public Model {
     const bool fused = opt_.fused_kernels;
     // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
     Tensor dgu;
-    if (fused && !w.down.adapter) {
+    if (fused && fused_mlp_backward(w)) {
       // dact, the recomputed activation and dW_down in one kernel (no dW_down when frozen: the
       // gradient is undefined); dgu is written over gu.
       swiglu_down_backward_recompute(a.gu, w.down.dw, dx, a.gu, w.down.w, ctx);
       dgu = a.gu;
     } else {
       // Unfused; also under --fused-kernels when down_proj has a LoRA adapter (the kernel has no
-      // adapter term: the adapter's input gradient and its A/B gradients need the activation).
+      // adapter term: the adapter's input gradient and its A/B gradients need the activation) or
+      // an NF4 base (QLoRA: the kernel reads a dense weight).
       Tensor dact = act_.act({T, I_}, "mlp activation gradient");
       w.down.backward(&dact, dx, a.act, ctx);
       a.act = Tensor();
