@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/gguf_model.h"
 #include "model/init.h"
 #include "train/data.h"
 
@@ -23,6 +24,7 @@ nlohmann::json GenerationResult::to_json() const {
 
 std::vector<std::int32_t> model_eos_token_ids(const std::string& model_dir) {
   namespace fs = std::filesystem;
+  if (is_gguf_path(model_dir)) return gguf_eos_token_ids(model_dir);
   for (const char* name : {"generation_config.json", "config.json"}) {
     const fs::path p = fs::path(model_dir) / name;
     std::ifstream f(p);

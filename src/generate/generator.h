@@ -44,7 +44,8 @@ struct GenerationResult {
 };
 
 // The EOS ids of a model directory: generation_config.json's "eos_token_id" (an id or a list),
-// else config.json's; empty when neither has one (or for a preset name).
+// else config.json's; a GGUF file's tokenizer.ggml.eos_token_id; empty when there is none (or
+// for a preset name).
 std::vector<std::int32_t> model_eos_token_ids(const std::string& model_dir);
 
 class TextGenerator {
