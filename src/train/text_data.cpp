@@ -374,6 +374,8 @@ class TextData final : public DataSource {
     ++micro_;
   }
   std::string describe() const override { return what_; }
+  // Known, so evaluation can read "the whole set" of a text:/jsonl: validation source.
+  std::int64_t num_samples() const override { return n_samples_; }
 
  private:
   std::int64_t sample_at(std::int64_t g) {
