@@ -73,7 +73,8 @@ class TextGenerator {
 
   // Validation loss and perplexity of the model on `data_spec` (the forms of train --data):
   // micro-batches of micro_batch samples of seq_len + 1 tokens, `batches` of them (0: the whole
-  // set), as train --val-data computes it (train/evaluate.h).
+  // set), as train --val-data computes it (train/evaluate.h). Text specs are encoded with the
+  // model's tokenizer (its directory's tokenizer.json or the GGUF's metadata).
   EvalRecord validation_loss(const std::string& data_spec, std::int64_t seq_len, std::int64_t micro_batch,
                              std::int64_t batches);
 
@@ -87,6 +88,7 @@ class TextGenerator {
 
  private:
   void check_ids(const std::vector<std::int32_t>& ids, const char* what) const;
+  std::string model_path_;  // --model: its tokenizer encodes text:/jsonl: validation data
   ModelConfig config_;
   ParamLayout layout_;
   std::unique_ptr<DeviceAllocator> alloc_;
