@@ -113,6 +113,7 @@ def main():
     print(json.dumps({
         "side": "hf-trainer" + ("+peft" if a.lora_rank else ""),
         "torch": torch.__version__, "transformers": transformers.__version__,
+        "peft": __import__("peft").__version__ if a.lora_rank else None,
         "threads": torch.get_num_threads(), "trainable_params": trainable,
         "step_times_s": clock.times, "step_time_s": step, "tokens_per_s": tokens_per_step / step,
         "losses": losses, "load_s": t_train - t_start, "train_s": t_end - t_train,
