@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/gguf_model.h"
 #include "model/safetensors.h"
 #include "scalelab/version.h"
 
@@ -51,6 +52,7 @@ std::string checkpoint_dir_name(const std::string& root, std::int64_t step) {
 std::vector<std::string> copy_model_side_files(const std::string& from, const std::string& to) {
   std::vector<std::string> copied;
   std::error_code ec;
+  if (is_gguf_path(from)) return write_gguf_side_files(from, to);  // the tokenizer lives in the GGUF's metadata
   if (from.empty() || !fs::is_directory(from, ec)) return copied;
   for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path src = fs::path(from) / name, dst = fs::path(to) / name;

@@ -224,6 +224,24 @@ TEST(TextData, SkipEqualsReadingAndDropping) {
   }
 }
 
+// A text source knows its size (packed and padded), so `--val-data text:...` can be evaluated
+// whole (--eval-batches 0), as a token file can.
+TEST(TextData, SourcesKnowTheirNumberOfSamples) {
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "paragraph " + std::to_string(i) + " of a held-out text, with a few words\n\n";
+  TmpText f(text);
+  const std::string tokf = (kGolden / "gpt2_style/tokenizer.json").string();
+  for (const std::string opts : {"", ",pad", ",split=val,val-fraction=0.5"}) {
+    DataOptions d{"text:" + f.path + opts, 8, 2, 1200, 1, 0, 1};
+    auto src = make_data_source(d, TextSourceOptions{tokf, "", "--val-data"});
+    const std::string what = src->describe();
+    const auto at = what.find(" tokens, ");
+    ASSERT_NE(at, std::string::npos) << what;
+    EXPECT_EQ(src->num_samples(), std::stoll(what.substr(at + 9))) << what;
+    EXPECT_GT(src->num_samples(), 0) << what;
+  }
+}
+
 void expect_invalid(const std::function<void()>& f, const std::string& needle) {
   try {
     f();

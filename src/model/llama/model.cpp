@@ -251,13 +251,13 @@ class LlamaModel final : public Model {
     // Recomputed in backward by the fused SwiGLU/down_proj kernel; kept when down_proj carries a
     // LoRA adapter, whose gradients need it, or an NF4 base the kernel cannot read (that layer's
     // MLP backward then runs unfused).
-    if (fused && fused_mlp_backward(w)) a.act = Tensor();
+    if (fused && fused_mlp_backward(w.down)) a.act = Tensor();
     add_(out, a.h, ctx);
   }
 
   // Whether --fused-kernels' SwiGLU/down_proj backward kernel can serve this layer: a dense
   // down_proj without an adapter.
-  static bool fused_mlp_backward(const Layer& w) { return !w.down.adapter && !w.down.quantized; }
+  static bool fused_mlp_backward(const Linear& down) { return !down.adapter && !down.quantized; }
 
   // dx holds the gradient of the layer's output on entry and of its input on return.
   void layer_backward(std::int64_t l, Tensor& dx, Acts& a, const Batch& b, ExecContext& ctx) {
@@ -266,7 +266,7 @@ class LlamaModel final : public Model {
     const bool fused = opt_.fused_kernels;
     // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
     Tensor dgu;
-    if (fused && fused_mlp_backward(w)) {
+    if (fused && fused_mlp_backward(w.down)) {
       // dact, the recomputed activation and dW_down in one kernel (no dW_down when frozen: the
       // gradient is undefined); dgu is written over gu.
       swiglu_down_backward_recompute(a.gu, w.down.dw, dx, a.gu, w.down.w, ctx);
