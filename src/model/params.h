@@ -55,6 +55,16 @@ struct LoraConfig {
   std::vector<std::string> resolved_targets() const;
 };
 
+// Quantization-aware training (--qat 8da4w, --qat-group-size G), as torchao's
+// Int8DynActInt4WeightQATQuantizer: every linear module of the decoder layers computes
+// y = fq8(x)·fq4(W)ᵀ (+ b) with int8 dynamic per-token activations and int4 grouped symmetric
+// weights (model/decoder/qat.h, kernels/qat.h); the LM head, embeddings and norms stay as they are.
+struct QatConfig {
+  std::string scheme;            // "" (off) or "8da4w"
+  std::int64_t group_size = 256;  // torchao's default groupsize
+  bool enabled() const { return !scheme.empty(); }
+};
+
 // What a parameter is, which sets its flags: linear weights and embeddings decay, norm weights
 // and biases do not (as the HF Trainer); norms initialize to 1 (weight) or 0 (bias), biases to 0.
 // kAdapter: a LoRA matrix (decays like a linear weight, not counted in matmul_numel()).
@@ -85,6 +95,14 @@ class ParamLayout {
   void add_lora(const LoraConfig& lora);
   // The LoRA settings (rank 0: none).
   const LoraConfig& lora() const { return lora_; }
+
+  // QAT (--qat): which linear modules fake-quantize is the layout's to say, so bind_linear finds it
+  // beside LoRA. set_qat checks that the group size divides the input features of every linear
+  // weight of the decoder layers (InvalidInput naming --qat-group-size and the first that it
+  // does not divide). qat_applies: whether the Linear over `weight` fake-quantizes.
+  void set_qat(const QatConfig& qat);
+  const QatConfig& qat() const { return qat_; }
+  bool qat_applies(const std::string& weight) const;
 
   // Appends a parameter at the end of the buffer (families' build_layout). A kLinear weight
   // counts into matmul_numel().
@@ -121,6 +139,7 @@ class ParamLayout {
   std::int64_t trainable_ = 0;
   std::int64_t matmul_numel_ = 0;
   LoraConfig lora_;
+  QatConfig qat_;
   // Lays the buffer out again: trainable parameters first, then frozen ones, each in order.
   void relayout();
 };

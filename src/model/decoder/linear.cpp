@@ -6,18 +6,28 @@
 #include "core/error.h"
 #include "kernels/matmul.h"
 #include "model/decoder/lora.h"
+#include "model/decoder/qat.h"
 
 namespace scalelab {
 
 void Linear::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bias) const {
-  kernels::linear_forward(y, x, w, with_bias && b.defined() ? &b : nullptr, ctx);
+  const Tensor* bias = with_bias && b.defined() ? &b : nullptr;
+  if (quant) {
+    quant->forward(y, x, w, bias, ctx);
+  } else {
+    kernels::linear_forward(y, x, w, bias, ctx);
+  }
   if (adapter) adapter->forward(y, x, ctx);
 }
 
 void Linear::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool accumulate_dx,
                       bool with_bias) {
   Tensor* dbias = with_bias && db.defined() ? &db : nullptr;
-  kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
+  if (quant) {
+    quant->backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);
+  } else {
+    kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
+  }
   if (adapter) adapter->backward(dx, dy, x, ctx);
 }
 
@@ -88,6 +98,7 @@ Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor
     if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0);
   }
   l.adapter = bind_lora(layout, params, grads, weights);  // LoRA (--lora-rank), else none
+  l.quant = bind_qat(layout, weights);                    // QAT (--qat), else none
   return l;
 }
 
