@@ -52,6 +52,12 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_flag("--rslora", o.rslora, "Rank-stabilized LoRA: scale alpha/sqrt(r) instead of alpha/r");
   app->add_option("--adapter", o.adapter,
                   "Start LoRA from this PEFT adapter directory (adapter_model.safetensors) instead of peft's init");
+  app->add_option("--qat", o.qat,
+                  "Quantization-aware training: 8da4w = int8 dynamic per-token activations and int4 grouped "
+                  "weights fake-quantized in every decoder linear module (torchao's Int8DynActInt4WeightQATQuantizer; "
+                  "then scalelab quantize DIR --to int4)");
+  app->add_option("--qat-group-size", o.qat_group_size, "QAT: input columns per int4 weight scale (must divide them)")
+      ->capture_default_str();
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
   app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
   app->add_flag("--allow-tf32", o.allow_tf32,

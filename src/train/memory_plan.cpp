@@ -198,7 +198,11 @@ bool fits_capacity(const PlanInput& in, std::size_t capacity) {
 
 }  // namespace
 
-ParamLayout build_layout(const PlanInput& in) { return ParamLayout::build(in.config, in.freeze, in.lora); }
+ParamLayout build_layout(const PlanInput& in) {
+  ParamLayout layout = ParamLayout::build(in.config, in.freeze, in.lora);
+  layout.set_qat(in.qat);  // InvalidInput: a group size that does not divide a module's input features
+  return layout;
+}
 
 std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t trainable_params) {
   if (in.zero_stage != 1 || in.world_size <= 1) return trainable_params;

@@ -89,7 +89,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"lora_dropout", lora_dropout},
           {"lora_targets", lora_targets},
           {"rslora", rslora},
-          {"adapter", adapter}};
+          {"adapter", adapter},
+          {"qat", qat},
+          {"qat_group_size", qat_group_size}};
 }
 
 LoraConfig TrainOptions::lora_config() const {
@@ -247,6 +249,18 @@ void validate_train_options(const TrainOptions& o) {
                        "(see docs/finetuning.md)");
   }
 
+  if (!o.qat.empty() && o.qat != "8da4w") {
+    throw InvalidInput("[--qat] unknown scheme '" + o.qat + "' — the one implemented is 8da4w (int8 dynamic per-token "
+                       "activations, int4 grouped weights, as torchao's Int8DynActInt4WeightQATQuantizer)");
+  }
+  if (o.qat_group_size <= 1) {
+    throw InvalidInput("[--qat-group-size] must be > 1, got " + std::to_string(o.qat_group_size));
+  }
+  if (!o.qat.empty() && o.lora_rank > 0) {
+    throw InvalidInput("[--qat] QAT with LoRA is not implemented — train the full model with --qat, or LoRA without "
+                       "it");
+  }
+
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
   // cpu, cuda or meta (the memory plan's device; train refuses it: parse_train_device).
@@ -320,6 +334,12 @@ PlanInput make_plan_input(const TrainOptions& o) {
   if (in.lora.enabled() && o.fused_kernels) {
     throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward compute the "
                        "frozen base's weight gradients inside the kernel and have no LoRA form yet — run LoRA without "
+                       "--fused-kernels");
+  }
+  in.qat = o.qat_config();
+  if (in.qat.enabled() && o.fused_kernels) {
+    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward read the "
+                       "weights inside the kernel and have no fake-quantized form yet — run --qat without "
                        "--fused-kernels");
   }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU

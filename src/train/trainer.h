@@ -85,6 +85,10 @@ struct TrainOptions {
   bool rslora = false;
   std::string adapter;
   LoraConfig lora_config() const;
+  // QAT (docs/finetuning.md): --qat 8da4w (empty: off), --qat-group-size G (torchao's 256).
+  std::string qat;
+  std::int64_t qat_group_size = 256;
+  QatConfig qat_config() const { return QatConfig{qat, qat_group_size}; }
 
   nlohmann::json to_json() const;
 };
