@@ -44,7 +44,8 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
       ->capture_default_str();
   app->add_option("--lora-alpha", o.lora_alpha, "LoRA scaling numerator: the update is (alpha/r)·B·A")
       ->capture_default_str();
-  app->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout on the adapter input (only 0 is implemented yet)")
+  app->add_option("--lora-dropout", o.lora_dropout,
+                  "LoRA dropout probability in [0, 1) on the adapter input while training (peft's lora_dropout)")
       ->capture_default_str();
   app->add_option("--lora-targets", o.lora_targets,
                   "Comma-separated module names to adapt, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"

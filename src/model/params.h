@@ -46,7 +46,7 @@ struct ParamInfo {
 struct LoraConfig {
   std::int64_t rank = 0;  // 0: no LoRA
   double alpha = 8.0;     // peft's default lora_alpha
-  double dropout = 0.0;   // lora_dropout (only 0 is implemented: see docs/finetuning.md)
+  double dropout = 0.0;   // lora_dropout: on the adapter input while training (model/decoder/lora.h)
   std::vector<std::string> targets;  // module names (suffixes of the module path); empty: q_proj, v_proj
   bool rslora = false;
   bool enabled() const { return rank > 0; }

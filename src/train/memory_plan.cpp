@@ -115,6 +115,7 @@ std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<
     ctx.options.planned_device = in.device;
     for (int step = 0; step < 2; ++step) {
       model->set_step(step);
+      ctx.train_step = step;  // LoRA dropout allocates what it does in training
       model->forward_backward(batch, 1.0f, ctx);
     }
   }

@@ -244,10 +244,6 @@ void validate_train_options(const TrainOptions& o) {
     throw InvalidInput("[--lora-targets/--rslora/--lora-dropout/--adapter] are LoRA settings — add --lora-rank R");
   }
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
-  if (o.lora_dropout > 0) {
-    throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
-                       "(see docs/finetuning.md)");
-  }
 
   if (!o.qat.empty() && o.qat != "8da4w") {
     throw InvalidInput("[--qat] unknown scheme '" + o.qat + "' — the one implemented is 8da4w (int8 dynamic per-token "
@@ -704,11 +700,14 @@ StepRecord TrainSession::step(std::int64_t step) {
       batch_->upload();
     }
     model_->set_step(step * o.grad_accum_steps + micro);
+    ctx.train_step = step * o.grad_accum_steps + micro;  // LoRA dropout's masks (ExecContext)
+    ctx.train_seed = o.seed;
     // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
     // data-parallel, by the ranks: the reduction over ranks then only sums.
     loss += model_->forward_backward(
         batch_->device,
         static_cast<float>(loss_scale_ / (static_cast<double>(o.grad_accum_steps) * (dp_ ? world_ : 1))), ctx);
+    ctx.train_step = -1;  // evaluation and anything else: no dropout
   }
   loss /= static_cast<double>(o.grad_accum_steps);
   const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);

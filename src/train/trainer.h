@@ -75,8 +75,8 @@ struct TrainOptions {
   // --freeze REGEX: parameters whose Hugging Face name matches (std::regex ECMAScript,
   // regex_search) are frozen: no gradient, no optimizer state (ParamLayout::freeze). Empty: none.
   std::string freeze;
-  // LoRA (docs/finetuning.md): --lora-rank R (0: off), --lora-alpha, --lora-dropout (only 0 for
-  // now), --lora-targets "q_proj,v_proj" (empty: peft's default q_proj,v_proj), --rslora;
+  // LoRA (docs/finetuning.md): --lora-rank R (0: off), --lora-alpha, --lora-dropout P (in [0, 1)),
+  // --lora-targets "q_proj,v_proj" (empty: peft's default q_proj,v_proj), --rslora;
   // --adapter DIR: start from a PEFT adapter (adapter_model.safetensors) instead of peft's init.
   std::int64_t lora_rank = 0;
   double lora_alpha = 8.0;
