@@ -58,6 +58,37 @@ std::vector<std::string> LoraConfig::resolved_targets() const {
   return targets.empty() ? std::vector<std::string>{"q_proj", "v_proj"} : targets;
 }
 
+bool ParamLayout::qat_applies(const std::string& weight) const {
+  if (!qat_.enabled()) return false;
+  const ParamInfo* p = find(weight);
+  return p != nullptr && !p->is_adapter && !p->is_embedding && p->shape.rank() == 2 &&
+         weight.find(".layers.") != std::string::npos;
+}
+
+void ParamLayout::set_qat(const QatConfig& qat) {
+  if (qat.enabled()) {
+    if (qat.scheme != "8da4w") {
+      throw InvalidInput("[--qat] unknown scheme '" + qat.scheme + "' — the one implemented is 8da4w (int8 dynamic "
+                         "per-token activations, int4 grouped weights)");
+    }
+    if (qat.group_size <= 1) {
+      throw InvalidInput("[--qat-group-size] must be > 1, got " + std::to_string(qat.group_size));
+    }
+  }
+  qat_ = qat;
+  for (const ParamInfo& p : params_) {
+    if (!qat_applies(p.name)) continue;
+    const std::int64_t in = p.shape[1];
+    if (in % qat.group_size != 0) {
+      qat_ = QatConfig{};
+      throw InvalidInput("[--qat-group-size] " + std::to_string(qat.group_size) + " does not divide the " +
+                         std::to_string(in) + " input features of " + p.name + " " + p.shape.str() +
+                         " — use a group size that divides every linear module's input features (e.g. 32 or a "
+                         "common divisor of the hidden and intermediate sizes)");
+    }
+  }
+}
+
 void ParamLayout::add_lora(const LoraConfig& lora) {
   SCALELAB_CHECK(lora.enabled(), "[params] add_lora without a rank");
   const std::vector<std::string> targets = lora.resolved_targets();

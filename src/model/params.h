@@ -48,7 +48,7 @@ struct ParamInfo {
 struct LoraConfig {
   std::int64_t rank = 0;  // 0: no LoRA
   double alpha = 8.0;     // peft's default lora_alpha
-  double dropout = 0.0;   // lora_dropout (only 0 is implemented: see docs/finetuning.md)
+  double dropout = 0.0;   // lora_dropout: on the adapter input while training (model/decoder/lora.h)
   std::vector<std::string> targets;  // module names (suffixes of the module path); empty: q_proj, v_proj
   bool rslora = false;
   // QLoRA (--quantize-base): "" (none), "nf4" (torchao's to_nf4) or "nf4-bnb" (bitsandbytes'):
@@ -58,6 +58,16 @@ struct LoraConfig {
   double scale() const;
   // peft's defaults when no --lora-targets is given (its Llama/OPT/Qwen2 mapping).
   std::vector<std::string> resolved_targets() const;
+};
+
+// Quantization-aware training (--qat 8da4w, --qat-group-size G), as torchao's
+// Int8DynActInt4WeightQATQuantizer: every linear module of the decoder layers computes
+// y = fq8(x)·fq4(W)ᵀ (+ b) with int8 dynamic per-token activations and int4 grouped symmetric
+// weights (model/decoder/qat.h, kernels/qat.h); the LM head, embeddings and norms stay as they are.
+struct QatConfig {
+  std::string scheme;            // "" (off) or "8da4w"
+  std::int64_t group_size = 256;  // torchao's default groupsize
+  bool enabled() const { return !scheme.empty(); }
 };
 
 // What a parameter is, which sets its flags: linear weights and embeddings decay, norm weights
@@ -104,6 +114,13 @@ class ParamLayout {
   std::int64_t dense_numel() const { return dense_; }
   void attach_nf4(std::shared_ptr<const Nf4Store> store) { nf4_ = std::move(store); }
   const Nf4Store* nf4() const { return nf4_.get(); }
+  // QAT (--qat): which linear modules fake-quantize is the layout's to say, so bind_linear finds it
+  // beside LoRA. set_qat checks that the group size divides the input features of every linear
+  // weight of the decoder layers (InvalidInput naming --qat-group-size and the first that it
+  // does not divide). qat_applies: whether the Linear over `weight` fake-quantizes.
+  void set_qat(const QatConfig& qat);
+  const QatConfig& qat() const { return qat_; }
+  bool qat_applies(const std::string& weight) const;
 
   // Appends a parameter at the end of the buffer (families' build_layout). A kLinear weight
   // counts into matmul_numel().
@@ -142,6 +159,7 @@ class ParamLayout {
   std::int64_t dense_ = 0;  // total_ less the quantized parameters
   LoraConfig lora_;
   std::shared_ptr<const Nf4Store> nf4_;
+  QatConfig qat_;
   // Lays the buffer out again: trainable parameters first, then frozen ones, each in order.
   void relayout();
 };

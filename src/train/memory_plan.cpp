@@ -121,6 +121,7 @@ std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<
     ctx.options.planned_device = in.device;
     for (int step = 0; step < 2; ++step) {
       model->set_step(step);
+      ctx.train_step = step;  // LoRA dropout allocates what it does in training
       model->forward_backward(batch, 1.0f, ctx);
     }
   }
@@ -207,7 +208,11 @@ bool fits_capacity(const PlanInput& in, std::size_t capacity) {
 
 }  // namespace
 
-ParamLayout build_layout(const PlanInput& in) { return ParamLayout::build(in.config, in.freeze, in.lora); }
+ParamLayout build_layout(const PlanInput& in) {
+  ParamLayout layout = ParamLayout::build(in.config, in.freeze, in.lora);
+  layout.set_qat(in.qat);  // InvalidInput: a group size that does not divide a module's input features
+  return layout;
+}
 
 std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t trainable_params) {
   if (in.zero_stage != 1 || in.world_size <= 1) return trainable_params;

@@ -40,6 +40,9 @@ struct PlanInput {
   std::string freeze;
   // LoRA: adapters added to the layout, the base frozen (ParamLayout::add_lora).
   LoraConfig lora;
+  // QAT (--qat): the decoder layers' linear modules fake-quantize (ParamLayout::set_qat); what
+  // they allocate (model/decoder/qat.h) is measured like any other allocation.
+  QatConfig qat;
   // The device the plan is for (--device): the meta run mirrors its kernels' size choices where
   // they differ from the CPU's (the fused loss's chunk, kernels/fused.h).
   DeviceType device = DeviceType::kCPU;

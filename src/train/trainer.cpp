@@ -93,7 +93,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"lora_targets", lora_targets},
           {"rslora", rslora},
           {"adapter", adapter},
-          {"quantize_base", quantize_base}};
+          {"quantize_base", quantize_base},
+          {"qat", qat},
+          {"qat_group_size", qat_group_size}};
 }
 
 LoraConfig TrainOptions::lora_config() const {
@@ -259,9 +261,17 @@ void validate_train_options(const TrainOptions& o) {
     }
   }
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
-  if (o.lora_dropout > 0) {
-    throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
-                       "(see docs/finetuning.md)");
+
+  if (!o.qat.empty() && o.qat != "8da4w") {
+    throw InvalidInput("[--qat] unknown scheme '" + o.qat + "' — the one implemented is 8da4w (int8 dynamic per-token "
+                       "activations, int4 grouped weights, as torchao's Int8DynActInt4WeightQATQuantizer)");
+  }
+  if (o.qat_group_size <= 1) {
+    throw InvalidInput("[--qat-group-size] must be > 1, got " + std::to_string(o.qat_group_size));
+  }
+  if (!o.qat.empty() && o.lora_rank > 0) {
+    throw InvalidInput("[--qat] QAT with LoRA is not implemented — train the full model with --qat, or LoRA without "
+                       "it");
   }
 
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
@@ -338,6 +348,12 @@ PlanInput make_plan_input(const TrainOptions& o) {
     parse_quantize_base(in.lora.quantize_base);
     throw InvalidInput("[--quantize-base] QLoRA quantizes the frozen base under LoRA adapters — add --lora-rank R "
                        "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
+  }
+  in.qat = o.qat_config();
+  if (in.qat.enabled() && o.fused_kernels) {
+    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward read the "
+                       "weights inside the kernel and have no fake-quantized form yet — run --qat without "
+                       "--fused-kernels");
   }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
@@ -748,11 +764,14 @@ StepRecord TrainSession::step(std::int64_t step) {
       batch_->upload();
     }
     model_->set_step(step * o.grad_accum_steps + micro);
+    ctx.train_step = step * o.grad_accum_steps + micro;  // LoRA dropout's masks (ExecContext)
+    ctx.train_seed = o.seed;
     // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
     // data-parallel, by the ranks: the reduction over ranks then only sums.
     loss += model_->forward_backward(
         batch_->device,
         static_cast<float>(loss_scale_ / (static_cast<double>(o.grad_accum_steps) * (dp_ ? world_ : 1))), ctx);
+    ctx.train_step = -1;  // evaluation and anything else: no dropout
   }
   loss /= static_cast<double>(o.grad_accum_steps);
   const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);

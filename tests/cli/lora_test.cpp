@@ -377,7 +377,7 @@ TEST(LoraCli, BadInputExitsTwoNamingTheFlag) {
   r = run(base + " --lora-targets q_proj");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("add --lora-rank"), std::string::npos) << r.output;
-  r = run(base + " --lora-rank 4 --lora-dropout 0.1");
+  r = run(base + " --lora-rank 4 --lora-dropout 1.5");  // P must be in [0, 1)
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("[--lora-dropout]"), std::string::npos) << r.output;
   // An adapter of another rank / targets.

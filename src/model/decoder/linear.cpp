@@ -7,6 +7,7 @@
 #include "kernels/matmul.h"
 #include "model/decoder/lora.h"
 #include "model/decoder/nf4_linear.h"
+#include "model/decoder/qat.h"
 
 namespace scalelab {
 
@@ -14,6 +15,8 @@ void Linear::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bia
   const Tensor* bias = with_bias && b.defined() ? &b : nullptr;
   if (quantized) {
     quantized->forward(y, x, bias, ctx);
+  } else if (quant) {
+    quant->forward(y, x, w, bias, ctx);
   } else {
     kernels::linear_forward(y, x, w, bias, ctx);
   }
@@ -26,6 +29,8 @@ void Linear::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext
   if (quantized) {  // frozen: no weight or bias gradient
     SCALELAB_CHECK(dbias == nullptr || !dbias->defined(), "[model] a quantized base with a trained bias");
     if (dx != nullptr) quantized->backward_input(*dx, dy, ctx, accumulate_dx);
+  } else if (quant) {
+    quant->backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);
   } else {
     kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
   }
@@ -102,6 +107,7 @@ Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor
     if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0);
   }
   l.adapter = bind_lora(layout, params, grads, weights);  // LoRA (--lora-rank), else none
+  l.quant = bind_qat(layout, weights);                    // QAT (--qat), else none
   return l;
 }
 

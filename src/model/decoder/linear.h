@@ -47,6 +47,16 @@ class QuantizedBase {
   virtual void backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, bool accumulate) const = 0;
 };
 
+// Another form of the base product itself (QAT attaches here, model/decoder/qat.h): the Linear
+// calls it instead of kernels::linear_forward / linear_backward, with the same arguments.
+class LinearQuant {
+ public:
+  virtual ~LinearQuant() = default;
+  virtual void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, ExecContext& ctx) = 0;
+  virtual void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        ExecContext& ctx, bool accumulate_dx) = 0;
+};
+
 // y = x · wᵀ (+ b): kernels::linear_forward / linear_backward over views of the flat buffers.
 // w/dw: [out, in] (a fused projection is a contiguous run of the layout: q/k/v, gate/up);
 // b/db: [out] or undefined. A frozen weight (--freeze) has frozen = true and dw undefined, a
@@ -55,6 +65,7 @@ class QuantizedBase {
 struct Linear {
   Tensor w, dw, b, db;
   std::shared_ptr<LinearAdapter> adapter;  // empty: no adapter
+  std::shared_ptr<LinearQuant> quant;      // empty: the plain product (QAT: model/decoder/qat.h)
   bool frozen = false;  // the weight is frozen: dw is undefined
   std::shared_ptr<const QuantizedBase> quantized;  // QLoRA: the base weight (w undefined, frozen)
 
