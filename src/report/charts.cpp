@@ -1,5 +1,7 @@
 #include "report/charts.h"
 
+#include "report/chart_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,44 +11,13 @@
 namespace scalelab::report {
 namespace {
 
-std::string fmt(double v, int sig = 3) {
-  if (!std::isfinite(v)) return "—";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", sig, v);
-  return buf;
-}
-double d(const Json& v, double fallback = NAN) { return v.is_number() ? v.get<double>() : fallback; }
-
-// The frame column object of analysis.json by name, or null.
-const Json* column(const Json& a, const std::string& name) {
-  for (const auto& c : a["table"]["columns"])
-    if (c["name"] == name) return &c;
-  return nullptr;
-}
-
-Json base_spec(int width, int height) {
-  return {{"$schema", "https://vega.github.io/schema/vega/v5.json"},
-          {"width", width},
-          {"height", height},
-          {"padding", 8},
-          {"autosize", {{"type", "pad"}}},
-          {"config", {{"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}, {"labelLimit", 220}, {"labelOverlap", true}}},
-                      {"legend", {{"labelFontSize", 11}, {"titleFontSize", 11}}},
-                      {"text", {{"fontSize", 11}}}}}};
-}
-
-Json tooltip_signal(const std::vector<std::pair<std::string, std::string>>& fields) {
-  std::string s = "{";
-  for (std::size_t k = 0; k < fields.size(); ++k)
-    s += (k ? ", " : "") + std::string("'") + fields[k].first + "': " + fields[k].second;
-  return {{"signal", s + "}"}};
-}
-
-bool lower_better_name(const std::string& m) {
-  for (const char* k : {"loss", "time", "bytes", "gib", "memory"})
-    if (m.find(k) != std::string::npos) return true;
-  return false;
-}
+using util::base_spec;
+using util::column;
+using util::d;
+using util::link_rows;
+using util::fmt;
+using util::lower_better_name;
+using util::tooltip_signal;
 
 // The frame column of an association variable ("attn=flash" -> "attn").
 std::string column_of(const Json& a, const std::string& var) {
@@ -265,7 +236,11 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "xv"}}, {{"data", "line"}, {"field", "xv"}}})}}}},
                                {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "y"}}, {{"data", "line"}, {"field", "y"}}})}}}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param] + (logx && logok[param] ? ' (log2)' : '')"}}}},
+    // On the log2 axis the positions are log2(x); ticks at whole exponents, labelled 2^k as
+    // numbers (1, 2, 4, 8, ...), not as exponents.
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param] + (logx && logok[param] ? ' (log2 axis)' : '')"}}},
+                              {"tickMinStep", {{"signal", "logx && logok[param] ? 1 : 0"}}},
+                              {"encode", {{"labels", {{"update", {{"text", {{"signal", "logx && logok[param] ? format(pow(2, datum.value), '~r') : datum.label"}}}}}}}}}},
                              {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
     s["marks"] = Json::array({{{"type", "line"}, {"name", "fit"}, {"from", {{"data", "line"}}},
                                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
@@ -278,7 +253,14 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                {"encode", {{"update", {{"x", {{"value", 0}}}, {"y", {{"value", -8}}}, {"text", {{"field", "text"}}}, {"fontSize", {{"value", 11}}}, {"fill", {{"value", "#333"}}}}}}}}});
     std::string finding = "Best single predictor of " + target + ": " + f0["x"].get<std::string>() + " (r = " + fmt(d(f0["r"])) +
                           ", R² = " + fmt(d(f0["r2"])) + ", p = " + fmt(d(f0["p"])) + ").";
-    out.push_back({"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", kFitPoints}}});
+    // The runs brushed in the parallel coordinates: a ring around their points.
+    s["data"].push_back(util::highlight_dataset("point_hl", "point_rows"));
+    s["marks"].push_back({{"type", "symbol"}, {"name", "points_hl"}, {"from", {{"data", "point_hl"}}}, {"interactive", false},
+                          {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 150}}},
+                                                  {"fill", {{"value", "transparent"}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeWidth", {{"value", 2.5}}}}}}}});
+    Chart ch{"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", kFitPoints}}};
+    util::link_rows(ch, "point_rows");
+    out.push_back(std::move(ch));
   }
 }
 
@@ -458,7 +440,9 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
     for (const auto& p : pts) n += p[field].is_number();
     std::map<std::string, long> expect{{"points", n}};
     if (ideal) expect["ideal"] = 2;
-    out.push_back({id, "Scaling", title, finding, s, expect});
+    Chart ch{id, "Scaling", title, finding, s, expect};
+    util::link_rows(ch, "sc_rows");
+    out.push_back(std::move(ch));
   };
   const std::string eff_finding = below80 > 0 ? "Efficiency falls below 80 % from " + fmt(below80) + " devices on (dashed: 80 %)."
                                               : "Efficiency stays at or above 80 % up to " + fmt(max_ranks) + " devices (dashed: 80 %).";
@@ -471,10 +455,30 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
 
 // #1: telemetry small multiples (one panel per source.metric, a line per device) for a selected
 // trial, and the GPU imbalance bars.
+// The row of the data table whose parameters a trial ran with (repeats share a row), or "".
+std::string row_of_params(const Json& a, const Json& params) {
+  const auto& cols = a["table"]["columns"];
+  for (std::size_t i = 0; i < a["table"]["row_labels"].size(); ++i) {
+    bool same = true;
+    for (const auto& c : cols) {
+      const std::string role = c["role"].get<std::string>(), name = c["name"].get<std::string>();
+      if (role != "parameter" || !params.contains(name)) continue;
+      const Json& p = params[name];
+      const Json& v = c["values"][i];
+      if (v.is_null()) continue;
+      if (v.is_number()) same = p.is_number() && p.get<double>() == v.get<double>();
+      else same = (p.is_string() ? p.get<std::string>() : p.dump()) == v.get<std::string>();
+      if (!same) break;
+    }
+    if (same) return a["table"]["row_labels"][i].get<std::string>();
+  }
+  return "";
+}
+
 void telemetry_charts(const Json& a, std::vector<Chart>& out) {
   if (!a.contains("telemetry") || a["telemetry"]["trials"].empty()) return;
   const auto& trials = a["telemetry"]["trials"];
-  Json rows = Json::array(), options = Json::array(), labels = Json::array();
+  Json rows = Json::array(), options = Json::array(), labels = Json::array(), extent = Json::object(), trial_row = Json::object();
   long first = -1;
   long first_n = 0;
   std::set<std::string> keys;
@@ -482,44 +486,98 @@ void telemetry_charts(const Json& a, std::vector<Chart>& out) {
     const long label = t["trial_id"].get<long>();
     options.push_back(label);
     labels.push_back("trial " + std::to_string(label) + ": " + t["config"].get<std::string>());
+    const std::string row = row_of_params(a, t.value("params", Json::object()));
+    trial_row[std::to_string(label)] = row;
     long n = 0;
+    double t0 = INFINITY, t1 = -INFINITY;
     for (const auto& s : t["series"]) {
       const std::string key = s["source"].get<std::string>() + "." + s["metric"].get<std::string>();
       keys.insert(key);
       for (std::size_t i = 0; i < s["t"].size(); ++i) {
-        rows.push_back({{"trial", label}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
+        rows.push_back({{"trial", label}, {"row", row}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
+        t0 = std::min(t0, s["t"][i].get<double>());
+        t1 = std::max(t1, s["t"][i].get<double>());
         ++n;
       }
     }
+    extent[std::to_string(label)] = t1 >= t0 ? Json::array({t0, t1 > t0 ? t1 : t0 + 1}) : Json::array({0, 1});
     if (first < 0) { first = label; first_n = n; }
   }
   const int cols = 3, cw = 260, chh = 120;
   Json s = base_spec(cw, chh);
   s.erase("width");
   s.erase("height");
-  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"labels", labels}, {"name", "trial "}}}}});
-  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial == trial"}}})}}});
+  // Zoom: drag across a panel to zoom every panel to that time window (one shared time scale);
+  // double-click to see the whole run again. `tsel` is the drag in pixels of the panel, `tzoom`
+  // the zoomed window (null: all of it), reset when another trial is picked.
+  const std::string px = "clamp(x() - tsel.ox, 0, " + std::to_string(cw) + ")";
+  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"labels", labels}, {"name", "trial "}}}},
+                              {{"name", "textent"}, {"value", extent}},
+                              {{"name", "tsel"}, {"value", {{"down", false}, {"done", false}, {"ox", 0}, {"p0", 0}, {"p1", 0}}},
+                               {"on", Json::array({{{"events", "@tel_bg:mousedown"}, {"update", "{down: true, done: false, ox: x() - x(group()), p0: x(group()), p1: x(group())}"}},
+                                                   {{"events", "window:mousemove"}, {"update", "tsel.down ? {down: true, done: false, ox: tsel.ox, p0: tsel.p0, p1: " + px + "} : tsel"}},
+                                                   {{"events", "window:mouseup"}, {"update", "{down: false, done: tsel.down, ox: tsel.ox, p0: tsel.p0, p1: tsel.p1}"}}})}},
+                              {{"name", "tzoom"}, {"value", nullptr},
+                               {"on", Json::array({{{"events", {{"signal", "tsel"}}},
+                                                    {"update", "tsel.done && abs(tsel.p1 - tsel.p0) > 3 ? [tdom[0] + (tdom[1] - tdom[0]) * min(tsel.p0, tsel.p1) / " + std::to_string(cw) +
+                                                                   ", tdom[0] + (tdom[1] - tdom[0]) * max(tsel.p0, tsel.p1) / " + std::to_string(cw) + "] : tzoom"}},
+                                                   {{"events", "@tel_bg:dblclick"}, {"update", "null"}},
+                                                   {{"events", {{"signal", "trial"}}}, {"update", "null"}}})}},
+                              {{"name", "tdom"}, {"update", "tzoom || textent[trial + ''] || [0, 1]"}}});
+  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial == trial"}}})}},
+                           {{"name", "tel_view"}, {"source", "tel_rows"}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.t >= tdom[0] && datum.t <= tdom[1]"}}})}}});
   s["layout"] = {{"columns", cols}, {"padding", {{"row", 36}, {"column", 50}}}, {"bounds", "full"}};
-  s["scales"] = Json::array({{{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "tel_rows"}, {"field", "device"}}}, {"range", "category"}}});
+  s["scales"] = Json::array({{{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "tel_rows"}, {"field", "device"}}}, {"range", "category"}},
+                             {{"name", "tx"}, {"type", "linear"}, {"domain", {{"signal", "tdom"}}}, {"range", {0, cw}}, {"zero", false}}});
   s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device"}, {"orient", "top"}, {"direction", "horizontal"}}});
-  Json line = {{"type", "line"}, {"name", "tel_line"}, {"from", {{"data", "dev_facet"}}},
-               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"stroke", {{"scale", "color"}, {"field", "device"}}},
-                                       {"strokeWidth", {{"value", 1.5}}},
-                                       {"tooltip", tooltip_signal({{"device", "datum.device"}, {"t (s)", "format(datum.t, '.2f')"}, {"value", "format(datum.v, '.4~s')"}})}}}}}};
+  Json line = {{"type", "line"}, {"name", "tel_line"}, {"from", {{"data", "dev_facet"}}}, {"interactive", false},
+               {"encode", {{"update", {{"x", {{"scale", "tx"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"stroke", {{"scale", "color"}, {"field", "device"}}},
+                                       {"strokeWidth", {{"value", 1.5}}}}}}}};
+  // Invisible points under the lines carry the tooltips (a line's own tooltip is its first point's).
+  Json pts = {{"type", "symbol"}, {"name", "tel_points"}, {"from", {{"data", "cell"}}},
+              {"encode", {{"update", {{"x", {{"scale", "tx"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"size", {{"value", 40}}},
+                                      {"fill", {{"value", "#000"}}}, {"fillOpacity", {{"value", 0}}},
+                                      {"tooltip", tooltip_signal({{"series", "datum.key"}, {"device", "datum.device"}, {"t (s)", "format(datum.t, '.2f')"},
+                                                                  {"value", "format(datum.v, '.4~s')"}})}}}}}};
   Json by_device = {{"type", "group"}, {"from", {{"facet", {{"name", "dev_facet"}, {"data", "cell"}, {"groupby", "device"}}}}}, {"marks", Json::array({line})}};
-  Json cell = {{"type", "group"}, {"name", "panel"}, {"from", {{"facet", {{"name", "cell"}, {"data", "tel_rows"}, {"groupby", "key"}}}}},
+  Json bg = {{"type", "rect"}, {"name", "tel_bg"},
+             {"encode", {{"enter", {{"x", {{"value", 0}}}, {"y", {{"value", 0}}}, {"width", {{"value", cw}}}, {"height", {{"value", chh}}},
+                                    {"fill", {{"value", "#fff"}}}, {"cursor", {{"value", "crosshair"}}}}}}}};
+  Json drag = {{"type", "rect"}, {"name", "tel_drag"}, {"interactive", false},
+               {"encode", {{"update", {{"x", {{"signal", "tsel.down ? min(tsel.p0, tsel.p1) : 0"}}}, {"x2", {{"signal", "tsel.down ? max(tsel.p0, tsel.p1) : 0"}}},
+                                       {"y", {{"value", 0}}}, {"y2", {{"value", chh}}}, {"fill", {{"value", "#e67e22"}}}, {"fillOpacity", {{"signal", "tsel.down ? 0.2 : 0"}}}}}}}};
+  Json cell = {{"type", "group"}, {"name", "panel"}, {"from", {{"facet", {{"name", "cell"}, {"data", "tel_view"}, {"groupby", "key"}}}}},
                {"sort", {{"field", "key"}}},
                {"title", {{"text", {{"signal", "parent.key"}}}, {"fontSize", 11}, {"frame", "group"}}},
                {"encode", {{"update", {{"width", {{"value", cw}}}, {"height", {{"value", chh}}}, {"stroke", {{"value", "#ccc"}}}}}}},
-               {"scales", Json::array({{{"name", "x"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "t"}}}, {"range", {0, cw}}, {"zero", false}},
-                                       {{"name", "y"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "v"}}}, {"range", {chh, 0}}, {"zero", false}, {"nice", true}}})},
-               {"axes", Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "t (s)"}, {"tickCount", 5}},
+               {"scales", Json::array({{{"name", "y"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "v"}}}, {"range", {chh, 0}}, {"zero", false}, {"nice", true}}})},
+               {"axes", Json::array({{{"orient", "bottom"}, {"scale", "tx"}, {"title", {{"signal", "tzoom ? 't (s), zoomed: double-click to reset' : 't (s)'"}}}, {"tickCount", 5}},
                                      {{"orient", "left"}, {"scale", "y"}, {"format", "~s"}, {"tickCount", 4}}})},
-               {"marks", Json::array({by_device})}};
+               {"marks", Json::array({bg, by_device, pts, drag})}};
   s["marks"] = Json::array({cell});
-  std::string finding = std::to_string(trials.size()) + " trials with telemetry, " + std::to_string(keys.size()) + " source.metric series each: a panel per series, a line per device; pick the trial below.";
+  // The finding: the device that idles longest in the steady window, else the most unbalanced trial.
+  std::string finding;
+  double worst_idle = 0, worst_ratio = 0;
+  std::string idle_text, ratio_text;
+  for (const auto& t : trials) {
+    if (!t.contains("imbalance")) continue;
+    for (const auto& dv : t["imbalance"]["devices"])
+      if (d(dv["idle_fraction"], 0) > worst_idle) {
+        worst_idle = d(dv["idle_fraction"]);
+        idle_text = "GPU " + dv["device"].get<std::string>() + " of trial " + std::to_string(t["trial_id"].get<long>()) + " is idle " + fmt(100 * worst_idle, 3) +
+                    " % of the steady window";
+      }
+    const double r = d(t["imbalance"].value("max_over_median", Json()), 0);
+    if (r > worst_ratio) { worst_ratio = r; ratio_text = "trial " + std::to_string(t["trial_id"].get<long>()) + " has the largest max/median utilization (" + fmt(r, 3) + ")"; }
+  }
+  finding = !idle_text.empty() ? idle_text : (!ratio_text.empty() ? ratio_text : std::to_string(keys.size()) + " source.metric series per trial");
+  finding += "; " + std::to_string(trials.size()) + " trials: pick one below, drag across a panel to zoom, double-click to reset.";
   const auto& fl = a["telemetry"]["flagged"];
-  out.push_back({"telemetry", "Telemetry", "Telemetry per trial and device", finding, s, {{"tel_line", first_n}}});
+  Chart tel{"telemetry", "Telemetry", "Telemetry per trial and device", finding, s, {{"tel_line", first_n}, {"tel_points", first_n}}};
+  link_rows(tel, "tel_rows");
+  // The parameter filter moves the trial selector to a trial it keeps (report.cpp reads this).
+  tel.spec["usermeta"] = {{"trial_row", trial_row}};
+  out.push_back(std::move(tel));
 
   // Imbalance bars.
   Json bars = Json::array();
@@ -705,8 +763,14 @@ void pareto_chart(const Json& a, std::vector<Chart>& out) {
                                                      {"tooltip", tooltip_signal({{"run", "datum.row"}, {"configuration", "datum.config"}, {"x", "format(datum.x, '.4~s')"}, {"y", "format(datum.y, '.4g')"}})}}}}}}});
   std::string finding = std::to_string(p["on_front"].get<long>()) + " of " + std::to_string(p["rows"].size()) + " configurations are Pareto-optimal for " +
                         p["x"].get<std::string>() + " against " + p["y"].get<std::string>() + "; every other one is beaten on both by one of them.";
-  out.push_back({"pareto", "Trade-offs", "Pareto front: " + p["x"].get<std::string>() + " vs " + p["y"].get<std::string>(), finding, s,
-                 {{"points", static_cast<long>(p["rows"].size())}, {"front", static_cast<long>(front.size())}}});
+  s["data"].push_back(util::highlight_dataset("pa_hl", "pa_rows"));
+  s["marks"].push_back({{"type", "symbol"}, {"name", "points_hl"}, {"from", {{"data", "pa_hl"}}}, {"interactive", false},
+                        {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 160}}},
+                                                {"fill", {{"value", "transparent"}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeWidth", {{"value", 2.5}}}}}}}});
+  Chart ch{"pareto", "Trade-offs", "Pareto front: " + p["x"].get<std::string>() + " vs " + p["y"].get<std::string>(), finding, s,
+           {{"points", static_cast<long>(p["rows"].size())}, {"front", static_cast<long>(front.size())}}};
+  util::link_rows(ch, "pa_rows");
+  out.push_back(std::move(ch));
 }
 
 }  // namespace
@@ -790,7 +854,10 @@ void profile_charts(const Json& a, std::vector<Chart>& out) {
 std::vector<Chart> build_charts(const Json& a) {
   std::vector<Chart> out;
   baseline_charts(a, out);
+  util::parcoords_chart(a, out);
   scaling_charts(a, out);
+  util::scaling_facet_charts(a, out);
+  util::cost_energy_chart(a, out);
   telemetry_charts(a, out);
   profile_charts(a, out);
   agreement_charts(a, out);

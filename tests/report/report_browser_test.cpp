@@ -63,7 +63,9 @@ class ReportInBrowser : public ::testing::Test {
     const std::string flags = " --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --user-data-dir=" +
                               (dir_ / "profile").string() + " --virtual-time-budget=60000 --hide-scrollbars ";
     const std::string url = "file://" + fs::absolute(html).string();
-    const std::string dom = capture(chrome + flags + "--enable-logging=stderr --v=0 --dump-dom '" + url + "' 2>" + (dir_ / "console.txt").string());
+    // #selftest: after rendering, the page exercises its interactions (filter, brush, zoom,
+    // target selector, SVG/PNG export) and records what the charts drew (report.cpp).
+    const std::string dom = capture(chrome + flags + "--enable-logging=stderr --v=0 --dump-dom '" + url + "#selftest' 2>" + (dir_ / "console.txt").string());
     std::ifstream console(dir_ / "console.txt");
     std::stringstream cs;
     cs << console.rdbuf();
@@ -94,6 +96,8 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
   const std::string html = (dir_ / "report.html").string();
   auto r = cli_test::run("report --db " + db + " --sweep golden --target val_loss,tokens_per_s_per_device --cv 5 -o " + html);
   ASSERT_EQ(r.code, 0) << r.output;
+  // Kept beside the screenshot for a person to open.
+  fs::copy_file(html, std::string(SCALELAB_BINARY_DIR) + "/report-golden.html", fs::copy_options::overwrite_existing);
 
   // Self-contained: no external URL to fetch (the only http(s) strings allowed are the Vega
   // schema id, which is never fetched, and the library's own documentation links in comments).
@@ -184,6 +188,7 @@ TEST_F(ReportInBrowser, ScalingCardsRender) {
   const std::string html = (dir_ / "scaling.html").string();
   auto r = cli_test::run("report --db " + db + " --sweep scaling -o " + html);
   ASSERT_EQ(r.code, 0) << r.output;
+  fs::copy_file(html, std::string(SCALELAB_BINARY_DIR) + "/report-scaling.html", fs::copy_options::overwrite_existing);
   Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-scaling-screenshot.png");
   ASSERT_TRUE(status.is_object());
   EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
