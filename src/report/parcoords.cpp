@@ -3,6 +3,7 @@
 // interval are the selection, which the page (report.cpp) sends to the other charts (`hl`) and
 // the runs table. Double-click an axis to clear its brush.
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "report/chart_util.h"
@@ -82,7 +83,7 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
   }
   const int width = std::max(520, static_cast<int>(D - 1) * 105), height = 280;
   Json s = base_spec(width, height);
-  s["padding"] = {{"top", 40}, {"left", 60}, {"right", 90}, {"bottom", 8}};
+  s["padding"] = {{"top", 40}, {"left", 60}, {"right", 110}, {"bottom", 8}};
   s["autosize"] = "none";
   s["width"] = width;
   s["height"] = height;
@@ -105,7 +106,7 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
     active += (k ? " || " : "") + brush_on(k);
     sel += (k ? " && " : "") + std::string("(!") + brush_on(k) + " || inrange(scale('y_" + K + "', datum.d" + K + "), " + b + "))";
     const Dim& dm = dims[k];
-    std::string title = dm.name + (k >= n_params ? " (target)" : "") + (dm.log2 ? " (log2)" : "");
+    std::string title = dm.name + (dm.log2 ? " (log2)" : "");
     dims_data.push_back({{"k", k}, {"name", title}, {"target", k >= n_params}});
     Json sc{{"name", "y_" + K}, {"range", {height, 0}}};
     Json ax{{"orient", "left"}, {"scale", "y_" + K}, {"offset", {{"scale", "dim"}, {"value", k}, {"mult", -1}}}, {"zindex", 1},
@@ -129,7 +130,17 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
       sc["zero"] = false;
       sc["nice"] = true;
       sc["domain"] = {{"data", "pc_all"}, {"field", "d" + K}};
-      ax["format"] = "~s";
+      std::set<double> vals;
+      double big = 0;
+      for (const auto& v : (*dm.col)["values"])
+        if (v.is_number()) vals.insert(v.get<double>()), big = std::max(big, std::fabs(v.get<double>()));
+      // A parameter with a few values: a tick at each; SI prefixes only for large numbers (a
+      // learning rate of 0.0002 must not read "0.2m").
+      if (k < n_params && vals.size() <= 8) {
+        sc["nice"] = false;
+        ax["values"] = Json(std::vector<double>(vals.begin(), vals.end()));
+      }
+      ax["format"] = big >= 1e3 ? "~s" : "~g";
     }
     scales.push_back(sc);
     axes.push_back(ax);
@@ -191,7 +202,7 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
     finding += "; " + std::string(lower ? "lowest " : "highest ") + target + " " + fmt((*tc)["values"][best].get<double>(), 4) + " at " +
                a["table"]["row_labels"][best].get<std::string>() + (ps.empty() ? "" : " (" + ps + ")");
   }
-  finding += ". Drag along an axis to select runs; they are marked in the runs table and the scatter plots.";
+  finding += ". Bold: targets. Drag along an axis to select runs; they are marked in the runs table and the scatter plots.";
   Chart ch{"parcoords", "Runs at a glance", "Parallel coordinates of the runs (parameters, then targets)", finding, s,
            {{"runs", static_cast<long>(n)}, {"run_line", static_cast<long>(n * D)}}};
   link_rows(ch, "pc_long");

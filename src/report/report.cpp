@@ -75,7 +75,7 @@ th{background:#eef2f7;position:sticky;top:0} td.t,th.t{text-align:left}
 .vega-bindings{font-size:12px;margin:4px 0}
 #controls{position:sticky;top:0;z-index:5;background:#e8eef5;border-bottom:1px solid #c5d3e3;padding:6px 24px;font-size:13px}
 #controls label{margin-right:12px;white-space:nowrap} #controls select,#controls input{font-size:12px;margin-left:2px}
-#filter-info{color:#1f3a5f;font-weight:600;margin-right:16px} #target-select{white-space:nowrap}
+#filter-info{color:#1f3a5f;font-weight:600;margin:0 16px 0 10px} #target-select{white-space:nowrap}
 tr.hl td{background:#fde3cf}
 .aggnote{display:none;font-size:12px;color:#7f6000;background:#fff8dc;margin:0 0 6px;padding:2px 6px}
 body.filtered .card:not(.linked) .aggnote{display:block}
@@ -102,6 +102,18 @@ const char* kRenderScript = R"JS(
     if (!scene) return acc;
     if (scene.marktype === 'text' && scene.role === role) (scene.items || []).forEach(function(it){ acc.push(String(it.text)); });
     (scene.items || []).forEach(function(it){ (it.items || []).forEach(function(m){ texts(m, role, acc); }); });
+    return acc;
+  }
+  // The labels of the axes of this scale.
+  function axisLabels(scene, scale, acc){
+    if (!scene) return acc;
+    (scene.items || []).forEach(function(it){
+      if (scene.role === 'axis') {
+        if (it.datum && it.datum.scale === scale) (it.items || []).forEach(function(m){ texts(m, 'axis-label', acc); });
+        return;
+      }
+      (it.items || []).forEach(function(m){ axisLabels(m, scale, acc); });
+    });
     return acc;
   }
   function keyset(o){ return o ? Object.keys(o).sort().join('\u0001') : '-'; }
@@ -271,7 +283,7 @@ const char* kRenderScript = R"JS(
       return pc.signal(b, [pc.height() / 2, pc.height()]).runAsync().then(settled).then(function(){
         var pts = {};
         charts.forEach(function(c){ var n = marksOf(c.id, 'points_hl'); if (n) pts[c.id] = n; });
-        T.brush = {axis: k, selected: pc.data('pc_selected').length, hl: state.hl ? Object.keys(state.hl).length : 0,
+        T.brush = {axis: k, selected: pc.data('pc_selected').length, rows: state.hl ? Object.keys(state.hl) : [], hl: state.hl ? Object.keys(state.hl).length : 0,
                    table_hl: document.querySelectorAll('#runs tr.hl').length, points_hl: pts};
         return pc.signal(b, null).runAsync().then(settled);
       }).then(function(){ T.brush.cleared_hl = state.hl ? Object.keys(state.hl).length : 0; });
@@ -288,6 +300,18 @@ const char* kRenderScript = R"JS(
     });
     // Axis labels of the parallel coordinates (log2 axes read 1, 2, 4, ...).
     p = p.then(function(){ if (views['parcoords']) T.pc_axis_labels = texts(views['parcoords'].scenegraph().root, 'axis-label', []); });
+    // A scatter of a target against a powers-of-two parameter on its log2 axis: the x labels.
+    p = p.then(function(){
+      var c = charts.filter(function(c){ return /^fit-/.test(c.id); })[0], log2 = null;
+      if (!c) return;
+      A.table.columns.forEach(function(col){ if (col.log2_axis && !log2 && views[c.id].signal('logok')[col.name]) log2 = col.name; });
+      if (!log2) return;
+      var v = views[c.id], was = v.signal('param');
+      return v.signal('param', log2).signal('logx', true).runAsync().then(function(){
+        T.fit_log2 = {chart: c.id, param: log2, labels: axisLabels(v.scenegraph().root, 'x', []), points: marksOf(c.id, 'points')};
+        return v.signal('param', was).runAsync();
+      });
+    });
     // The target selector.
     p = p.then(function(){
       var sel = document.getElementById('target');

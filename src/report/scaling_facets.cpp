@@ -68,7 +68,7 @@ void scaling_facet_charts(const Json& a, std::vector<Chart>& out) {
       }
       const std::string m = model ? text_of((*model)["values"][i]) : "all models";
       const double n = r["ranks"].get<double>();
-      rows.push_back({{"row", r["row"]}, {"model", m}, {"x", xv}, {"ranks", n}, {"devices", fmt(n, 6) + " devices"},
+      rows.push_back({{"row", r["row"]}, {"model", m}, {"x", xv}, {"ranks", n}, {"devices", fmt(n, 6) + (n == 1 ? " device" : " devices")},
                       {"series", fmt(n, 6) + "|" + rest}, {"rest", rest.empty() ? "—" : rest}, {"speedup", r["speedup"]},
                       {"efficiency_pct", r["efficiency_pct"]}, {"ideal_speedup", n / base}, {"ideal_eff", 100.0}});
       xs.insert(xv.get<double>());
@@ -106,6 +106,7 @@ void scaling_facet_charts(const Json& a, std::vector<Chart>& out) {
     s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device count (dashed: ideal)"}, {"orient", "right"}}});
     Json xaxis = {{"orient", "bottom"}, {"scale", "x"}, {"title", xname + (log2 ? " (log2 axis)" : "")}};
     if (log2) xaxis.update({{"values", xs_json}, {"format", "~r"}});
+    else if (xs.size() <= 10) xaxis.update({{"values", xs_json}, {"format", "~g"}});
     Json facet_marks = Json::array();
     facet_marks.push_back({{"type", "rule"}, {"name", "sf_ideal_rule"}, {"from", {{"data", "ideal_cell"}}},
                            {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"value", cw}}}, {"y", {{"scale", "y"}, {"field", "v"}}},
@@ -141,11 +142,15 @@ void scaling_facet_charts(const Json& a, std::vector<Chart>& out) {
       if (e > best_e) best_e = e, best_x = r["x"].get<double>();
       if (e < worst_e) worst_e = e, worst_x = r["x"].get<double>();
     }
-    std::string finding = best_e < 0 ? "No efficiency at " + fmt(top, 6) + " devices."
-                                     : "At " + fmt(top, 6) + " devices the efficiency is highest (" + fmt(best_e, 3) + " %) at " + xname + " = " + fmt(best_x, 6) +
-                                           " and lowest (" + fmt(worst_e, 3) + " %) at " + xname + " = " + fmt(worst_x, 6) + "; dashed: ideal.";
+    std::string finding;
+    if (best_e < 0) finding = "No efficiency at " + fmt(top, 6) + " devices.";
+    else if (best_e - worst_e < 0.05)
+      finding = "At " + fmt(top, 6) + " devices the efficiency is " + fmt(best_e, 3) + " % whatever the " + ax.what + "; dashed: ideal.";
+    else
+      finding = "At " + fmt(top, 6) + " devices the efficiency is highest (" + fmt(best_e, 3) + " %) at " + xname + " = " + fmt(best_x, 6) + " and lowest (" +
+                fmt(worst_e, 3) + " %) at " + xname + " = " + fmt(worst_x, 6) + "; dashed: ideal.";
     Chart ch{std::string("scaling-vs-") + ax.id, "Scaling", std::string("Speedup and efficiency against the ") + ax.what + " (a line per device count, a panel per model)",
-             finding, s, {{"sf_points", n_speedup}, {"sf_ideal_rule", static_cast<long>(ideal_pairs.size())}}};
+             finding, s, {{"sf_points", n_speedup}, {"sf_ideal_rule", static_cast<long>(ideal_pairs.size())}, {"sf_facet", static_cast<long>(models.size())}}};
     link_rows(ch, "sf_rows");
     out.push_back(std::move(ch));
   }
@@ -204,7 +209,8 @@ void cost_energy_chart(const Json& a, std::vector<Chart>& out) {
     double best = INFINITY, at = NAN;
     for (const auto& r : rows)
       if (r["metric"] == m.key && r["v"].get<double>() < best) best = r["v"].get<double>(), at = r["ranks"].get<double>();
-    if (std::isfinite(best)) finding += (finding.empty() ? "Lowest " : "; lowest ") + std::string(m.title) + ": " + fmt(best, 4) + " at " + fmt(at, 6) + " devices";
+    if (std::isfinite(best))
+      finding += (finding.empty() ? "Lowest " : "; lowest ") + std::string(m.title) + ": " + fmt(best, 4) + " at " + fmt(at, 6) + (at == 1 ? " device" : " devices");
   }
   finding += ".";
   Chart ch{"scaling-cost-energy", "Scaling", "Cost and energy per token against the device count", finding, s, {{"ce_bars", per_metric[first]}}};
