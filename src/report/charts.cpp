@@ -419,7 +419,7 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
                                {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"fields", yfields}}}},
                                {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "sc_rows"}, {"field", "config"}}}, {"range", "category"}}});
     s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (ranks, log2 axis)"}}, {{"orient", "left"}, {"scale", "y"}, {"title", ytitle}}});
-    if (configs.size() > 1) s["legends"] = Json::array({{{"stroke", "color"}, {"title", "configuration"}, {"orient", "bottom"}, {"direction", "vertical"}}});
+    if (configs.size() > 1) s["legends"] = Json::array({{{"stroke", "color"}, {"title", "configuration"}, {"orient", "bottom"}, {"direction", "vertical"}, {"labelLimit", 480}}});
     Json marks = Json::array();
     if (ideal)
       marks.push_back({{"type", "line"}, {"name", "ideal"}, {"from", {{"data", "ideal_rows"}}},
@@ -494,7 +494,7 @@ void telemetry_charts(const Json& a, std::vector<Chart>& out) {
       const std::string key = s["source"].get<std::string>() + "." + s["metric"].get<std::string>();
       keys.insert(key);
       for (std::size_t i = 0; i < s["t"].size(); ++i) {
-        rows.push_back({{"trial", label}, {"row", row}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
+        rows.push_back({{"trial", label}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
         t0 = std::min(t0, s["t"][i].get<double>());
         t1 = std::max(t1, s["t"][i].get<double>());
         ++n;
@@ -574,9 +574,11 @@ void telemetry_charts(const Json& a, std::vector<Chart>& out) {
   finding += "; " + std::to_string(trials.size()) + " trials: pick one below, drag across a panel to zoom, double-click to reset.";
   const auto& fl = a["telemetry"]["flagged"];
   Chart tel{"telemetry", "Telemetry", "Telemetry per trial and device", finding, s, {{"tel_line", first_n}, {"tel_points", first_n}}};
-  link_rows(tel, "tel_rows");
-  // The parameter filter moves the trial selector to a trial it keeps (report.cpp reads this).
-  tel.spec["usermeta"] = {{"trial_row", trial_row}};
+  // The parameter filter: a trial's row through the trial -> row map (not a field per point); the
+  // page also moves the trial selector to a trial the filter keeps (report.cpp reads `trial_row`).
+  link_rows(tel, "");
+  tel.spec["signals"].push_back({{"name", "trial_row"}, {"value", trial_row}});
+  tel.spec["data"][0]["transform"].push_back({{"type", "filter"}, {"expr", "!keep || keep[trial_row[datum.trial + '']]"}});
   out.push_back(std::move(tel));
 
   // Imbalance bars.

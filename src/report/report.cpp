@@ -84,7 +84,7 @@ body.filtered .card:not(.linked) .aggnote{display:block}
 const char* kRenderScript = R"JS(
 (function(){
   var charts = JSON.parse(document.getElementById('charts-data').textContent);
-  charts.forEach(function(c){ c.trial_row = c.spec.usermeta && c.spec.usermeta.trial_row; });
+  charts.forEach(function(c){ (c.spec.signals || []).forEach(function(s){ if (s.name === 'trial_row') c.trial_row = s.value; }); });
   var A = JSON.parse(document.getElementById('analysis-data').textContent);
   var status = {charts: charts.length, rendered: 0, marks: {}, expected: {}, svg: {}, errors: window.__errors};
   var views = {}; window.__views = views;
@@ -268,6 +268,8 @@ const char* kRenderScript = R"JS(
       sel.value = sel.options[1].value;
       return refilter().then(function(){
         T.filter = {column: sel.getAttribute('data-col'), value: sel.value, kept: Object.keys(state.keep).length, rows_visible: visibleRows(), marks: linkedMarks()};
+        var tel = charts.filter(function(c){ return c.trial_row; })[0];
+        if (tel) T.filter.telemetry_row = tel.trial_row[String(views[tel.id].signal('trial'))];
         sel.value = '';
         return refilter();
       }).then(function(){ T.unfiltered = {rows_visible: visibleRows(), marks: linkedMarks()}; });

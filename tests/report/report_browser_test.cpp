@@ -189,6 +189,13 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
   EXPECT_EQ(T["filter"]["marks"]["parcoords"]["runs"], match);
   EXPECT_EQ(T["filter"]["marks"]["fit-tokens_per_s_per_device"]["points"], match_tokens);
   EXPECT_LT(T["filter"]["marks"]["pareto"]["points"].get<long>(), status["marks"]["pareto"]["points"].get<long>());
+  // The telemetry card moved to a trial of a kept row.
+  const std::string tel_row = T["filter"].value("telemetry_row", std::string());
+  bool tel_kept = false;
+  for (long i = 0; i < rows; ++i)
+    if (emb["table"]["row_labels"][i] == tel_row) tel_kept = (*fc)["values"][i] == T["filter"]["value"];
+  EXPECT_TRUE(tel_kept) << "telemetry shows " << tel_row;
+  EXPECT_GT(T["filter"]["marks"]["telemetry"]["tel_line"].get<long>(), 0);
   EXPECT_EQ(T["unfiltered"]["rows_visible"], rows);
   EXPECT_EQ(T["unfiltered"]["marks"]["parcoords"]["runs"], rows);
   EXPECT_EQ(T["unfiltered"]["marks"]["pareto"]["points"], status["marks"]["pareto"]["points"]);
