@@ -552,7 +552,7 @@ void telemetry_charts(const Json& a, std::vector<Chart>& out) {
                {"encode", {{"update", {{"width", {{"value", cw}}}, {"height", {{"value", chh}}}, {"stroke", {{"value", "#ccc"}}}}}}},
                {"scales", Json::array({{{"name", "y"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "v"}}}, {"range", {chh, 0}}, {"zero", false}, {"nice", true}}})},
                {"axes", Json::array({{{"orient", "bottom"}, {"scale", "tx"}, {"title", {{"signal", "tzoom ? 't (s), zoomed: double-click to reset' : 't (s)'"}}}, {"tickCount", 5}},
-                                     {{"orient", "left"}, {"scale", "y"}, {"format", "~s"}, {"tickCount", 4}}})},
+                                     {{"orient", "left"}, {"scale", "y"}, {"format", ".3~s"}, {"tickCount", 4}}})},
                {"marks", Json::array({bg, by_device, pts, drag})}};
   s["marks"] = Json::array({cell});
   // The finding: the device that idles longest in the steady window, else the most unbalanced trial.

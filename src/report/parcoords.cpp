@@ -140,7 +140,7 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
         sc["nice"] = false;
         ax["values"] = Json(std::vector<double>(vals.begin(), vals.end()));
       }
-      ax["format"] = big >= 1e3 ? "~s" : "~g";
+      ax["format"] = big >= 1e3 ? "~s" : "~r";
     }
     scales.push_back(sc);
     axes.push_back(ax);

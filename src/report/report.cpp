@@ -290,6 +290,44 @@ const char* kRenderScript = R"JS(
         return pc.signal(b, null).runAsync().then(settled);
       }).then(function(){ T.brush.cleared_hl = state.hl ? Object.keys(state.hl).length : 0; });
     });
+    // The same brush by mouse: synthetic mouse events on the axis's hit band (press at half its
+    // height, drag to its bottom, release) must select the same runs as the signal above.
+    function mouse(target, type, x, y){
+      target.dispatchEvent(new MouseEvent(type, {clientX: x, clientY: y, bubbles: true, cancelable: true, view: window, button: 0}));
+    }
+    p = p.then(function(){
+      var pc = views['parcoords'];
+      if (!pc || !T.brush) return;
+      var band = document.querySelectorAll('#card-parcoords .pc_hit path')[T.brush.axis];
+      if (!band) { T.brush_mouse = {error: 'no hit band'}; return; }
+      var r = band.getBoundingClientRect(), x = r.left + r.width / 2;
+      mouse(band, 'mousedown', x, r.top + r.height / 2);
+      mouse(window, 'mousemove', x, r.top + r.height * 0.75);
+      mouse(window, 'mousemove', x, r.bottom + 20);
+      mouse(window, 'mouseup', x, r.bottom + 20);
+      return pc.runAsync().then(function(){ return new Promise(function(res){ setTimeout(res, 0); }); }).then(function(){ return lastApply; }).then(function(){
+        T.brush_mouse = {rows: state.hl ? Object.keys(state.hl) : []};
+        mouse(band, 'dblclick', x, r.top + 5);
+        return pc.runAsync().then(function(){ return new Promise(function(res){ setTimeout(res, 0); }); }).then(function(){ return lastApply; });
+      }).then(function(){ T.brush_mouse.cleared_hl = state.hl ? Object.keys(state.hl).length : 0; });
+    });
+    // Zoom by mouse: drag across the first telemetry panel's left half.
+    p = p.then(function(){
+      var tel = views['telemetry'];
+      if (!tel) return;
+      var bg = document.querySelector('#card-telemetry .tel_bg path');
+      if (!bg) { T.zoom_mouse = {error: 'no panel'}; return; }
+      var before = marksOf('telemetry', 'tel_points'), r = bg.getBoundingClientRect(), y = r.top + r.height / 2;
+      mouse(bg, 'mousedown', r.left + 1, y);
+      mouse(window, 'mousemove', r.left + r.width / 4, y);
+      mouse(window, 'mousemove', r.left + r.width / 2, y);
+      mouse(window, 'mouseup', r.left + r.width / 2, y);
+      return tel.runAsync().then(function(){
+        T.zoom_mouse = {before: before, after: marksOf('telemetry', 'tel_points'), tzoom: tel.signal('tzoom')};
+        mouse(bg, 'dblclick', r.left + 5, y);
+        return tel.runAsync();
+      }).then(function(){ T.zoom_mouse.reset = marksOf('telemetry', 'tel_points'); });
+    });
     // Zoom on the telemetry: the first half of the run.
     p = p.then(function(){
       var tel = views['telemetry'];

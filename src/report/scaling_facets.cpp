@@ -106,7 +106,7 @@ void scaling_facet_charts(const Json& a, std::vector<Chart>& out) {
     s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device count (dashed: ideal)"}, {"orient", "right"}}});
     Json xaxis = {{"orient", "bottom"}, {"scale", "x"}, {"title", xname + (log2 ? " (log2 axis)" : "")}};
     if (log2) xaxis.update({{"values", xs_json}, {"format", "~r"}});
-    else if (xs.size() <= 10) xaxis.update({{"values", xs_json}, {"format", "~g"}});
+    else if (xs.size() <= 10) xaxis.update({{"values", xs_json}, {"format", "~r"}});
     Json facet_marks = Json::array();
     facet_marks.push_back({{"type", "rule"}, {"name", "sf_ideal_rule"}, {"from", {{"data", "ideal_cell"}}},
                            {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"value", cw}}}, {"y", {{"scale", "y"}, {"field", "v"}}},

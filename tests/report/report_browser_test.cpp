@@ -222,6 +222,18 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
     else min_out = std::min(min_out, v);
   }
   EXPECT_LT(max_in, min_out) << "the brushed runs are the ones of lowest val_loss";
+  // The same brush by mouse (synthetic events on the axis: press at half height, drag down,
+  // release) selects the same runs; a double-click clears it.
+  ASSERT_TRUE(T.contains("brush_mouse"));
+  std::set<std::string> by_mouse;
+  for (const auto& r : T["brush_mouse"]["rows"]) by_mouse.insert(r.get<std::string>());
+  EXPECT_EQ(by_mouse, brushed);
+  EXPECT_EQ(T["brush_mouse"]["cleared_hl"], 0);
+  // Zoom by mouse (drag across the left half of a telemetry panel), reset by double-click.
+  ASSERT_TRUE(T.contains("zoom_mouse"));
+  EXPECT_LT(T["zoom_mouse"]["after"].get<long>(), T["zoom_mouse"]["before"].get<long>());
+  EXPECT_GT(T["zoom_mouse"]["after"].get<long>(), 0);
+  EXPECT_EQ(T["zoom_mouse"]["reset"], T["zoom_mouse"]["before"]);
   // Zoom on the first half of the telemetry: fewer points, all of them back after the reset.
   ASSERT_TRUE(T.contains("zoom"));
   EXPECT_LT(T["zoom"]["after"].get<long>(), T["zoom"]["before"].get<long>());
