@@ -1,5 +1,6 @@
 #pragma once
-// Helpers the report's chart builders share (charts.cpp, parcoords.cpp, scaling_facets.cpp):
+// Helpers the report's chart builders share (charts.cpp, parcoords.cpp, scaling_facets.cpp,
+// telemetry_charts.cpp):
 // number formatting, the base Vega spec, tooltips, and the page-wide row linking (the parameter
 // filter and the brushed selection; see report.h).
 #include <cmath>
@@ -83,5 +84,6 @@ inline Json highlight_dataset(const std::string& name, const std::string& source
 void parcoords_chart(const Json& a, std::vector<Chart>& out);
 void scaling_facet_charts(const Json& a, std::vector<Chart>& out);
 void cost_energy_chart(const Json& a, std::vector<Chart>& out);
+void telemetry_charts(const Json& a, std::vector<Chart>& out);
 
 }  // namespace scalelab::report::util
