@@ -83,7 +83,6 @@ inline Json highlight_dataset(const std::string& name, const std::string& source
 // Charts added by this part of the report (declared here, defined in their own files).
 void parcoords_chart(const Json& a, std::vector<Chart>& out);
 void scaling_facet_charts(const Json& a, std::vector<Chart>& out);
-void cost_energy_chart(const Json& a, std::vector<Chart>& out);
 void telemetry_charts(const Json& a, std::vector<Chart>& out);
 
 }  // namespace scalelab::report::util

@@ -1,4 +1,5 @@
 #include "report/charts.h"
+#include "report/charts_stats.h"
 
 #include "report/chart_util.h"
 
@@ -693,7 +694,6 @@ std::vector<Chart> build_charts(const Json& a) {
   util::parcoords_chart(a, out);
   scaling_charts(a, out);
   util::scaling_facet_charts(a, out);
-  util::cost_energy_chart(a, out);
   util::telemetry_charts(a, out);
   profile_charts(a, out);
   agreement_charts(a, out);
@@ -705,6 +705,7 @@ std::vector<Chart> build_charts(const Json& a) {
   fit_charts(a, out);
   group_charts(a, out);
   distribution_charts(a, out);
+  stats_charts(a, out);  // #2 scaling curves, #12 SHAP interactions / dependence / stability (charts_stats.cpp)
   return out;
 }
 

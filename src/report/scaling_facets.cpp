@@ -1,8 +1,8 @@
 // #2 beyond devices: speedup and parallel efficiency against the batch size and against the
 // sequence length, a line per device count, a facet per model, with the ideal (n / b devices
-// for the speedup, 100 % for the efficiency); and the cost and energy per token per device
-// count. Every number comes from analysis.json (the scaling rows, the parameter columns, the
-// scaling study's table); the page only draws them.
+// for the speedup, 100 % for the efficiency). Every number comes from analysis.json (the scaling
+// rows and the parameter columns); the page only draws them. (The cost and energy per token
+// against devices are charts_stats.cpp's card, from analysis.json's scaling_curves.)
 #include <algorithm>
 #include <map>
 #include <set>
@@ -154,67 +154,6 @@ void scaling_facet_charts(const Json& a, std::vector<Chart>& out) {
     link_rows(ch, "sf_rows");
     out.push_back(std::move(ch));
   }
-}
-
-// Cost per 1M tokens and energy per token against the device count: the scaling study's table
-// (a `scalelab scale` study with a price and telemetry), or the same fields on the scaling rows.
-void cost_energy_chart(const Json& a, std::vector<Chart>& out) {
-  struct Metric {
-    const char* key;
-    const char* title;
-  };
-  const Metric metrics[] = {{"cost_per_million_tokens", "cost per 1M tokens"}, {"j_per_token", "energy per token (J)"}};
-  Json rows = Json::array();
-  Json options = Json::array(), labels = Json::array();
-  const Json* src = nullptr;
-  if (a.contains("scale_study")) src = &a["scale_study"]["rows"];
-  else if (a.contains("scaling")) src = &a["scaling"]["rows"];
-  if (!src) return;
-  std::map<std::string, long> per_metric;
-  for (const Metric& m : metrics) {
-    for (const auto& r : *src) {
-      if (!r.contains(m.key) || !r[m.key].is_number() || !r["ranks"].is_number()) continue;
-      rows.push_back({{"metric", m.key}, {"ranks", r["ranks"]}, {"config", r.value("config", std::string("study"))}, {"v", r[m.key]},
-                      {"row", r.value("row", std::string())}});
-      ++per_metric[m.key];
-    }
-    if (per_metric[m.key] > 0) {
-      options.push_back(m.key);
-      labels.push_back(m.title);
-    }
-  }
-  if (rows.empty()) return;
-  const std::string first = options[0];
-  Json s = base_spec(380, 220);
-  s["signals"] = Json::array({{{"name", "metric"}, {"value", first}, {"bind", {{"input", "radio"}, {"options", options}, {"labels", labels}, {"name", "show "}}}}});
-  s["data"] = Json::array({{{"name", "ce_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.metric === metric"}}})}}});
-  s["scales"] = Json::array({{{"name", "x"}, {"type", "band"}, {"domain", {{"data", "ce_rows"}, {"field", "ranks"}, {"sort", true}}}, {"range", "width"}, {"padding", 0.25}},
-                             {{"name", "xi"}, {"type", "band"}, {"domain", {{"data", "ce_rows"}, {"field", "config"}}}, {"range", {0, {{"signal", "bandwidth('x')"}}}}},
-                             {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"data", "ce_rows"}, {"field", "v"}}}},
-                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "ce_rows"}, {"field", "config"}}}, {"range", "category"}}});
-  s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices"}},
-                           {{"orient", "left"}, {"scale", "y"}, {"title", {{"signal", "metric === 'j_per_token' ? 'J per token' : 'cost per 1M tokens'"}}}, {"format", "~s"}}});
-  s["marks"] = Json::array({{{"type", "rect"}, {"name", "ce_bars"}, {"from", {{"data", "ce_rows"}}},
-                             {"encode", {{"update", {{"x", {{"signal", "scale('x', datum.ranks) + scale('xi', datum.config)"}}}, {"width", {{"scale", "xi"}, {"band", 1}}},
-                                                     {"y", {{"scale", "y"}, {"field", "v"}}}, {"y2", {{"scale", "y"}, {"value", 0}}},
-                                                     {"fill", {{"scale", "color"}, {"field", "config"}}},
-                                                     {"tooltip", tooltip_signal({{"devices", "datum.ranks"}, {"configuration", "datum.config"}, {"value", "format(datum.v, '.4~s')"}})}}}}}},
-                            {{"type", "text"}, {"name", "ce_labels"}, {"from", {{"data", "ce_rows"}}}, {"interactive", false},
-                             {"encode", {{"update", {{"x", {{"signal", "scale('x', datum.ranks) + scale('xi', datum.config) + bandwidth('xi') / 2"}}},
-                                                     {"y", {{"scale", "y"}, {"field", "v"}, {"offset", -3}}}, {"align", {{"value", "center"}}}, {"fontSize", {{"value", 10}}},
-                                                     {"text", {{"signal", "format(datum.v, '.3~s')"}}}}}}}}});
-  // Finding: the device count with the lowest value of each metric present.
-  std::string finding;
-  for (const Metric& m : metrics) {
-    double best = INFINITY, at = NAN;
-    for (const auto& r : rows)
-      if (r["metric"] == m.key && r["v"].get<double>() < best) best = r["v"].get<double>(), at = r["ranks"].get<double>();
-    if (std::isfinite(best))
-      finding += (finding.empty() ? "Lowest " : "; lowest ") + std::string(m.title) + ": " + fmt(best, 4) + " at " + fmt(at, 6) + (at == 1 ? " device" : " devices");
-  }
-  finding += ".";
-  Chart ch{"scaling-cost-energy", "Scaling", "Cost and energy per token against the device count", finding, s, {{"ce_bars", per_metric[first]}}};
-  out.push_back(std::move(ch));
 }
 
 }  // namespace scalelab::report::util

@@ -373,6 +373,7 @@ class TextData final : public DataSource {
     }
     ++micro_;
   }
+  void skip(std::int64_t micro_batches, Batch&) override { micro_ += micro_batches; }  // index-based
   std::string describe() const override { return what_; }
 
  private:

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -317,11 +318,6 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
   in.lora = o.lora_config();
-  if (in.lora.enabled() && o.fused_kernels) {
-    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward compute the "
-                       "frozen base's weight gradients inside the kernel and have no LoRA form yet — run LoRA without "
-                       "--fused-kernels");
-  }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
@@ -592,18 +588,18 @@ void TrainSession::build() {
   }
   std::optional<TrainCheckpointState> resumed;
   if (!o.resume.empty()) {
-    if (dp_) {
-      throw InvalidInput("[--resume] resuming a data-parallel run is not supported yet — resume with one process");
-    }
-    resumed = read_train_state(o.resume);
+    resumed = read_train_state(o.resume);  // every rank reads the same checkpoint
     check_resume_config(o.resume, resumed->config, res_.config);
     if (resumed->global_step >= o.max_steps) {
       throw InvalidInput("[--resume] " + o.resume + " is at step " + std::to_string(resumed->global_step) +
                          ", not before --max-steps " + std::to_string(o.max_steps) + " — nothing left to run");
     }
     fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { load_weights(o.resume, cfg, layout_, host); });
-    fill_through_host(bufs_.m, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg", host); });
-    fill_through_host(bufs_.v, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg_sq", host); });
+    // The checkpoint holds the whole flat state; a ZeRO-1 rank keeps its shard of it.
+    const std::int64_t begin = dp_ && dp_->zero() ? dp_->state_begin() : 0;
+    const std::int64_t total = layout_.trainable_numel();
+    fill_through_host(bufs_.m, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg", host, begin, total); });
+    fill_through_host(bufs_.v, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg_sq", host, begin, total); });
     if (!o.quiet) {
       std::fprintf(stderr, "scalelab train: resuming from %s at step %lld\n", o.resume.c_str(),
                    static_cast<long long>(resumed->global_step));
@@ -617,10 +613,6 @@ void TrainSession::build() {
     dp_->set_tracer(tracer_.get());
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
-  if (o.save_every > 0 && dp_) {
-    throw InvalidInput("[--save-every] checkpoints of a data-parallel run are not supported yet — use one process, "
-                       "or --save for the final model");
-  }
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
   data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
   if (!o.val_data.empty()) {
@@ -649,8 +641,9 @@ void TrainSession::build() {
     loss_scale_ = resumed->loss_scale;
     good_steps_ = resumed->good_steps;
     res_.skipped_steps = resumed->skipped_steps;
-    // The data position: read and drop what the checkpointed run consumed (any source, in order).
-    for (std::int64_t i = 0; i < resumed->micro_batches_read; ++i) data_->next(batch_->host);
+    // The data position: move past what the checkpointed run consumed (the built-in sources seek;
+    // any other reads and drops it).
+    data_->skip(resumed->micro_batches_read, batch_->host);
     micro_batches_read_ = resumed->micro_batches_read;
     bench_warmup_ = start_step_ + std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - start_step_ - 1));
   }
@@ -805,12 +798,38 @@ void TrainSession::maybe_checkpoint(std::int64_t steps_done) {
   st.seed = o.seed;
   st.config = res_.config;
   for (const auto& r : res_.steps) st.losses.push_back(r.loss);
-  save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param,
-                        host_view_of(bufs_.m, dev_), host_view_of(bufs_.v, dev_), st, o.model);
+  Tensor m = host_view_of(bufs_.m, dev_), v = host_view_of(bufs_.v, dev_);
+  // ZeRO-1: each rank holds a shard of the optimizer states; they are gathered (on the host, every
+  // rank) so the checkpoint holds the whole flat state as a one-process run's does.
+  std::vector<std::uint8_t> whole_m, whole_v;
+  if (dp_ && dp_->zero()) {
+    const std::size_t es = dtype_size(m.dtype());
+    const std::int64_t total = layout_.trainable_numel();
+    std::vector<std::int64_t> bytes;
+    for (std::int64_t n : dist_->host().all_gather_value<std::int64_t>(dp_->state_numel()))
+      bytes.push_back(n * static_cast<std::int64_t>(es));
+    auto gather = [&](const Tensor& shard, std::vector<std::uint8_t>& whole) {
+      whole.assign(static_cast<std::size_t>(total) * es, 0);
+      std::memcpy(whole.data() + static_cast<std::size_t>(dp_->state_begin()) * es, shard.raw(),
+                  static_cast<std::size_t>(shard.numel()) * es);
+      dist_->host().all_gather(whole.data(), bytes, CommDType::kU8);
+      return Tensor::from_external(whole.data(), {total}, shard.dtype());
+    };
+    m = gather(m, whole_m);
+    v = gather(v, whole_v);
+  }
+  // Data-parallel: the ranks hold the same weights (and states, or now their gathered whole), so
+  // rank 0 writes; the others wait for it, so that no rank runs ahead of a checkpoint it names.
   const std::string dir = checkpoint_dir_name(o.save, steps_done);
+  std::vector<std::string> removed;
+  if (!dp_ || dp_->rank() == 0) {
+    save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param, m, v, st,
+                          o.model);
+    removed = rotate_checkpoints(o.save, o.save_total_limit, steps_done);
+  }
+  if (dp_) dist_->host().barrier();
   res_.checkpoints.push_back(dir);
-  const auto removed = rotate_checkpoints(o.save, o.save_total_limit, steps_done);
-  if (!o.quiet) {
+  if (!o.quiet && (!dp_ || dp_->rank() == 0)) {
     std::fprintf(stderr, "scalelab train: checkpoint %s%s\n", dir.c_str(),
                  removed.empty() ? "" : (" (removed " + std::to_string(removed.size()) + " older)").c_str());
   }

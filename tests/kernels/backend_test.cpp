@@ -511,6 +511,11 @@ TEST(MetaBackend, FusedLossAndMlpAllocateAsTheCpu) {
     EXPECT_EQ(sums[1].count, T);  // meta: every target counts
     EXPECT_EQ(sums[1].sum, 0.0);
     EXPECT_LT(sums[0].count, T);
+    // A frozen head (dw undefined): no dw GEMM, on the CPU and in the plan alike.
+    expect_same_allocations<Loss>(
+        [&](Dev& d) { return Loss{d.rand({T, H}, dt, 1), d.rand({V, H}, dt, 2), d.targets(T, V), d.rand({T, H}, dt, 3), Tensor()}; },
+        [&](Dev& d, Loss& l) { kernels::fused_linear_cross_entropy(l.dx, l.dw, l.x, l.w, l.targets, 0.1f, chunk, d.ctx); },
+        "fused loss, frozen head", dt == DType::kF32 ? 1 : 3);
   }
   struct Mlp {
     Tensor gu, dout, wdown, dgu, dwdown;

@@ -46,12 +46,6 @@ class LlamaModel final : public Model {
     } else {
       head_ = bind_linear(layout, params, grads, {"lm_head.weight"});
     }
-    if (o.fused_kernels && head_.frozen) {
-      throw InvalidInput("[--freeze] the LM head (" + std::string(c.tie_word_embeddings ? emb : "lm_head.weight") +
-                         ") is frozen, and --fused-kernels computes its weight gradient inside the fused "
-                         "linear + cross-entropy, which has no frozen form yet — run without --fused-kernels or "
-                         "keep the head trainable");
-    }
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = llama_layer_prefix(l);
       const std::string a = p + "self_attn.", m = p + "mlp.";
@@ -254,7 +248,9 @@ class LlamaModel final : public Model {
     a.act = act_.act({T, I_}, "mlp activation");
     swiglu_forward(a.act, a.gu, ctx);
     w.down.forward(out, a.act, ctx);
-    if (fused) a.act = Tensor();  // recomputed in backward
+    // Recomputed in backward by the fused SwiGLU/down_proj kernel; kept when down_proj carries a
+    // LoRA adapter, whose gradients need it (that layer's MLP backward then runs unfused).
+    if (fused && !w.down.adapter) a.act = Tensor();
     add_(out, a.h, ctx);
   }
 
@@ -265,21 +261,23 @@ class LlamaModel final : public Model {
     const bool fused = opt_.fused_kernels;
     // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
     Tensor dgu;
-    if (fused) {
+    if (fused && !w.down.adapter) {
       // dact, the recomputed activation and dW_down in one kernel (no dW_down when frozen: the
       // gradient is undefined); dgu is written over gu.
-      SCALELAB_CHECK(!w.down.adapter, "[llama] the fused SwiGLU/down_proj backward has no adapter form — run "
-                                      "without --fused-kernels");
       swiglu_down_backward_recompute(a.gu, w.down.dw, dx, a.gu, w.down.w, ctx);
       dgu = a.gu;
-      a.y2 = act_.act({T, H_}, "mlp norm output (recomputed)");
-      w.ln2.recompute(a.y2, a.h, a.n2, ctx);
     } else {
+      // Unfused; also under --fused-kernels when down_proj has a LoRA adapter (the kernel has no
+      // adapter term: the adapter's input gradient and its A/B gradients need the activation).
       Tensor dact = act_.act({T, I_}, "mlp activation gradient");
       w.down.backward(&dact, dx, a.act, ctx);
       a.act = Tensor();
       dgu = act_.act({T, 2 * I_}, "mlp gate/up gradient");
       swiglu_backward(dgu, dact, a.gu, ctx);
+    }
+    if (fused) {
+      a.y2 = act_.act({T, H_}, "mlp norm output (recomputed)");
+      w.ln2.recompute(a.y2, a.h, a.n2, ctx);
     }
     Tensor dy = act_.act({T, H_}, "norm output gradient");
     w.gate_up.backward(&dy, dgu, a.y2, ctx);
