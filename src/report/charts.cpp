@@ -1,6 +1,8 @@
 #include "report/charts.h"
 #include "report/charts_stats.h"
 
+#include "report/chart_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,44 +12,12 @@
 namespace scalelab::report {
 namespace {
 
-std::string fmt(double v, int sig = 3) {
-  if (!std::isfinite(v)) return "—";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", sig, v);
-  return buf;
-}
-double d(const Json& v, double fallback = NAN) { return v.is_number() ? v.get<double>() : fallback; }
-
-// The frame column object of analysis.json by name, or null.
-const Json* column(const Json& a, const std::string& name) {
-  for (const auto& c : a["table"]["columns"])
-    if (c["name"] == name) return &c;
-  return nullptr;
-}
-
-Json base_spec(int width, int height) {
-  return {{"$schema", "https://vega.github.io/schema/vega/v5.json"},
-          {"width", width},
-          {"height", height},
-          {"padding", 8},
-          {"autosize", {{"type", "pad"}}},
-          {"config", {{"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}, {"labelLimit", 220}, {"labelOverlap", true}}},
-                      {"legend", {{"labelFontSize", 11}, {"titleFontSize", 11}}},
-                      {"text", {{"fontSize", 11}}}}}};
-}
-
-Json tooltip_signal(const std::vector<std::pair<std::string, std::string>>& fields) {
-  std::string s = "{";
-  for (std::size_t k = 0; k < fields.size(); ++k)
-    s += (k ? ", " : "") + std::string("'") + fields[k].first + "': " + fields[k].second;
-  return {{"signal", s + "}"}};
-}
-
-bool lower_better_name(const std::string& m) {
-  for (const char* k : {"loss", "time", "bytes", "gib", "memory"})
-    if (m.find(k) != std::string::npos) return true;
-  return false;
-}
+using util::base_spec;
+using util::column;
+using util::d;
+using util::fmt;
+using util::lower_better_name;
+using util::tooltip_signal;
 
 // The frame column of an association variable ("attn=flash" -> "attn").
 std::string column_of(const Json& a, const std::string& var) {
@@ -266,7 +236,11 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "xv"}}, {{"data", "line"}, {"field", "xv"}}})}}}},
                                {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
                                 {"domain", {{"fields", Json::array({{{"data", "point_rows"}, {"field", "y"}}, {{"data", "line"}, {"field", "y"}}})}}}}});
-    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param] + (logx && logok[param] ? ' (log2)' : '')"}}}},
+    // On the log2 axis the positions are log2(x); ticks at whole exponents, labelled 2^k as
+    // numbers (1, 2, 4, 8, ...), not as exponents.
+    s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", {{"signal", "titles[param] + (logx && logok[param] ? ' (log2 axis)' : '')"}}},
+                              {"tickMinStep", {{"signal", "logx && logok[param] ? 1 : 0"}}},
+                              {"encode", {{"labels", {{"update", {{"text", {{"signal", "logx && logok[param] ? format(pow(2, datum.value), '~r') : datum.label"}}}}}}}}}},
                              {{"orient", "left"}, {"scale", "y"}, {"title", target}}});
     s["marks"] = Json::array({{{"type", "line"}, {"name", "fit"}, {"from", {{"data", "line"}}},
                                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}},
@@ -279,7 +253,14 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                {"encode", {{"update", {{"x", {{"value", 0}}}, {"y", {{"value", -8}}}, {"text", {{"field", "text"}}}, {"fontSize", {{"value", 11}}}, {"fill", {{"value", "#333"}}}}}}}}});
     std::string finding = "Best single predictor of " + target + ": " + f0["x"].get<std::string>() + " (r = " + fmt(d(f0["r"])) +
                           ", R² = " + fmt(d(f0["r2"])) + ", p = " + fmt(d(f0["p"])) + ").";
-    out.push_back({"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", kFitPoints}}});
+    // The runs brushed in the parallel coordinates: a ring around their points.
+    s["data"].push_back(util::highlight_dataset("point_hl", "point_rows"));
+    s["marks"].push_back({{"type", "symbol"}, {"name", "points_hl"}, {"from", {{"data", "point_hl"}}}, {"interactive", false},
+                          {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 150}}},
+                                                  {"fill", {{"value", "transparent"}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeWidth", {{"value", 2.5}}}}}}}});
+    Chart ch{"fit-" + target, "Parameters vs targets", target + " against each parameter", finding, s, {{"points", first_n}, {"fit", kFitPoints}}};
+    util::link_rows(ch, "point_rows");
+    out.push_back(std::move(ch));
   }
 }
 
@@ -438,7 +419,7 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
                                {{"name", "y"}, {"type", "linear"}, {"zero", true}, {"nice", true}, {"range", "height"}, {"domain", {{"fields", yfields}}}},
                                {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "sc_rows"}, {"field", "config"}}}, {"range", "category"}}});
     s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "devices (ranks, log2 axis)"}}, {{"orient", "left"}, {"scale", "y"}, {"title", ytitle}}});
-    if (configs.size() > 1) s["legends"] = Json::array({{{"stroke", "color"}, {"title", "configuration"}, {"orient", "bottom"}, {"direction", "vertical"}}});
+    if (configs.size() > 1) s["legends"] = Json::array({{{"stroke", "color"}, {"title", "configuration"}, {"orient", "bottom"}, {"direction", "vertical"}, {"labelLimit", 480}}});
     Json marks = Json::array();
     if (ideal)
       marks.push_back({{"type", "line"}, {"name", "ideal"}, {"from", {{"data", "ideal_rows"}}},
@@ -459,7 +440,9 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
     for (const auto& p : pts) n += p[field].is_number();
     std::map<std::string, long> expect{{"points", n}};
     if (ideal) expect["ideal"] = 2;
-    out.push_back({id, "Scaling", title, finding, s, expect});
+    Chart ch{id, "Scaling", title, finding, s, expect};
+    util::link_rows(ch, "sc_rows");
+    out.push_back(std::move(ch));
   };
   const std::string eff_finding = below80 > 0 ? "Efficiency falls below 80 % from " + fmt(below80) + " devices on (dashed: 80 %)."
                                               : "Efficiency stays at or above 80 % up to " + fmt(max_ranks) + " devices (dashed: 80 %).";
@@ -468,95 +451,6 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
   line_chart("scaling-efficiency", "efficiency_pct", "Parallel efficiency", "efficiency (%)", false, 80, eff_finding);
   line_chart("scaling-karp-flatt", "karp_flatt", "Karp–Flatt serial fraction", "serial fraction e", false, 0,
              "A constant e means a fixed serial part; a growing e means overhead that grows with the device count.");
-}
-
-// #1: telemetry small multiples (one panel per source.metric, a line per device) for a selected
-// trial, and the GPU imbalance bars.
-void telemetry_charts(const Json& a, std::vector<Chart>& out) {
-  if (!a.contains("telemetry") || a["telemetry"]["trials"].empty()) return;
-  const auto& trials = a["telemetry"]["trials"];
-  Json rows = Json::array(), options = Json::array(), labels = Json::array();
-  long first = -1;
-  long first_n = 0;
-  std::set<std::string> keys;
-  for (const auto& t : trials) {
-    const long label = t["trial_id"].get<long>();
-    options.push_back(label);
-    labels.push_back("trial " + std::to_string(label) + ": " + t["config"].get<std::string>());
-    long n = 0;
-    for (const auto& s : t["series"]) {
-      const std::string key = s["source"].get<std::string>() + "." + s["metric"].get<std::string>();
-      keys.insert(key);
-      for (std::size_t i = 0; i < s["t"].size(); ++i) {
-        rows.push_back({{"trial", label}, {"key", key}, {"device", s["device"]}, {"t", s["t"][i]}, {"v", s["v"][i]}});
-        ++n;
-      }
-    }
-    if (first < 0) { first = label; first_n = n; }
-  }
-  const int cols = 3, cw = 260, chh = 120;
-  Json s = base_spec(cw, chh);
-  s.erase("width");
-  s.erase("height");
-  s["signals"] = Json::array({{{"name", "trial"}, {"value", first}, {"bind", {{"input", "select"}, {"options", options}, {"labels", labels}, {"name", "trial "}}}}});
-  s["data"] = Json::array({{{"name", "tel_rows"}, {"values", rows}, {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.trial == trial"}}})}}});
-  s["layout"] = {{"columns", cols}, {"padding", {{"row", 36}, {"column", 50}}}, {"bounds", "full"}};
-  s["scales"] = Json::array({{{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "tel_rows"}, {"field", "device"}}}, {"range", "category"}}});
-  s["legends"] = Json::array({{{"stroke", "color"}, {"title", "device"}, {"orient", "top"}, {"direction", "horizontal"}}});
-  Json line = {{"type", "line"}, {"name", "tel_line"}, {"from", {{"data", "dev_facet"}}},
-               {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "t"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}, {"stroke", {{"scale", "color"}, {"field", "device"}}},
-                                       {"strokeWidth", {{"value", 1.5}}},
-                                       {"tooltip", tooltip_signal({{"device", "datum.device"}, {"t (s)", "format(datum.t, '.2f')"}, {"value", "format(datum.v, '.4~s')"}})}}}}}};
-  Json by_device = {{"type", "group"}, {"from", {{"facet", {{"name", "dev_facet"}, {"data", "cell"}, {"groupby", "device"}}}}}, {"marks", Json::array({line})}};
-  Json cell = {{"type", "group"}, {"name", "panel"}, {"from", {{"facet", {{"name", "cell"}, {"data", "tel_rows"}, {"groupby", "key"}}}}},
-               {"sort", {{"field", "key"}}},
-               {"title", {{"text", {{"signal", "parent.key"}}}, {"fontSize", 11}, {"frame", "group"}}},
-               {"encode", {{"update", {{"width", {{"value", cw}}}, {"height", {{"value", chh}}}, {"stroke", {{"value", "#ccc"}}}}}}},
-               {"scales", Json::array({{{"name", "x"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "t"}}}, {"range", {0, cw}}, {"zero", false}},
-                                       {{"name", "y"}, {"type", "linear"}, {"domain", {{"data", "cell"}, {"field", "v"}}}, {"range", {chh, 0}}, {"zero", false}, {"nice", true}}})},
-               {"axes", Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "t (s)"}, {"tickCount", 5}},
-                                     {{"orient", "left"}, {"scale", "y"}, {"format", "~s"}, {"tickCount", 4}}})},
-               {"marks", Json::array({by_device})}};
-  s["marks"] = Json::array({cell});
-  std::string finding = std::to_string(trials.size()) + " trials with telemetry, " + std::to_string(keys.size()) + " source.metric series each: a panel per series, a line per device; pick the trial below.";
-  const auto& fl = a["telemetry"]["flagged"];
-  out.push_back({"telemetry", "Telemetry", "Telemetry per trial and device", finding, s, {{"tel_line", first_n}}});
-
-  // Imbalance bars.
-  Json bars = Json::array();
-  std::map<std::string, int> straggler_count, idle_count;
-  for (const auto& t : trials) {
-    if (!t.contains("imbalance")) continue;
-    for (const auto& dv : t["imbalance"]["devices"]) {
-      if (dv["straggler"].get<bool>()) ++straggler_count[dv["device"].get<std::string>()];
-      if (dv["idle"].get<bool>()) ++idle_count[dv["device"].get<std::string>()];
-      if (bars.size() < 48)
-        bars.push_back({{"row", "trial " + std::to_string(dv["trial"].get<long>()) + " · GPU " + dv["device"].get<std::string>()},
-                        {"util", dv["mean_util_pct"]}, {"flag", dv["straggler"].get<bool>() ? "straggler" : (dv["idle"].get<bool>() ? "idle" : "ok")},
-                        {"idle", dv["idle_fraction"]}});
-    }
-  }
-  if (bars.empty()) return;
-  Json b = base_spec(380, static_cast<int>(bars.size()) * 16);
-  b["data"] = Json::array({{{"name", "imb_rows"}, {"values", bars}}});
-  Json domain = Json::array();
-  for (const auto& r : bars) domain.push_back(r["row"]);
-  b["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", domain}, {"range", "height"}, {"padding", 0.15}},
-                             {{"name", "x"}, {"type", "linear"}, {"domain", {0, 100}}, {"range", "width"}},
-                             {{"name", "color"}, {"type", "ordinal"}, {"domain", {"ok", "straggler", "idle"}}, {"range", {"#5dade2", "#e67e22", "#c0392b"}}}});
-  b["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", "mean GPU utilization over the steady window (%)"}, {"grid", true}}, {{"orient", "left"}, {"scale", "y"}}});
-  b["legends"] = Json::array({{{"fill", "color"}, {"title", "flag"}}});
-  b["marks"] = Json::array({{{"type", "rect"}, {"name", "bars"}, {"from", {{"data", "imb_rows"}}},
-                             {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "row"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"value", 0}}},
-                                                     {"x2", {{"scale", "x"}, {"field", "util"}}}, {"fill", {{"scale", "color"}, {"field", "flag"}}},
-                                                     {"tooltip", tooltip_signal({{"device", "datum.row"}, {"util %", "format(datum.util, '.1f')"}, {"idle share", "format(datum.idle, '.0%')"}})}}}}}}});
-  std::string f2;
-  for (const auto& [dev, n] : straggler_count) f2 += (f2.empty() ? "" : "; ") + std::string("GPU ") + dev + " a straggler in " + std::to_string(n) + " of " + std::to_string(trials.size()) + " trials";
-  for (const auto& [dev, n] : idle_count) f2 += (f2.empty() ? "" : "; ") + std::string("GPU ") + dev + " idle in " + std::to_string(n) + " trials";
-  if (f2.empty()) f2 = "No idle GPU and no straggler (every device within 80 % of the median utilization).";
-  else f2 += " (" + std::to_string(fl.size()) + " flagged device rows).";
-  out.push_back({"imbalance", "Telemetry", "GPU utilization per trial and device" + std::string(bars.size() >= 48 ? " (first 48)" : ""), f2, b,
-                 {{"bars", static_cast<long>(bars.size())}}});
 }
 
 // #11: xgboost importances per target and model, with the cross-validated R² in the finding.
@@ -706,8 +600,14 @@ void pareto_chart(const Json& a, std::vector<Chart>& out) {
                                                      {"tooltip", tooltip_signal({{"run", "datum.row"}, {"configuration", "datum.config"}, {"x", "format(datum.x, '.4~s')"}, {"y", "format(datum.y, '.4g')"}})}}}}}}});
   std::string finding = std::to_string(p["on_front"].get<long>()) + " of " + std::to_string(p["rows"].size()) + " configurations are Pareto-optimal for " +
                         p["x"].get<std::string>() + " against " + p["y"].get<std::string>() + "; every other one is beaten on both by one of them.";
-  out.push_back({"pareto", "Trade-offs", "Pareto front: " + p["x"].get<std::string>() + " vs " + p["y"].get<std::string>(), finding, s,
-                 {{"points", static_cast<long>(p["rows"].size())}, {"front", static_cast<long>(front.size())}}});
+  s["data"].push_back(util::highlight_dataset("pa_hl", "pa_rows"));
+  s["marks"].push_back({{"type", "symbol"}, {"name", "points_hl"}, {"from", {{"data", "pa_hl"}}}, {"interactive", false},
+                        {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 160}}},
+                                                {"fill", {{"value", "transparent"}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeWidth", {{"value", 2.5}}}}}}}});
+  Chart ch{"pareto", "Trade-offs", "Pareto front: " + p["x"].get<std::string>() + " vs " + p["y"].get<std::string>(), finding, s,
+           {{"points", static_cast<long>(p["rows"].size())}, {"front", static_cast<long>(front.size())}}};
+  util::link_rows(ch, "pa_rows");
+  out.push_back(std::move(ch));
 }
 
 }  // namespace
@@ -791,8 +691,10 @@ void profile_charts(const Json& a, std::vector<Chart>& out) {
 std::vector<Chart> build_charts(const Json& a) {
   std::vector<Chart> out;
   baseline_charts(a, out);
+  util::parcoords_chart(a, out);
   scaling_charts(a, out);
-  telemetry_charts(a, out);
+  util::scaling_facet_charts(a, out);
+  util::telemetry_charts(a, out);
   profile_charts(a, out);
   agreement_charts(a, out);
   correlation_chart(a, out);

@@ -19,6 +19,11 @@ struct Chart {
   std::string finding;  // one line
   Json spec;            // a Vega spec
   std::map<std::string, long> expect_marks;  // mark name -> items
+  // Set by util::link_rows: the chart has the `keep` / `hl` signals (the page's parameter filter
+  // and the brushed runs); expect_marks then counts every row (no filter).
+  bool linked = false;
+  // The target the chart is about ("" for none); the page's target selector shows its cards.
+  std::string target = {};
 };
 
 // Every chart the analysis supports, in report order. Sections without data produce no chart.

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <set>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +15,8 @@
 
 #include "../analysis/golden_util.h"
 #include "../cli/cli_run.h"
+#include "lab/params.h"
+#include "lab/store.h"
 
 namespace scalelab {
 namespace {
@@ -43,6 +47,35 @@ std::string html_unescape(std::string s) {
   return s;
 }
 
+// The analysis.json the page embeds (and draws).
+Json embedded_analysis(const std::string& page) {
+  const std::string open = "<script type=\"application/json\" id=\"analysis-data\">";
+  const auto a = page.find(open);
+  if (a == std::string::npos) return Json();
+  const auto b = page.find("</script>", a);
+  return Json::parse(page.substr(a + open.size(), b - a - open.size()));
+}
+
+const Json* table_column(const Json& a, const std::string& name) {
+  for (const auto& c : a["table"]["columns"])
+    if (c["name"] == name) return &c;
+  return nullptr;
+}
+
+// What every page's #selftest must show: each chart exported as SVG and PNG (offline: a blob or
+// data URL made in the page).
+void expect_exports(const Json& status) {
+  ASSERT_TRUE(status.contains("selftest")) << "the page's #selftest did not run";
+  const Json& ex = status["selftest"]["exports"];
+  EXPECT_EQ(ex.size(), status["charts"].get<std::size_t>());
+  for (auto it = ex.begin(); it != ex.end(); ++it) {
+    const std::string svg = it.value()["svg"], png = it.value()["png"];
+    EXPECT_TRUE(svg.rfind("blob:", 0) == 0 || svg.rfind("data:image/svg", 0) == 0) << it.key() << " SVG export: " << svg;
+    EXPECT_EQ(png.rfind("data:image/png;base64,", 0), 0u) << it.key() << " PNG export: " << png;
+    EXPECT_GT(it.value()["png_bytes"].get<long>(), 1000) << it.key();
+  }
+}
+
 class ReportInBrowser : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -63,7 +96,9 @@ class ReportInBrowser : public ::testing::Test {
     const std::string flags = " --headless=new --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run --user-data-dir=" +
                               (dir_ / "profile").string() + " --virtual-time-budget=60000 --hide-scrollbars ";
     const std::string url = "file://" + fs::absolute(html).string();
-    const std::string dom = capture(chrome + flags + "--enable-logging=stderr --v=0 --dump-dom '" + url + "' 2>" + (dir_ / "console.txt").string());
+    // #selftest: after rendering, the page exercises its interactions (filter, brush, zoom,
+    // target selector, SVG/PNG export) and records what the charts drew (report.cpp).
+    const std::string dom = capture(chrome + flags + "--enable-logging=stderr --v=0 --dump-dom '" + url + "#selftest' 2>" + (dir_ / "console.txt").string());
     std::ifstream console(dir_ / "console.txt");
     std::stringstream cs;
     cs << console.rdbuf();
@@ -94,6 +129,8 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
   const std::string html = (dir_ / "report.html").string();
   auto r = cli_test::run("report --db " + db + " --sweep golden --target val_loss,tokens_per_s_per_device --cv 5 -o " + html);
   ASSERT_EQ(r.code, 0) << r.output;
+  // Kept beside the screenshot for a person to open.
+  fs::copy_file(html, std::string(SCALELAB_BINARY_DIR) + "/report-golden.html", fs::copy_options::overwrite_existing);
 
   // Self-contained: no external URL to fetch (the only http(s) strings allowed are the Vega
   // schema id, which is never fetched, and the library's own documentation links in comments).
@@ -124,6 +161,100 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
   const long k = static_cast<long>(a["correlation"]["variables"].size());
   EXPECT_EQ(status["marks"]["corr-heatmap"]["cells"].get<long>(), k * k);
   EXPECT_TRUE(fs::exists(std::string(SCALELAB_BINARY_DIR) + "/report-screenshot.png"));
+
+  // The interactions (the page's #selftest, through the Vega view API and the page's controls).
+  expect_exports(status);
+  const Json& T = status["selftest"];
+  const Json emb = embedded_analysis(page);
+  ASSERT_TRUE(emb.is_object());
+  const long rows = emb["table"]["rows"].get<long>();
+  EXPECT_EQ(status["marks"]["parcoords"]["runs"], rows) << "a line per run";
+  // The filter (the first parameter = its first value) keeps exactly the matching rows, in the
+  // runs table and in every linked chart; "show all" brings every row back.
+  ASSERT_TRUE(T.contains("filter"));
+  const Json* fc = table_column(emb, T["filter"]["column"].get<std::string>());
+  ASSERT_NE(fc, nullptr);
+  long match = 0, match_tokens = 0;
+  const Json* tokens = table_column(emb, "tokens_per_s_per_device");
+  for (long i = 0; i < rows; ++i) {
+    const Json& v = (*fc)["values"][i];
+    const bool m = !v.is_null() && (v.is_string() ? v.get<std::string>() : Json(v).dump()) == T["filter"]["value"].get<std::string>();
+    match += m;
+    match_tokens += m && (*tokens)["values"][i].is_number();
+  }
+  EXPECT_GT(match, 0);
+  EXPECT_LT(match, rows);
+  EXPECT_EQ(T["filter"]["kept"], match);
+  EXPECT_EQ(T["filter"]["rows_visible"], match);
+  EXPECT_EQ(T["filter"]["marks"]["parcoords"]["runs"], match);
+  EXPECT_EQ(T["filter"]["marks"]["fit-tokens_per_s_per_device"]["points"], match_tokens);
+  EXPECT_LT(T["filter"]["marks"]["pareto"]["points"].get<long>(), status["marks"]["pareto"]["points"].get<long>());
+  // The telemetry card moved to a trial of a kept row.
+  const std::string tel_row = T["filter"].value("telemetry_row", std::string());
+  bool tel_kept = false;
+  for (long i = 0; i < rows; ++i)
+    if (emb["table"]["row_labels"][i] == tel_row) tel_kept = (*fc)["values"][i] == T["filter"]["value"];
+  EXPECT_TRUE(tel_kept) << "telemetry shows " << tel_row;
+  EXPECT_GT(T["filter"]["marks"]["telemetry"]["tel_line"].get<long>(), 0);
+  EXPECT_EQ(T["unfiltered"]["rows_visible"], rows);
+  EXPECT_EQ(T["unfiltered"]["marks"]["parcoords"]["runs"], rows);
+  EXPECT_EQ(T["unfiltered"]["marks"]["pareto"]["points"], status["marks"]["pareto"]["points"]);
+  // The brush on the lower half of the first target's axis (val_loss) selects the runs of the
+  // lowest val_loss: every brushed run is below every other one; they are shaded in the runs
+  // table and ringed in the scatter plots; clearing the brush clears them.
+  ASSERT_TRUE(T.contains("brush"));
+  const Json& B = T["brush"];
+  const long sel = B["selected"].get<long>();
+  EXPECT_GT(sel, 0);
+  EXPECT_LT(sel, rows);
+  EXPECT_EQ(B["hl"], sel);
+  EXPECT_EQ(B["table_hl"], sel);
+  EXPECT_EQ(B["points_hl"]["fit-tokens_per_s_per_device"], sel);
+  EXPECT_EQ(B["cleared_hl"], 0);
+  std::set<std::string> brushed;
+  for (const auto& r : B["rows"]) brushed.insert(r.get<std::string>());
+  const Json* vl = table_column(emb, "val_loss");
+  double max_in = -INFINITY, min_out = INFINITY;
+  for (long i = 0; i < rows; ++i) {
+    if (!(*vl)["values"][i].is_number()) continue;
+    const double v = (*vl)["values"][i].get<double>();
+    if (brushed.count(emb["table"]["row_labels"][i].get<std::string>())) max_in = std::max(max_in, v);
+    else min_out = std::min(min_out, v);
+  }
+  EXPECT_LT(max_in, min_out) << "the brushed runs are the ones of lowest val_loss";
+  // The same brush by mouse (synthetic events on the axis: press at half height, drag down,
+  // release) selects the same runs; a double-click clears it.
+  ASSERT_TRUE(T.contains("brush_mouse"));
+  std::set<std::string> by_mouse;
+  for (const auto& r : T["brush_mouse"]["rows"]) by_mouse.insert(r.get<std::string>());
+  EXPECT_EQ(by_mouse, brushed);
+  EXPECT_EQ(T["brush_mouse"]["cleared_hl"], 0);
+  // Zoom by mouse (drag across the left half of a telemetry panel), reset by double-click.
+  ASSERT_TRUE(T.contains("zoom_mouse"));
+  EXPECT_LT(T["zoom_mouse"]["after"].get<long>(), T["zoom_mouse"]["before"].get<long>());
+  EXPECT_GT(T["zoom_mouse"]["after"].get<long>(), 0);
+  EXPECT_EQ(T["zoom_mouse"]["reset"], T["zoom_mouse"]["before"]);
+  // Zoom on the first half of the telemetry: fewer points, all of them back after the reset.
+  ASSERT_TRUE(T.contains("zoom"));
+  EXPECT_LT(T["zoom"]["after"].get<long>(), T["zoom"]["before"].get<long>());
+  EXPECT_GT(T["zoom"]["after"].get<long>(), 0);
+  EXPECT_EQ(T["zoom"]["reset"], T["zoom"]["before"]);
+  // Powers of two on a log2 axis read 1, 2, 4, 8, 16 (not exponents, not 10^x).
+  ASSERT_TRUE(T.contains("fit_log2"));
+  EXPECT_EQ(T["fit_log2"]["param"], "micro_batch_size");
+  EXPECT_EQ(T["fit_log2"]["labels"], Json({"1", "2", "4", "8", "16"}));
+  std::set<std::string> pc_labels;
+  for (const auto& l : T["pc_axis_labels"]) pc_labels.insert(l.get<std::string>());
+  for (const char* l : {"1", "2", "4", "8", "16", "128", "256", "512", "eager", "flash", "sdpa"}) EXPECT_TRUE(pc_labels.count(l)) << l;
+  // The target selector shows only the cards of the chosen target.
+  ASSERT_TRUE(T.contains("target"));
+  EXPECT_EQ(T["target"]["target"], "tokens_per_s_per_device");
+  EXPECT_GT(T["target"]["visible"].size(), 0u);
+  EXPECT_LT(T["target"]["visible"].size(), T["target"]["all"].get<std::size_t>());
+  for (const auto& v : T["target"]["visible"]) EXPECT_EQ(v, "tokens_per_s_per_device");
+  // Every card has a one-line finding.
+  for (std::size_t pos = 0; (pos = page.find("<p class=\"finding", pos)) != std::string::npos; ++pos)
+    EXPECT_NE(page.compare(page.find('>', pos) + 1, 4, "</p>"), 0) << "an empty finding at " << pos;
 }
 
 // A sweep with one trial: nothing can be modelled, and the page says so instead of drawing
@@ -184,6 +315,7 @@ TEST_F(ReportInBrowser, ScalingCardsRender) {
   const std::string html = (dir_ / "scaling.html").string();
   auto r = cli_test::run("report --db " + db + " --sweep scaling -o " + html);
   ASSERT_EQ(r.code, 0) << r.output;
+  fs::copy_file(html, std::string(SCALELAB_BINARY_DIR) + "/report-scaling.html", fs::copy_options::overwrite_existing);
   Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-scaling-screenshot.png");
   ASSERT_TRUE(status.is_object());
   EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
@@ -195,6 +327,81 @@ TEST_F(ReportInBrowser, ScalingCardsRender) {
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("Efficiency falls below 80 % from 8 devices on"), std::string::npos);
+}
+
+// A scaling sweep over two models, three micro-batch sizes, two sequence lengths and 1/2/4
+// devices; the efficiency falls with the devices and rises with the work per step.
+void build_model_scaling_db(const std::string& db_path) {
+  lab::ResultsStore store(db_path, lab::ResultsStore::Mode::kReadWrite);
+  auto id = store.ensure_sweep("facets", "sweep", Json::object());
+  for (const char* model : {"llama-small", "opt-small"})
+    for (int mb : {1, 2, 4})
+      for (int seq : {128, 256})
+        for (int ranks : {1, 2, 4}) {
+          lab::TrialRecord r;
+          Json params{{"ranks", ranks}, {"micro_batch_size", mb}, {"seq_len", seq}, {"model", model}};
+          r.config = {{"workload", {{"kind", "native"}}}, {"params", params}};
+          r.config_hash = lab::fnv1a_hex(params.dump());
+          r.status = lab::TrialStatus::kOk;
+          const double eff = ranks == 1 ? 1.0 : 1.0 - 0.1 * ranks / (mb * seq / 128.0) - (model[0] == 'o' ? 0.05 : 0.0);
+          const double total = 1000.0 * mb * seq / 128.0 * ranks * eff;
+          r.metrics = {{"tokens_per_s", total}, {"tokens_per_s_per_device", total / ranks}, {"step_time_s", mb * seq / total}};
+          r.started_at = r.ended_at = "2026-01-01T00:00:00.000Z";
+          store.insert_trial(id, r);
+        }
+}
+
+// Speedup and efficiency against the batch size and the sequence length: a panel per model, a
+// point per row, the ideal level per device count and panel; the filter narrows the points.
+TEST_F(ReportInBrowser, ScalingAgainstBatchAndSequencePerModel) {
+  const std::string db = (dir_ / "facets.db").string();
+  build_model_scaling_db(db);
+  const std::string html = (dir_ / "facets.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep facets -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  fs::copy_file(html, std::string(SCALELAB_BINARY_DIR) + "/report-facets.html", fs::copy_options::overwrite_existing);
+  Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-facets-screenshot.png");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["rendered"], status["charts"]);
+  for (const char* id : {"scaling-vs-batch", "scaling-vs-seq"}) {
+    ASSERT_TRUE(status["marks"].contains(id)) << id;
+    EXPECT_EQ(status["marks"][id]["sf_points"], 36) << id;
+    EXPECT_EQ(status["marks"][id]["sf_facet"], 2) << id << ": a panel per model";
+    EXPECT_EQ(status["marks"][id]["sf_ideal_rule"], 6) << id << ": 3 device counts × 2 models";
+  }
+  expect_exports(status);
+  // The filter (the first parameter = its first value) keeps a point per kept row.
+  ASSERT_TRUE(status["selftest"].contains("filter"));
+  const long kept = status["selftest"]["filter"]["kept"].get<long>();
+  EXPECT_TRUE(kept == 18 || kept == 12) << kept << " of 36 (a model: 18, a batch size or a device count: 12)";
+  EXPECT_EQ(status["selftest"]["filter"]["marks"]["scaling-vs-batch"]["sf_points"], kept);
+  EXPECT_EQ(status["selftest"]["filter"]["marks"]["scaling-vs-seq"]["sf_points"], kept);
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  // At 4 devices: efficiency 1 − 0.4/(mb·seq/128) (− 0.05 for opt): highest 95 % at mb 4, lowest 55 % at mb 1.
+  EXPECT_NE(ss.str().find("At 4 devices the efficiency is highest (95 %) at micro_batch_size = 4 and lowest (55 %) at micro_batch_size = 1"), std::string::npos);
+}
+
+// A `scalelab scale` study with a price: the cost per 1M tokens against the device count
+// (charts_stats.cpp's card, from the scaling curves) renders a point per device count, and every
+// chart of the page exports.
+TEST_F(ReportInBrowser, ScaleStudyCostChart) {
+  const std::string db = (dir_ / "study.db").string();
+  auto sc = cli_test::run("scale --ranks 1,2 --model llama-tiny --seq-len 16 --micro-batch-size 1 --max-steps 3 --price-per-device-hour 2.5 --db " + db +
+                          " --log-dir " + (dir_ / "logs").string());
+  ASSERT_EQ(sc.code, 0) << sc.output;
+  const std::string html = (dir_ / "study.html").string();
+  auto r = cli_test::run("report --db " + db + " -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  Json status = render(html, "");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["rendered"], status["charts"]);
+  ASSERT_TRUE(status["marks"].contains("scaling-cost-energy")) << status["marks"].dump();
+  EXPECT_EQ(status["marks"]["scaling-cost-energy"]["points"], 2);
+  expect_exports(status);
 }
 
 // A sweep whose trials ran with --profile: the profile card (each trial's time by op family as
