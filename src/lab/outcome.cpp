@@ -45,7 +45,10 @@ void for_each_line(const std::string& text, F&& f) {
 
 const char* const kMetricFields[] = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s",
                                      "max_allocated_bytes", "max_reserved_bytes", "final_loss",
-                                     "val_loss", "val_perplexity", "mfu", "params", "flops_per_token"};
+                                     "val_loss", "val_perplexity", "mfu", "params", "flops_per_token",
+                                     // DPO runs (train --dpo / scalelab dpo): the last step's
+                                     "final_reward_accuracy", "final_reward_margin", "final_rewards_chosen",
+                                     "final_rewards_rejected"};
 
 }  // namespace
 

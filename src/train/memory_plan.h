@@ -40,6 +40,9 @@ struct PlanInput {
   std::string freeze;
   // LoRA: adapters added to the layout, the base frozen (ParamLayout::add_lora).
   LoraConfig lora;
+  // DPO (train/dpo.h): batches of 2·micro_batch rows ([chosen; rejected]), a reference forward
+  // before each policy step, and without LoRA a frozen copy of the weights (the reference model).
+  bool dpo = false;
   // The device the plan is for (--device): the meta run mirrors its kernels' size choices where
   // they differ from the CPU's (the fused loss's chunk, kernels/fused.h).
   DeviceType device = DeviceType::kCPU;

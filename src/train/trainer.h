@@ -12,6 +12,7 @@
 
 #include "core/context.h"
 #include "distributed/dist_flags.h"
+#include "train/dpo.h"
 #include "train/evaluate.h"
 
 namespace scalelab {
@@ -85,12 +86,16 @@ struct TrainOptions {
   bool rslora = false;
   std::string adapter;
   LoraConfig lora_config() const;
+  // DPO (`scalelab dpo`, train/dpo.h): preference pairs instead of --data, the DPO loss instead
+  // of the cross-entropy, a reference model (adapters off under LoRA, else a frozen copy).
+  DpoOptions dpo;
 
   nlohmann::json to_json() const;
 };
 
 struct StepRecord {
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+  std::optional<DpoStats> dpo;  // DPO: rewards, margin, accuracy of the step (means over its pairs)
 };
 
 // How a run ended; the run record writes it as "ok", "oom", "error".
