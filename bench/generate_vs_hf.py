@@ -10,6 +10,10 @@ prefill time and the ratio, round by round (the arms alternate; the VM is shared
 
 Needs torch and transformers (e.g. the virtualenv of tests/golden/make_textgen_golden.sh):
   .venv-textgen/bin/python bench/generate_vs_hf.py --build build --threads 2
+
+--model-dir DIR runs a real model instead (a Hugging Face Llama directory both sides load), e.g.
+SmolLM2-135M-Instruct converted from its GGUF by bench/finetune_vs_hf.py
+(build/bench-finetune/smollm2-135m-hf).
 """
 import argparse
 import json
@@ -19,7 +23,7 @@ import tempfile
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 
 def make_model(out, args):
@@ -74,10 +78,19 @@ def main():
     ap.add_argument("--heads", type=int, default=9)
     ap.add_argument("--kv-heads", type=int, default=3)
     ap.add_argument("--vocab", type=int, default=49152)
+    ap.add_argument("--model-dir", default="", help="a Hugging Face Llama directory instead of the random model")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as d:
-        model = make_model(d, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.model_dir:
+            d = args.model_dir
+            model = AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32).eval()  # its default attention (sdpa)
+            c = model.config
+            args.vocab, args.hidden, args.layers = c.vocab_size, c.hidden_size, c.num_hidden_layers
+            args.heads, args.kv_heads = c.num_attention_heads, c.num_key_value_heads
+        else:
+            d = tmp
+            model = make_model(d, args)
         n = sum(p.numel() for p in model.parameters())
         g = torch.Generator().manual_seed(1)
         prompt = torch.randint(3, args.vocab, (args.prompt_len,), generator=g).tolist()

@@ -14,6 +14,7 @@
 #include "analysis/distributions.h"
 #include "analysis/pairs.h"
 #include "analysis/regression.h"
+#include "analysis/tree_tables.h"
 #include "analysis/trees.h"
 #include "core/error.h"
 
@@ -31,6 +32,10 @@ std::string column_list(const Frame& f) {
 
 bool is_dropped(const Frame& f, const std::string& name) {
   return std::find(f.dropped_constant.begin(), f.dropped_constant.end(), sanitize_name(name)) != f.dropped_constant.end();
+}
+
+bool is_missing(const Frame& f, const std::string& name) {
+  return std::find(f.dropped_missing.begin(), f.dropped_missing.end(), sanitize_name(name)) != f.dropped_missing.end();
 }
 
 std::vector<std::string> default_targets(const Frame& f) {
@@ -109,6 +114,11 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   for (const auto& t : opt.targets) {
     const Column* c = frame.find(t);
     if (!c) {
+      if (is_missing(frame, t)) {
+        problems.push_back("target '" + t + "' has no value in any of the " + std::to_string(n) +
+                           " rows (every cell is missing: NaN, null or empty) — nothing to model; check the metric's name and the runs");
+        continue;
+      }
       if (is_dropped(frame, t)) {
         problems.push_back("target '" + t + "' is constant over the " + std::to_string(n) +
                            " rows — no model or fit for it (it explains nothing and nothing explains it)");
@@ -136,6 +146,7 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
     for (const auto& f : opt.features) {
       const Column* c = frame.find(f);
       if (!c) {
+        if (is_missing(frame, f)) { problems.push_back("feature '" + f + "' has no value in any row — left out"); continue; }
         if (is_dropped(frame, f)) { problems.push_back("feature '" + f + "' is constant — left out"); continue; }
         throw InvalidInput("[analyze] --features: '" + f + "' is not a column of " + frame.source + " — columns: " + column_list(frame));
       }
@@ -296,13 +307,18 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
                 {"weight", "weight", lab::CellFormat::kFixed1}, {"cover", "cover", lab::CellFormat::kFixed1},
                 {"permutation_mean", "perm. ΔMSE", lab::CellFormat::kSig4}, {"permutation_sd", "± sd", lab::CellFormat::kSig4},
                 {"cv_r2", "CV R²", lab::CellFormat::kFixed3}, {"cv_rmse", "CV RMSE", lab::CellFormat::kSig4}};
+  std::vector<TreeModelResult> tree_results;
   if (opt.trees) {
-    const int folds = opt.cv ? *opt.cv : 5;
+    TreeOptions topt;
+    topt.folds = opt.cv ? *opt.cv : 5;
+    topt.bootstrap = opt.bootstrap;
+    topt.seed = opt.seed;
     for (const auto& tname : targets) {
       std::vector<Variable> d;
       for (const auto& v : design)
         if (v.column != tname) d.push_back(v);
-      for (const auto& r : tree_importances(tname, frame.find(tname)->values, d, folds)) {
+      for (const auto& r : tree_importances(tname, frame.find(tname)->values, d, topt)) {
+        tree_results.push_back(r);
         treej.push_back(tree_result_to_json(r));
         if (!r.error.empty()) {
           problems.push_back(r.model + " importances for " + tname + ": " + r.error);
@@ -318,6 +334,7 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   j["trees"] = treej;
   j["xgboost_version"] = xgboost_version();
   out.tables.push_back({"importances", tt});
+  for (auto& t : tree_detail_tables(tree_results)) out.tables.push_back(std::move(t));
   out.tables.push_back({"ols", ot});
   out.tables.push_back({"fits", ft});
 
@@ -338,17 +355,37 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   gt.columns = {{"group", "group"}, {"value", "target"}, {"k", "groups", lab::CellFormat::kInt}, {"n", "n", lab::CellFormat::kInt},
                 {"eta2", "eta²", lab::CellFormat::kFixed3}, {"f", "F", lab::CellFormat::kSig4}, {"f_p", "p (F)", lab::CellFormat::kSig4},
                 {"kruskal_h", "Kruskal H", lab::CellFormat::kSig4}, {"kruskal_p", "p (H)", lab::CellFormat::kSig4}};
+  lab::Table bt, ht;  // box plots and grouped histograms, one row per level (per bin)
+  bt.columns = {{"group", "group"}, {"value", "target"}, {"level", "level"}, {"n", "n", lab::CellFormat::kInt},
+                {"min", "min", lab::CellFormat::kSig4}, {"q25", "q25", lab::CellFormat::kSig4}, {"median", "median", lab::CellFormat::kSig4},
+                {"q75", "q75", lab::CellFormat::kSig4}, {"max", "max", lab::CellFormat::kSig4},
+                {"whisker_low", "whisker low", lab::CellFormat::kSig4}, {"whisker_high", "whisker high", lab::CellFormat::kSig4},
+                {"outliers", "outliers", lab::CellFormat::kInt}, {"mean", "mean", lab::CellFormat::kSig4}};
+  ht.columns = {{"group", "group"}, {"value", "target"}, {"level", "level"}, {"bin", "bin", lab::CellFormat::kInt},
+                {"low", "low", lab::CellFormat::kSig4}, {"high", "high", lab::CellFormat::kSig4}, {"count", "count", lab::CellFormat::kInt}};
   for (const auto& f : features) {
     const Column* g = frame.find(f);
     if (!g || g->kind == ColumnKind::kNumeric) continue;
     for (const auto& tname : targets) {
-      GroupTest t = group_test(g->name, g->text, tname, frame.find(tname)->values);
+      GroupTest t = group_test(g->name, g->text, tname, frame.find(tname)->values, opt.bins);
       gj.push_back(group_test_to_json(t));
       gt.rows.push_back(group_test_to_json(t));
+      for (std::size_t k = 0; k < t.levels.size(); ++k) {
+        const auto& b = t.box[k];
+        bt.rows.push_back({{"group", t.group}, {"value", t.value}, {"level", t.levels[k]}, {"n", t.sizes[k]}, {"min", b[0]}, {"q25", b[1]},
+                           {"median", b[2]}, {"q75", b[3]}, {"max", b[4]}, {"whisker_low", t.whiskers[k][0]},
+                           {"whisker_high", t.whiskers[k][1]}, {"outliers", t.outliers[k].size()}, {"mean", num(t.means[k])}});
+        if (k < t.counts.size())
+          for (std::size_t e = 0; e + 1 < t.edges.size(); ++e)
+            ht.rows.push_back({{"group", t.group}, {"value", t.value}, {"level", t.levels[k]}, {"bin", e}, {"low", t.edges[e]},
+                               {"high", t.edges[e + 1]}, {"count", t.counts[k][e]}});
+      }
     }
   }
   j["groups"] = gj;
   out.tables.push_back({"groups", gt});
+  out.tables.push_back({"group_boxes", bt});
+  out.tables.push_back({"group_histograms", ht});
 
   // #12 Pareto front of two targets with opposite directions (e.g. tokens/s up, validation loss
   // down): a row is on the front when no other row is at least as good on both and better on one.
@@ -419,6 +456,11 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   if (!frame.dropped_constant.empty()) {
     md << "; constant columns dropped: ";
     for (std::size_t k = 0; k < frame.dropped_constant.size(); ++k) md << (k ? ", " : "") << frame.dropped_constant[k];
+    if (!frame.dropped_missing.empty()) {
+      md << " (no value at all: ";
+      for (std::size_t k = 0; k < frame.dropped_missing.size(); ++k) md << (k ? ", " : "") << frame.dropped_missing[k];
+      md << ")";
+    }
   }
   md << ".\n";
   for (const auto& note : frame.notes) md << "\n" << note << ".\n";
@@ -457,6 +499,9 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
   }
   if (!ft.rows.empty()) md << "\n## Each parameter against each target (ordered by |r|)\n\n" << lab::render_markdown(ft);
   if (!gt.rows.empty()) md << "\n## Groups (ANOVA and Kruskal–Wallis)\n\n" << lab::render_markdown(gt);
+  if (!bt.rows.empty())
+    md << "\n## Box plots per level (linear quartiles; whiskers: Tukey's 1.5 IQR; group_histograms.csv has the " << opt.bins
+       << "-bin histograms on common edges)\n\n" << lab::render_markdown(bt);
   for (const auto& r : treej) {
     if (r.contains("error")) continue;
     md << "\n## Importances: " << r["model"].get<std::string>() << " for " << r["target"].get<std::string>() << " (xgboost "
@@ -472,6 +517,7 @@ Analysis analyze(const Frame& frame, const AnalyzeOptions& opt) {
     std::stable_sort(t.rows.begin(), t.rows.end(), [](const Json& a, const Json& b) { return a["gain"].get<double>() > b["gain"].get<double>(); });
     md << lab::render_markdown(t);
   }
+  md << tree_detail_markdown(tree_results);
   out.markdown = md.str();
   return out;
 }

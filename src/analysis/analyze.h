@@ -4,7 +4,8 @@
 // summary. The report (report/report.h) draws this JSON and computes nothing itself.
 //
 // Sections: table, descriptive (#5), correlation (#3), pairs (#4), ols (#10), fits (#8),
-// distributions (#9), groups (#6), trees (#11), scaling (#2, when the table has scaling columns), problems
+// distributions (#9), groups (#6, with grouped histograms), trees (#11; SHAP interactions,
+// dependence and bootstrap stability, #12), scaling (#2, when the table has scaling columns), problems
 // (what could not be computed and why). docs/analysis.md gives the formula for each number.
 #include <cstdint>
 #include <map>
@@ -25,6 +26,7 @@ struct AnalyzeOptions {
   std::optional<int> cv;              // folds for the cross-validated R^2 of the OLS models
   int bins = 20;
   bool trees = true;                  // xgboost importances (#11)
+  int bootstrap = 50;                 // resamples for the importances' stability (#12; 0: none)
 };
 
 struct Analysis {

@@ -68,14 +68,25 @@ Json describe_to_json(const Describe& d) {
           {"q75", num(d.q75)},   {"max", num(d.max)}};
 }
 
+namespace {
+std::uint64_t splitmix64(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+std::vector<std::size_t> bootstrap_rows(std::size_t n, std::size_t b, std::uint64_t seed) {
+  std::uint64_t state = 1000003ULL * (seed + 1) + b;
+  std::vector<std::size_t> out(n);
+  for (auto& r : out) r = static_cast<std::size_t>(splitmix64(state) % n);
+  return out;
+}
+
 std::vector<std::size_t> shuffled_indices(std::size_t n, std::uint64_t seed) {
   std::uint64_t state = seed;
-  auto next = [&state]() {  // splitmix64
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  };
+  auto next = [&state]() { return splitmix64(state); };
   std::vector<std::size_t> idx(n);
   for (std::size_t i = 0; i < n; ++i) idx[i] = i;
   for (std::size_t i = n; i > 1; --i) {

@@ -33,5 +33,8 @@ Json describe_to_json(const Describe& d);
 std::vector<int> split_rows(std::size_t n, double fraction, std::uint64_t seed);
 // A permutation of 0..n-1 with the same generator.
 std::vector<std::size_t> shuffled_indices(std::size_t n, std::uint64_t seed);
+// Bootstrap resample b (0-based) of n rows: n draws of the same generator started at state
+// 1000003 (seed + 1) + b, row = draw mod n (rows repeat; the modulo bias is below n / 2^64).
+std::vector<std::size_t> bootstrap_rows(std::size_t n, std::size_t b, std::uint64_t seed);
 
 }  // namespace scalelab::analysis

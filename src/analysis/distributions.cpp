@@ -39,6 +39,18 @@ Histogram histogram(const std::vector<double>& values, int bins) {
   return h;
 }
 
+std::vector<long> histogram_counts(const std::vector<double>& values, const std::vector<double>& edges) {
+  if (edges.size() < 2) return {};
+  std::vector<long> counts(edges.size() - 1, 0);
+  for (double x : values) {
+    if (std::isnan(x) || x < edges.front() || x > edges.back()) continue;
+    if (x == edges.back()) { ++counts.back(); continue; }
+    auto k = static_cast<std::size_t>(std::upper_bound(edges.begin(), edges.end(), x) - edges.begin()) - 1;
+    ++counts[k];
+  }
+  return counts;
+}
+
 Ecdf ecdf(const std::vector<double>& values) {
   Ecdf e;
   std::vector<double> v;
@@ -54,7 +66,7 @@ Ecdf ecdf(const std::vector<double>& values) {
 }
 
 GroupTest group_test(const std::string& group_name, const std::vector<std::string>& group,
-                     const std::string& value_name, const std::vector<double>& value) {
+                     const std::string& value_name, const std::vector<double>& value, int bins) {
   GroupTest g;
   g.group = group_name;
   g.value = value_name;
@@ -76,9 +88,25 @@ GroupTest group_test(const std::string& group_name, const std::vector<std::strin
     std::vector<double> sorted = v;
     std::sort(sorted.begin(), sorted.end());
     g.box.push_back({sorted.front(), quantile_sorted(sorted, 0.25), quantile_sorted(sorted, 0.5), quantile_sorted(sorted, 0.75), sorted.back()});
+    const double q1 = g.box.back()[1], q3 = g.box.back()[3];
+    const double lo = q1 - 1.5 * (q3 - q1), hi = q3 + 1.5 * (q3 - q1);
+    std::array<double, 2> w{kNaN, kNaN};
+    std::vector<double> out;
+    for (double x : sorted) {
+      if (x < lo || x > hi) { out.push_back(x); continue; }
+      if (std::isnan(w[0])) w[0] = x;
+      w[1] = x;
+    }
+    g.whiskers.push_back(w);
+    g.outliers.push_back(out);
+    g.ecdfs.push_back(ecdf(v));
     double s = 0;
     for (double x : v) s += x;
     g.means.push_back(s / static_cast<double>(v.size()));
+  }
+  if (!all.empty()) {
+    g.edges = histogram(all, bins).edges;
+    for (const auto& [l, v] : by) g.counts.push_back(histogram_counts(v, g.edges));
   }
   if (g.k < 2 || g.n <= g.k) { g.error = "needs at least 2 groups and more values than groups"; return g; }
   const double N = static_cast<double>(g.n), K = static_cast<double>(g.k);
@@ -123,7 +151,16 @@ Json group_test_to_json(const GroupTest& g) {
   for (double m : g.means) means.push_back(num(m));
   Json box = Json::array();
   for (const auto& b : g.box) box.push_back({{"min", b[0]}, {"q25", b[1]}, {"median", b[2]}, {"q75", b[3]}, {"max", b[4]}});
-  Json j{{"group", g.group}, {"value", g.value}, {"n", g.n}, {"k", g.k}, {"levels", g.levels}, {"sizes", g.sizes}, {"means", means}, {"box", box}};
+  for (std::size_t k = 0; k < g.box.size(); ++k) {
+    box[k]["whisker_low"] = g.whiskers[k][0];
+    box[k]["whisker_high"] = g.whiskers[k][1];
+    box[k]["outliers"] = g.outliers[k];
+  }
+  Json levels = Json::array();
+  for (std::size_t k = 0; k < g.counts.size(); ++k)
+    levels.push_back({{"level", g.levels[k]}, {"counts", g.counts[k]}, {"ecdf", {{"x", g.ecdfs[k].x}, {"f", g.ecdfs[k].f}}}});
+  Json j{{"group", g.group}, {"value", g.value}, {"n", g.n}, {"k", g.k}, {"levels", g.levels}, {"sizes", g.sizes}, {"means", means}, {"box", box},
+         {"histogram", {{"edges", g.edges}, {"levels", levels}}}};
   if (!g.error.empty()) { j["error"] = g.error; return j; }
   j.update({{"eta2", num(g.eta2)}, {"f", num(g.f)}, {"f_p", num(g.f_p)}, {"kruskal_h", num(g.h)}, {"kruskal_p", num(g.h_p)}});
   return j;

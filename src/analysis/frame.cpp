@@ -209,6 +209,7 @@ void drop_constant_columns(Frame& frame) {
         distinct.insert(c.text[i]);
       }
     }
+    if (distinct.empty()) frame.dropped_missing.push_back(c.name);
     if (distinct.size() <= 1) frame.dropped_constant.push_back(c.name);
     else kept.push_back(std::move(c));
   }
@@ -236,7 +237,7 @@ Json Frame::to_json() const {
     cols.push_back(j);
   }
   return {{"source", source}, {"rows", rows()}, {"row_labels", row_labels}, {"repeats", repeats},
-          {"columns", cols}, {"dropped_constant", dropped_constant}, {"notes", notes}};
+          {"columns", cols}, {"dropped_constant", dropped_constant}, {"dropped_missing", dropped_missing}, {"notes", notes}};
 }
 
 Frame build_frame_from_csv(const std::string& path) {
@@ -341,6 +342,8 @@ Frame build_frame_from_sweep(const lab::ResultsStore& store, const std::string& 
     }
     f.row_labels.push_back("trial " + std::to_string(g.front()->trial_id));
     f.repeats.push_back(static_cast<int>(g.size()));
+    f.row_trials.emplace_back();
+    for (const auto* t : g) f.row_trials.back().push_back(t->trial_id);
     rows.push_back(std::move(rd));
   }
   std::sort(tel_keys.begin(), tel_keys.end());

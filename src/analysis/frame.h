@@ -22,6 +22,7 @@
 // From a CSV file (build_frame_from_csv): the header names the columns; every row must have as
 // many cells; empty cells, "nan", "NaN", "NA" are missing.
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,8 +57,10 @@ struct Frame {
   std::string source;                   // "sweep NAME (DB)" or "CSV PATH"
   std::vector<std::string> row_labels;  // one per row
   std::vector<int> repeats;             // trials averaged into each row
+  std::vector<std::vector<std::int64_t>> row_trials;  // a sweep's trial ids per row (empty for a CSV)
   std::vector<Column> columns;
   std::vector<std::string> dropped_constant;
+  std::vector<std::string> dropped_missing;  // of those, the columns with no value at all (every cell missing)
   std::vector<std::string> notes;       // trials left out and why, ...
 
   std::size_t rows() const { return row_labels.size(); }

@@ -9,6 +9,7 @@
 
 #include <xgboost/c_api.h>
 
+#include "analysis/correlation.h"
 #include "analysis/descriptive.h"
 
 namespace scalelab::analysis {
@@ -60,6 +61,13 @@ struct Booster {
     check(XGBoosterPredict(h, d.h, 4, 0, 0, &len, &out), "predict contributions");
     return std::vector<double>(out, out + len);
   }
+  // SHAP interaction values (pred_interactions): rows x (features + 1) x (features + 1).
+  std::vector<double> interactions(const DMat& d) const {
+    bst_ulong len = 0;
+    const float* out = nullptr;
+    check(XGBoosterPredict(h, d.h, 16, 0, 0, &len, &out), "predict interactions");
+    return std::vector<double>(out, out + len);
+  }
   // Scores per feature name (0 for unused features), scaled 100 x / max.
   std::vector<double> importance(const char* type, const std::vector<std::string>& names) const {
     Json cfg{{"importance_type", type}, {"feature_names", names}};
@@ -100,6 +108,88 @@ std::vector<ModelSpec> model_specs() {
   return {rf, gb};
 }
 
+// Percentile (0..100) of values by linear interpolation (numpy's default).
+double percentile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return quantile_sorted(v, q / 100.0);
+}
+
+// The stability statistics of one importance over the resamples (rows: resamples x features).
+ImportanceStability stability_of(const std::vector<std::vector<double>>& per, const std::vector<double>& full) {
+  ImportanceStability s;
+  const std::size_t b = per.size(), p = full.size();
+  std::vector<std::vector<double>> ranks;
+  for (const auto& v : per) {
+    std::vector<double> neg(v.size());
+    for (std::size_t k = 0; k < v.size(); ++k) neg[k] = -v[k];
+    ranks.push_back(average_ranks(neg));
+  }
+  for (std::size_t k = 0; k < p; ++k) {
+    std::vector<double> col, rk;
+    for (std::size_t r = 0; r < b; ++r) { col.push_back(per[r][k]); rk.push_back(ranks[r][k]); }
+    double m = 0;
+    for (double x : col) m += x;
+    m /= static_cast<double>(b);
+    double ss = 0;
+    for (double x : col) ss += (x - m) * (x - m);
+    s.mean.push_back(m);
+    s.sd.push_back(b > 1 ? std::sqrt(ss / static_cast<double>(b - 1)) : std::numeric_limits<double>::quiet_NaN());
+    s.low.push_back(percentile(col, 2.5));
+    s.high.push_back(percentile(col, 97.5));
+    double mr = 0, top3 = 0;
+    for (double x : rk) { mr += x; top3 += x <= 3 ? 1 : 0; }
+    s.mean_rank.push_back(mr / static_cast<double>(b));
+    s.rank_low.push_back(percentile(rk, 2.5));
+    s.rank_high.push_back(percentile(rk, 97.5));
+    s.top3_share.push_back(top3 / static_cast<double>(b));
+  }
+  auto argmax = [](const std::vector<double>& v) { return static_cast<std::size_t>(std::max_element(v.begin(), v.end()) - v.begin()); };
+  auto varies = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()) > *std::min_element(v.begin(), v.end()); };
+  double rho_sum = 0, top1 = 0;
+  for (const auto& v : per) {
+    if (varies(v) && varies(full)) {
+      Correlation c = spearman(v, full);
+      if (!std::isnan(c.r)) { rho_sum += c.r; ++s.spearman_n; }
+    }
+    top1 += argmax(v) == argmax(full) ? 1 : 0;
+  }
+  s.spearman_mean = s.spearman_n ? rho_sum / s.spearman_n : std::numeric_limits<double>::quiet_NaN();
+  s.top1_share = top1 / static_cast<double>(b);
+  return s;
+}
+
+// Mean |phi_jk| over the rows, and the additivity of the interactions against the contributions.
+void shap_interactions(TreeModelResult& r, const std::vector<double>& inter, const std::vector<double>& contrib, std::size_t n, std::size_t p) {
+  const std::size_t q = p + 1;
+  r.interaction_mean_abs.assign(p, std::vector<double>(p, 0.0));
+  double max_err = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    for (std::size_t j = 0; j < q; ++j) {
+      double sum = 0;
+      for (std::size_t k = 0; k < q; ++k) {
+        const double v = inter[(i * q + j) * q + k];
+        sum += v;
+        if (j < p && k < p) r.interaction_mean_abs[j][k] += std::fabs(v);
+      }
+      max_err = std::max(max_err, std::fabs(sum - contrib[i * q + j]));
+    }
+  for (auto& row : r.interaction_mean_abs)
+    for (auto& v : row) v /= static_cast<double>(n);
+  r.interaction_additivity_error = max_err;
+}
+
+Json stability_to_json(const ImportanceStability& s) {
+  auto nums = [](const std::vector<double>& v) {
+    Json a = Json::array();
+    for (double x : v) a.push_back(std::isfinite(x) ? Json(x) : Json());
+    return a;
+  };
+  return {{"mean", nums(s.mean)}, {"sd", nums(s.sd)}, {"low", nums(s.low)}, {"high", nums(s.high)},
+          {"mean_rank", nums(s.mean_rank)}, {"rank_low", nums(s.rank_low)}, {"rank_high", nums(s.rank_high)},
+          {"top3_share", nums(s.top3_share)}, {"spearman_mean", std::isfinite(s.spearman_mean) ? Json(s.spearman_mean) : Json()},
+          {"spearman_n", s.spearman_n}, {"top1_share", s.top1_share}};
+}
+
 }  // namespace
 
 std::string xgboost_version() {
@@ -109,7 +199,8 @@ std::string xgboost_version() {
 }
 
 std::vector<TreeModelResult> tree_importances(const std::string& target, const std::vector<double>& y_all,
-                                              const std::vector<Variable>& design, int folds) {
+                                              const std::vector<Variable>& design, const TreeOptions& options) {
+  const int folds = options.folds;
   std::vector<std::size_t> rows;
   for (std::size_t i = 0; i < y_all.size(); ++i)
     if (!std::isnan(y_all[i])) rows.push_back(i);
@@ -173,6 +264,54 @@ std::vector<TreeModelResult> tree_importances(const std::string& target, const s
           max_err = std::max(max_err, std::fabs(sum - pr[i]));
         }
         r.shap_additivity_error = max_err;
+        shap_interactions(r, b.interactions(d), c, n, p);
+        // Dependence data: the top features by mean |contribution|.
+        std::vector<std::size_t> order;
+        for (std::size_t k = 0; k < p; ++k) if (r.shap_mean_abs[k] > 0) order.push_back(k);
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b2) { return r.shap_mean_abs[a] > r.shap_mean_abs[b2]; });
+        if (order.size() > static_cast<std::size_t>(std::max(options.dependence_top, 0))) order.resize(static_cast<std::size_t>(std::max(options.dependence_top, 0)));
+        for (std::size_t j : order) {
+          ShapDependence dep;
+          dep.feature = j;
+          for (std::size_t i = 0; i < n; ++i) {
+            dep.x.push_back(design[j].values[rows[i]]);
+            dep.shap.push_back(c[i * (p + 1) + j]);
+          }
+          for (std::size_t k = 0; k < p; ++k)
+            if (k != j && (!dep.color_by || r.interaction_mean_abs[j][k] > r.interaction_mean_abs[j][*dep.color_by])) dep.color_by = k;
+          if (dep.color_by)
+            for (std::size_t i = 0; i < n; ++i) dep.color_x.push_back(design[*dep.color_by].values[rows[i]]);
+          r.dependence.push_back(std::move(dep));
+        }
+      }
+      // Stability over bootstrap resamples.
+      if (options.bootstrap > 0) {
+        auto importances_of = [&](const Booster& b, const DMat& d_all) {
+          std::map<std::string, std::vector<double>> imp;
+          for (const char* kind : {"gain", "weight", "cover"}) imp[kind] = b.importance(kind, names);
+          auto c = b.contribs(d_all);
+          std::vector<double> m(p, 0.0);
+          for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t k = 0; k < p; ++k) m[k] += std::fabs(c[i * (p + 1) + k]);
+          for (auto& v : m) v /= static_cast<double>(n);
+          imp["shap_mean_abs"] = m;
+          return imp;
+        };
+        DMat d_all(matrix(all), n, p, labels(all), names);
+        std::map<std::string, std::vector<double>> full;
+        {
+          Booster b(d_all, spec.params, spec.rounds, mean_of(all));
+          full = importances_of(b, d_all);
+        }
+        std::map<std::string, std::vector<std::vector<double>>> per;
+        for (int rs = 0; rs < options.bootstrap; ++rs) {
+          auto sel = bootstrap_rows(n, static_cast<std::size_t>(rs), options.seed);
+          DMat d(matrix(sel), n, p, labels(sel), names);
+          Booster b(d, spec.params, spec.rounds, mean_of(sel));
+          for (auto& [kind, v] : importances_of(b, d_all)) per[kind].push_back(std::move(v));
+        }
+        r.resamples = options.bootstrap;
+        for (const auto& [kind, v] : per) r.stability[kind] = stability_of(v, full[kind]);
       }
       auto pos = shuffled_indices(n, 0);
       std::vector<int> fold(n);
@@ -241,7 +380,24 @@ Json tree_result_to_json(const TreeModelResult& r) {
   if (!r.error.empty()) { j["error"] = r.error; return j; }
   j.update({{"cv_r2", r.cv_r2}, {"cv_rmse", r.cv_rmse}, {"unreliable", r.unreliable}, {"gain", r.gain}, {"weight", r.weight},
             {"cover", r.cover}, {"permutation_mean", r.perm_mean}, {"permutation_sd", r.perm_sd},
-            {"shap_mean_abs", r.shap_mean_abs}, {"shap_additivity_max_abs_error", r.shap_additivity_error}});
+            {"shap_mean_abs", r.shap_mean_abs}, {"shap_additivity_max_abs_error", r.shap_additivity_error},
+            {"interaction_mean_abs", r.interaction_mean_abs}, {"interaction_additivity_max_abs_error", r.interaction_additivity_error}});
+  Json dep = Json::array();
+  for (const auto& d : r.dependence) {
+    Json x = Json::array();
+    for (double v : d.x) x.push_back(std::isnan(v) ? Json() : Json(v));
+    Json cx = Json::array();
+    for (double v : d.color_x) cx.push_back(std::isnan(v) ? Json() : Json(v));
+    dep.push_back({{"feature", d.feature}, {"name", r.features[d.feature]}, {"x", x}, {"shap", d.shap},
+                   {"color_by", d.color_by ? Json(*d.color_by) : Json()}, {"color_by_name", d.color_by ? Json(r.features[*d.color_by]) : Json()},
+                   {"color_x", cx}});
+  }
+  j["dependence"] = dep;
+  if (r.resamples > 0) {
+    Json st{{"resamples", r.resamples}};
+    for (const auto& [kind, s] : r.stability) st[kind] = stability_to_json(s);
+    j["stability"] = st;
+  }
   return j;
 }
 

@@ -1,6 +1,7 @@
 // `scalelab analyze`: statistics over a whole sweep (or any CSV table of runs): the data table,
 // descriptive statistics, correlations, ranked pairs, OLS, per-parameter fits, distributions and
 // group tests, written as analysis.json plus one CSV per table, with Markdown on stdout.
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -8,6 +9,7 @@
 #include "analysis/agreement.h"
 #include "analysis/baseline.h"
 #include "analysis/scale_study.h"
+#include "analysis/scaling_curves.h"
 #include "analysis/profile.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
@@ -34,6 +36,8 @@ Subcommand add_analyze_command(CLI::App& root) {
     std::string sweep, csv, out_dir, format = "md";
     std::vector<std::string> targets, features;
     std::string baseline;
+    double price_per_gpu_hour = 0;
+    int bootstrap = 50;
     double split = 0;
     std::uint64_t seed = 0;
     int cv = 0;
@@ -55,6 +59,9 @@ Subcommand add_analyze_command(CLI::App& root) {
   app->add_option("--format", f->format, "What goes to stdout: md, json (analysis.json) or csv (the data table)")
       ->capture_default_str()
       ->check(CLI::IsMember({"md", "json", "csv"}));
+  app->add_option("--price-per-gpu-hour", f->price_per_gpu_hour,
+                  "Price of one GPU-hour (any currency) for the cost per token of a scaling sweep [default: the scale study's stored price]");
+  app->add_option("--bootstrap", f->bootstrap, "Bootstrap resamples for the stability of the tree importances (0: none)")->capture_default_str();
   app->add_option("-o,--out", f->out_dir, "Directory for analysis.json and the CSVs [default: results/analysis/NAME]");
 
   return {app, [f] {
@@ -81,6 +88,10 @@ Subcommand add_analyze_command(CLI::App& root) {
             opt.seed = f->seed;
             if (f->cv != 0) opt.cv = f->cv;
             opt.bins = f->bins;
+            if (f->price_per_gpu_hour < 0 || !std::isfinite(f->price_per_gpu_hour))
+              throw InvalidInput("[analyze] --price-per-gpu-hour must be a positive number (e.g. 2.5)");
+            if (f->bootstrap < 0 || f->bootstrap > 10000) throw InvalidInput("[analyze] --bootstrap must be 0..10000 resamples");
+            opt.bootstrap = f->bootstrap;
             analysis::Analysis a = analysis::analyze(frame, opt);
             if (f->csv.empty()) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
@@ -88,6 +99,8 @@ Subcommand add_analyze_command(CLI::App& root) {
               analysis::add_profile(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
+              analysis::add_scaling_curves(a, frame, store, f->sweep,
+                                           f->price_per_gpu_hour > 0 ? std::optional<double>(f->price_per_gpu_hour) : std::nullopt);
               if (!f->baseline.empty()) analysis::add_baseline(a, store, f->sweep, f->baseline, a.json["options"]["targets"].get<std::vector<std::string>>());
             }
             const std::string dir = f->out_dir.empty() ? "results/analysis/" + analysis::sanitize_name(name) : f->out_dir;

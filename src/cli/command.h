@@ -39,5 +39,6 @@ Subcommand add_report_command(CLI::App& root);
 // on stderr. InvalidInput when there is none.
 std::string latest_sweep(const lab::ResultsStore& store, const char* command);
 Subcommand add_merge_command(CLI::App& root);
+Subcommand add_quantize_command(CLI::App& root);
 
 }  // namespace scalelab::cli

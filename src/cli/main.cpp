@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       cli::add_analyze_command(app),
       cli::add_report_command(app),
       cli::add_merge_command(app),
+      cli::add_quantize_command(app),
   };
 
   try {

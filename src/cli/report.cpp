@@ -1,5 +1,6 @@
 // `scalelab report`: the analysis of a sweep (or a CSV of runs) as one self-contained HTML page
 // that opens offline: analysis.json embedded and drawn by Vega (compiled into scalelab).
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include "analysis/agreement.h"
 #include "analysis/baseline.h"
 #include "analysis/scale_study.h"
+#include "analysis/scaling_curves.h"
 #include "analysis/profile.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
@@ -24,6 +26,8 @@ Subcommand add_report_command(CLI::App& root) {
     std::string sweep, csv, out = "report.html";
     std::vector<std::string> targets, features;
     std::string baseline;
+    double price_per_gpu_hour = 0;
+    int bootstrap = 50;
     int cv = 0;
     std::uint64_t seed = 0;
   };
@@ -36,6 +40,9 @@ Subcommand add_report_command(CLI::App& root) {
   app->add_option("--features", f->features, "auto or a,b,c [default: auto]")->delimiter(',');
   app->add_option("--cv", f->cv, "Folds for the cross-validated R² of the regressions");
   app->add_option("--seed", f->seed, "Seed of the folds")->capture_default_str();
+  app->add_option("--price-per-gpu-hour", f->price_per_gpu_hour,
+                  "Price of one GPU-hour (any currency) for the cost per token of a scaling sweep [default: the scale study's stored price]");
+  app->add_option("--bootstrap", f->bootstrap, "Bootstrap resamples for the stability of the tree importances (0: none)")->capture_default_str();
   app->add_option("-o,--out", f->out, "The HTML file to write")->capture_default_str();
 
   return {app, [f] {
@@ -61,6 +68,10 @@ Subcommand add_report_command(CLI::App& root) {
             if (!(f->features.size() == 1 && f->features[0] == "auto")) opt.features = f->features;
             if (f->cv) opt.cv = f->cv;
             opt.seed = f->seed;
+            if (f->price_per_gpu_hour < 0 || !std::isfinite(f->price_per_gpu_hour))
+              throw InvalidInput("[report] --price-per-gpu-hour must be a positive number (e.g. 2.5)");
+            if (f->bootstrap < 0 || f->bootstrap > 10000) throw InvalidInput("[report] --bootstrap must be 0..10000 resamples");
+            opt.bootstrap = f->bootstrap;
             analysis::Analysis a = analysis::analyze(frame, opt);
             if (f->csv.empty()) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
@@ -68,6 +79,8 @@ Subcommand add_report_command(CLI::App& root) {
               analysis::add_profile(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
+              analysis::add_scaling_curves(a, frame, store, f->sweep,
+                                           f->price_per_gpu_hour > 0 ? std::optional<double>(f->price_per_gpu_hour) : std::nullopt);
               if (!f->baseline.empty()) analysis::add_baseline(a, store, f->sweep, f->baseline, a.json["options"]["targets"].get<std::vector<std::string>>());
             }
             const std::string html = report::render_report(a.json, title);

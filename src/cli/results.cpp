@@ -29,10 +29,12 @@ Subcommand add_results_command(CLI::App& root) {
                   "median/min/max), trials, oom, ladder, scale (a scaling study's table and recommendations), "
                   "telemetry (samples, long format), profile (profiled trials: op families or GPU kernels side by side), "
                   "profile-compare (every trial's profile figures side by side: launch / sync API time, host-to-device "
-                  "copies, NCCL kernels, ...; without --sweep, the trials of every sweep)")
+                  "copies, NCCL kernels, ...; without --sweep, the trials of every sweep), memory (each trial's measured and "
+                  "planned peak split by part: weights, gradients, optimizer states, activations, ... — fine-tuning "
+                  "methods side by side)")
       ->capture_default_str()
       ->check(CLI::IsMember(
-          {"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry", "profile", "profile-compare"}));
+          {"auto", "sweeps", "summary", "trials", "oom", "ladder", "scale", "telemetry", "profile", "profile-compare", "memory"}));
   app->add_option("--format", f->format, "md, csv or json")->capture_default_str();
   app->add_option("--where", f->where,
                   "Keep rows where KEY OP VALUE (OP: = != < <= > >=), e.g. status=ok or micro_batch_size>=4; "
@@ -86,6 +88,7 @@ Subcommand add_results_command(CLI::App& root) {
             else if (view == "profile") table = lab::profile_table(store.trials(id, false), filters, order);
             else if (view == "profile-compare")
               table = lab::profile_compare_table(store.trials(id, false), filters, order, !sweep);
+            else if (view == "memory") table = lab::memory_table(store.trials(id, false), filters, order);
             else if (view == "oom") table = lab::oom_search_table(*sweep, store, filters);
             else if (view == "ladder") table = lab::ladder_sweep_table(*sweep, store, filters);
             else if (view == "scale") {

@@ -1,11 +1,13 @@
 // `scalelab sweep SPEC.toml`: runs every combination of a sweep spec as isolated trials, records
 // them in the results database (resumable), and prints the sweep's table.
 #include <cstdio>
+#include <set>
 
 #include "cli/command.h"
 #include "cli/lab_common.h"
 #include "core/subprocess.h"
 #include "lab/external_profile.h"
+#include "lab/oom_search.h"
 #include "lab/runner.h"
 #include "lab/spec.h"
 #include "lab/sweep.h"
@@ -60,6 +62,14 @@ Subcommand add_sweep_command(CLI::App& root) {
               for (const auto& p : combos) {
                 std::printf("%s\n", lab::build_launch(spec.workload, options.engine, p, ctx).display.c_str());
               }
+              if (spec.oom_search.enabled) {
+                std::set<std::string> keys;
+                for (const auto& p : combos) keys.insert(lab::oom_search_key(p));
+                std::printf("# then %zu OOM search(es), one per configuration without micro_batch_size (up to "
+                            "micro-batch %d%s)\n",
+                            keys.size(), spec.oom_search.max_micro_batch,
+                            spec.workload.is_native() && spec.oom_search.use_plan ? ", from the engine's plan" : "");
+              }
               return 0;
             }
 
@@ -75,9 +85,12 @@ Subcommand add_sweep_command(CLI::App& root) {
             runner.print_table(lab::sweep_summary_table(*runner.store().find_sweep(spec.name), runner.store(), {}),
                                format);
             std::fprintf(stderr,
-                         "\nsweep '%s': %d trials (%d run now: %d ok, %d oom, %d failed; %d already recorded)\n",
+                         "\nsweep '%s': %d trials (%d run now: %d ok, %d oom, %d failed; %d already recorded)%s\n",
                          spec.name.c_str(), summary.total, summary.ran, summary.ok, summary.oom, summary.failed,
-                         summary.already_done);
+                         summary.already_done,
+                         summary.oom_searches
+                             ? (", then " + std::to_string(summary.oom_searches) + " OOM search(es)").c_str()
+                             : "");
             runner.print_footer(false);
             return 0;
           }};

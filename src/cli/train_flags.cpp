@@ -44,7 +44,8 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
       ->capture_default_str();
   app->add_option("--lora-alpha", o.lora_alpha, "LoRA scaling numerator: the update is (alpha/r)·B·A")
       ->capture_default_str();
-  app->add_option("--lora-dropout", o.lora_dropout, "LoRA dropout on the adapter input (only 0 is implemented yet)")
+  app->add_option("--lora-dropout", o.lora_dropout,
+                  "LoRA dropout probability in [0, 1) on the adapter input while training (peft's lora_dropout)")
       ->capture_default_str();
   app->add_option("--lora-targets", o.lora_targets,
                   "Comma-separated module names to adapt, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
@@ -52,6 +53,15 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_flag("--rslora", o.rslora, "Rank-stabilized LoRA: scale alpha/sqrt(r) instead of alpha/r");
   app->add_option("--adapter", o.adapter,
                   "Start LoRA from this PEFT adapter directory (adapter_model.safetensors) instead of peft's init");
+  app->add_option("--quantize-base", o.quantize_base,
+                  "QLoRA: store the frozen base's linear weights in NF4 — nf4 (torchao's to_nf4, torchtune) or "
+                  "nf4-bnb (bitsandbytes' quantize_4bit, peft); needs --lora-rank (docs/finetuning.md)");
+  app->add_option("--qat", o.qat,
+                  "Quantization-aware training: 8da4w = int8 dynamic per-token activations and int4 grouped "
+                  "weights fake-quantized in every decoder linear module (torchao's Int8DynActInt4WeightQATQuantizer; "
+                  "then scalelab quantize DIR --to int4)");
+  app->add_option("--qat-group-size", o.qat_group_size, "QAT: input columns per int4 weight scale (must divide them)")
+      ->capture_default_str();
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
   app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
   app->add_flag("--allow-tf32", o.allow_tf32,

@@ -94,6 +94,12 @@ struct ExecContext {
   // Set when op scopes on an asynchronous device are timed with its queue's timer (CUDA events)
   // rather than by synchronizing around each scope; null otherwise.
   DeviceTiming* device_timing = nullptr;
+  // The training micro-step of the forward/backward running now, for the dropout of the shared
+  // decoder pieces (LoRA's --lora-dropout, model/decoder/lora.h): >= 0 while the trainer (or the
+  // memory plan) runs forward_backward, −1 otherwise (evaluation, generation): no dropout then.
+  // train_seed keys the masks (--seed).
+  std::int64_t train_step = -1;
+  std::uint64_t train_seed = 0;
   DeviceType device() const { return alloc->device(); }
   // Whether scopes record anything (timing) — ranges alone need no clock.
   bool timing() const { return profiler != nullptr || tracer != nullptr; }

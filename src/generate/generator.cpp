@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/gguf_model.h"
 #include "model/init.h"
 #include "train/data.h"
 
@@ -23,6 +24,7 @@ nlohmann::json GenerationResult::to_json() const {
 
 std::vector<std::int32_t> model_eos_token_ids(const std::string& model_dir) {
   namespace fs = std::filesystem;
+  if (is_gguf_path(model_dir)) return gguf_eos_token_ids(model_dir);
   for (const char* name : {"generation_config.json", "config.json"}) {
     const fs::path p = fs::path(model_dir) / name;
     std::ifstream f(p);
@@ -46,7 +48,8 @@ std::vector<std::int32_t> model_eos_token_ids(const std::string& model_dir) {
 }
 
 TextGenerator::TextGenerator(const std::string& model, const std::string& device_memory, std::uint64_t seed,
-                             const std::string& adapter) {
+                             const std::string& adapter)
+    : model_path_(model) {
   config_ = resolve_model(model);
   if (adapter.empty()) {
     layout_ = ParamLayout::build(config_);
@@ -132,7 +135,7 @@ EvalRecord TextGenerator::validation_loss(const std::string& data_spec, std::int
   d.vocab_size = config_.vocab_size;
   std::unique_ptr<DataSource> data;
   try {
-    data = make_data_source(d);
+    data = make_data_source(d, TextSourceOptions{"", model_path_, "--val-data"});
   } catch (const InvalidInput& e) {
     throw InvalidInput(std::string("[--val-data] ") + e.what());
   }

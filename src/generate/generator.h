@@ -44,7 +44,8 @@ struct GenerationResult {
 };
 
 // The EOS ids of a model directory: generation_config.json's "eos_token_id" (an id or a list),
-// else config.json's; empty when neither has one (or for a preset name).
+// else config.json's; a GGUF file's tokenizer.ggml.eos_token_id; empty when there is none (or
+// for a preset name).
 std::vector<std::int32_t> model_eos_token_ids(const std::string& model_dir);
 
 class TextGenerator {
@@ -72,7 +73,8 @@ class TextGenerator {
 
   // Validation loss and perplexity of the model on `data_spec` (the forms of train --data):
   // micro-batches of micro_batch samples of seq_len + 1 tokens, `batches` of them (0: the whole
-  // set), as train --val-data computes it (train/evaluate.h).
+  // set), as train --val-data computes it (train/evaluate.h). Text specs are encoded with the
+  // model's tokenizer (its directory's tokenizer.json or the GGUF's metadata).
   EvalRecord validation_loss(const std::string& data_spec, std::int64_t seq_len, std::int64_t micro_batch,
                              std::int64_t batches);
 
@@ -86,6 +88,7 @@ class TextGenerator {
 
  private:
   void check_ids(const std::vector<std::int32_t>& ids, const char* what) const;
+  std::string model_path_;  // --model: its tokenizer encodes text:/jsonl: validation data
   ModelConfig config_;
   ParamLayout layout_;
   std::unique_ptr<DeviceAllocator> alloc_;

@@ -21,6 +21,9 @@ const std::vector<std::string>& all_ops() {
       "embedding_forward", "embedding_backward", "position_embedding_add_forward", "position_embedding_backward",
       // rope, dropout
       "rope_forward", "rope_backward", "dropout_forward", "dropout_backward",
+      // qat
+      "fake_quant_per_token_forward", "fake_quant_per_token_backward", "fake_quant_group_forward",
+      "fake_quant_group_backward",
       // attention
       "attention_eager_forward", "attention_eager_backward", "attention_flash_forward", "attention_flash_backward",
       // loss

@@ -28,6 +28,7 @@
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
 #include "kernels/loss.h"
+#include "kernels/qat.h"
 #include "kernels/rope.h"
 
 namespace scalelab::kernels {
@@ -98,6 +99,14 @@ class Backend {
   virtual void dropout_forward(Tensor& x, float p, const DropoutKey& key, ExecContext& ctx) = 0;
   virtual void dropout_backward(Tensor& dx, const Tensor& dy, float p, const DropoutKey& key,
                                 ExecContext& ctx) = 0;
+
+  // --- qat: fake quantization as torchao's 8da4w (kernels/qat.h)
+  virtual void fake_quant_per_token_forward(Tensor& y, const Tensor& x, ExecContext& ctx) = 0;
+  virtual void fake_quant_per_token_backward(Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate,
+                                             ExecContext& ctx) = 0;
+  virtual void fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int64_t group, ExecContext& ctx) = 0;
+  virtual void fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std::int64_t group,
+                                         ExecContext& ctx) = 0;
 
   // --- attention
   virtual void attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const AttentionShape& s,

@@ -195,10 +195,11 @@ LossSum fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Tensor& x, cons
   const char* op = "fused_linear_cross_entropy";
   const std::int64_t T = check_linear_loss(x, w, targets, op), V = w.dim(0), H = w.dim(1);
   require_numel(dx, T * H, op, "input gradient");
-  require_numel(dw, V * H, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, V * H, op, "weight gradient");  // undefined: a frozen head
   if (T == 0) return {};
   ProfileScope prof(ctx, "loss", Phase::kBackward);
-  return backend_for(device_of(op, {&dx, &dw, &x, &w, &targets}), op)
+  return backend_for(dw.defined() ? device_of(op, {&dx, &dw, &x, &w, &targets}) : device_of(op, {&dx, &x, &w, &targets}),
+                     op)
       .fused_linear_cross_entropy(dx, dw, x, w, targets, grad_scale_per_token, resolve_chunk(chunk_tokens, V, w, ctx),
                                   ctx);
 }

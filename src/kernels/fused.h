@@ -160,7 +160,9 @@ std::int64_t count_target_tokens(const Tensor& targets, ExecContext& ctx);
 // grad_scale_per_token = grad_scale / count_target_tokens(targets) (counting is one pass over T
 // integers); with that, loss.sum / loss.count, dx and dw equal the unfused
 // linear_forward + cross_entropy_forward + cross_entropy_backward + linear_backward.
-// dw may be the embedding gradient (tied head): it accumulates. Throws InvalidInput for a target
+// dw may be the embedding gradient (tied head): it accumulates. dw undefined (a frozen head, e.g.
+// under LoRA): no weight gradient, its GEMM skipped (pass DType::kF32 as dw_type to
+// fused_linear_cross_entropy_workspace_blocks then). Throws InvalidInput for a target
 // outside [0, V) before touching any output. A chunk whose rows are all ignored costs nothing
 // but zeroing its dx rows.
 //

@@ -82,7 +82,9 @@ PlanFn native_plan(const TrialExecutor& exec) {
     std::filesystem::remove(json_path);
     SubprocessSpec ps;
     ps.argv = {engine, "plan"};
-    for (auto& f : params_to_flags(p)) ps.argv.push_back(f);
+    // A DPO trial's plan: `plan --dpo` (the reference log-probabilities' model counted).
+    if (native_subcommand(p) == "dpo") ps.argv.push_back("--dpo");
+    for (auto& f : params_to_flags(p, {kSubcommandParam})) ps.argv.push_back(f);
     ps.argv.push_back("--json");
     ps.argv.push_back(json_path);
     ps.log_path = (std::filesystem::path(dir) / ("plan-" + hash + ".log")).string();
@@ -145,6 +147,12 @@ OomSearchResult OomSearchResult::from_json(const Json& j) {
     }
   }
   return r;
+}
+
+std::string oom_search_key(const ParamMap& params) {
+  ParamMap base = params;
+  base.erase("micro_batch_size");
+  return Json(base).dump();
 }
 
 OomSearchResult run_oom_search(TrialExecutor& exec, const OomSearchRequest& req, const PlanFn& plan) {

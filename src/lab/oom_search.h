@@ -68,6 +68,10 @@ struct OomSearchRequest {
   bool use_plan = true;
 };
 
+// The configuration an OOM search is for, given any of its trials' parameters: the parameters
+// without micro_batch_size, as text (a sweep's [oom_search] stores its limits under this key).
+std::string oom_search_key(const ParamMap& params);
+
 // Runs the search with real trials through `exec` (recorded; already-recorded trials are reused).
 OomSearchResult run_oom_search(TrialExecutor& exec, const OomSearchRequest& request, const PlanFn& plan);
 

@@ -43,12 +43,45 @@ void for_each_line(const std::string& text, F&& f) {
   }
 }
 
-const char* const kMetricFields[] = {"tokens_per_s", "tokens_per_s_per_device", "step_time_s",
-                                     "max_allocated_bytes", "max_reserved_bytes", "final_loss",
-                                     "val_loss", "val_perplexity", "mfu", "params", "flops_per_token",
+const char* const kMetricFields[] = {"tokens_per_s",     "tokens_per_s_per_device", "step_time_s",
+                                     "max_allocated_bytes", "max_reserved_bytes",   "final_loss",
+                                     "val_loss",          "val_perplexity",         "mfu",
+                                     "params",            "trainable_params",       "frozen_params",
+                                     "flops_per_token",
                                      // DPO runs (train --dpo / scalelab dpo): the last step's
                                      "final_reward_accuracy", "final_reward_margin", "final_rewards_chosen",
                                      "final_rewards_rejected"};
+
+// "optimizer states" -> "optimizer_states": a plan item's name as part of a metric key.
+std::string slug(const std::string& name) {
+  std::string s;
+  for (char c : name) {
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+    if (alnum) s += c;
+    else if (c >= 'A' && c <= 'Z') s += static_cast<char>(c - 'A' + 'a');
+    else if (!s.empty() && s.back() != '_') s += '_';
+  }
+  while (!s.empty() && s.back() == '_') s.pop_back();
+  return s;
+}
+
+// The run record's memory plan, part by part, as metrics: plan_<part>_bytes is what the part held
+// at the plan's peak ("weights", "optimizer states", "activations", ... whatever the engine
+// names), plan_total_bytes the planned peak. `results --view memory` shows them side by side.
+void add_plan_metrics(const Json& record, Json& metrics) {
+  auto it = record.find("memory_plan");
+  if (it == record.end() || !it->is_object()) return;
+  const Json& plan = *it;
+  if (plan.contains("total_bytes") && plan["total_bytes"].is_number()) metrics["plan_total_bytes"] = plan["total_bytes"];
+  if (!plan.contains("items") || !plan["items"].is_array()) return;
+  for (const Json& item : plan["items"]) {
+    if (!item.is_object() || !item.contains("name") || !item["name"].is_string()) continue;
+    auto at = item.find("at_peak_bytes");
+    if (at == item.end() || !at->is_number()) continue;
+    const std::string key = slug(item["name"].get<std::string>());
+    if (!key.empty()) metrics["plan_" + key + "_bytes"] = *at;
+  }
+}
 
 }  // namespace
 
@@ -127,6 +160,7 @@ TrialOutcome classify_native(const SubprocessResult& proc, double timeout_s, con
       auto it = out.record.find(k);
       if (it != out.record.end() && it->is_number()) out.metrics[k] = *it;
     }
+    add_plan_metrics(out.record, out.metrics);
     if (out.metrics.contains("max_reserved_bytes")) {
       out.metrics["max_reserved_gib"] = out.metrics["max_reserved_bytes"].get<double>() / (1024.0 * 1024 * 1024);
     }

@@ -79,6 +79,17 @@ ParamMap parse_flag_words(const std::vector<std::string>& words) {
   return params;
 }
 
+std::string native_subcommand(const ParamMap& params) {
+  auto it = params.find(kSubcommandParam);
+  if (it == params.end()) return "train";
+  const std::string v = param_text(it->second);
+  if (v != "train" && v != "dpo") {
+    throw InvalidInput("[lab] parameter subcommand = \"" + v +
+                       "\" — a native trial runs `scalelab train` or `scalelab dpo`: use \"train\" or \"dpo\"");
+  }
+  return v;
+}
+
 std::vector<std::string> params_to_flags(const ParamMap& params, const std::vector<std::string>& skip) {
   std::vector<std::string> out;
   for (const auto& [name, value] : params) {

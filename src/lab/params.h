@@ -39,6 +39,12 @@ ParamMap parse_flag_words(const std::vector<std::string>& words);
 
 // `scalelab train` flags for parameters: a true bool is a bare switch, a false bool is left out,
 // anything else is "--flag value". Parameters named in `skip` are left out.
+// The native workload's engine subcommand: parameter "subcommand" ("train", the default, or "dpo":
+// a preference-optimization trial takes the same flags and writes the same run record), which
+// becomes the subcommand rather than a flag; InvalidInput for another value.
+inline constexpr const char* kSubcommandParam = "subcommand";
+std::string native_subcommand(const ParamMap& params);
+
 std::vector<std::string> params_to_flags(const ParamMap& params,
                                          const std::vector<std::string>& skip = {});
 

@@ -347,6 +347,8 @@ Json SweepSpec::to_json() const {
          {"parameter_order", order},
          {"exclude", ex}};
   if (timeout_s) j["timeout_s"] = *timeout_s;
+  if (oom_search.enabled)
+    j["oom_search"] = {{"max_micro_batch", oom_search.max_micro_batch}, {"use_plan", oom_search.use_plan}};
   return j;
 }
 
@@ -370,7 +372,7 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
                        " — fix the file at that line and column");
   }
   check_keys(root, source, "the top level",
-             {"name", "description", "repeats", "timeout", "workload", "parameters", "exclude"});
+             {"name", "description", "repeats", "timeout", "workload", "parameters", "exclude", "oom_search"});
   SweepSpec spec;
   spec.source = source;
   fs::path base_dir = fs::path(source).has_parent_path() ? fs::path(source).parent_path() : fs::path(".");
@@ -392,6 +394,24 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
       throw InvalidInput("[" + at(source, n->source()) + "] timeout must be a positive number of seconds");
     }
     spec.timeout_s = *v;
+  }
+
+  if (const auto* n = root.get("oom_search")) {
+    const toml::table* t = n->as_table();
+    if (!t) throw InvalidInput("[" + at(source, n->source()) + "] oom_search must be a table: [oom_search]");
+    check_keys(*t, source, "[oom_search]", {"max_micro_batch", "use_plan"});
+    spec.oom_search.enabled = true;
+    if (const auto* m = t->get("max_micro_batch")) {
+      auto v = m->value<std::int64_t>();
+      if (!m->is_integer() || !v || *v < 1 || *v > 1000000) {
+        throw InvalidInput("[" + at(source, m->source()) + "] oom_search.max_micro_batch must be an integer from 1 to 1000000");
+      }
+      spec.oom_search.max_micro_batch = static_cast<int>(*v);
+    }
+    if (const auto* u = t->get("use_plan")) {
+      if (!u->is_boolean()) throw InvalidInput("[" + at(source, u->source()) + "] oom_search.use_plan must be true or false");
+      spec.oom_search.use_plan = u->value_or(true);
+    }
   }
 
   const toml::table* wt = nullptr;
@@ -495,6 +515,19 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
   }
   if (!any_combination_kept(spec)) {
     throw InvalidInput("[" + source + "] the exclude rules remove every combination — nothing would run");
+  }
+  // A native workload's "subcommand" parameter picks `scalelab train` or `scalelab dpo`.
+  if (spec.workload.is_native()) {
+    for (const auto& [name, values] : spec.parameters) {
+      if (name != kSubcommandParam) continue;
+      for (const auto& v : values) {
+        try {
+          native_subcommand(ParamMap{{name, v}});
+        } catch (const InvalidInput& e) {
+          throw InvalidInput("[" + source + "] " + std::string(e.what()).substr(6));
+        }
+      }
+    }
   }
   return spec;
 }

@@ -31,6 +31,11 @@
 //   attn = "eager"
 //   micro_batch_size = [4, 8]
 //
+//   [oom_search]                     # optional: after the trials, each configuration's largest
+//   max_micro_batch = 256            # micro-batch that fits (lab/oom_search.h), found with real
+//   use_plan = true                  # trials, from the engine's plan where one exists; shown as
+//                                    # a "max micro-batch" column of the summary
+//
 // Every malformed input is an InvalidInput naming file:line:column.
 #include <cstdint>
 #include <optional>
@@ -52,6 +57,13 @@ struct ExcludeRule {
   bool matches(const ParamMap& params) const;
 };
 
+// [oom_search]: one OOM search per configuration (its parameters without micro_batch_size).
+struct SweepOomSearch {
+  bool enabled = false;
+  int max_micro_batch = 4096;
+  bool use_plan = true;  // native workloads: start from the engine's plan (`plan --json`)
+};
+
 struct SweepSpec {
   std::string name;
   std::string description;
@@ -61,6 +73,7 @@ struct SweepSpec {
   Workload workload;
   std::vector<std::pair<std::string, std::vector<Json>>> parameters;  // file order
   std::vector<ExcludeRule> excludes;
+  SweepOomSearch oom_search;
 
   // The combinations, the first parameter varying slowest, excluded ones dropped.
   std::vector<ParamMap> expand() const;

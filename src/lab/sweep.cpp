@@ -1,5 +1,9 @@
 #include "lab/sweep.h"
 
+#include <set>
+
+#include "lab/oom_search.h"
+
 namespace scalelab::lab {
 
 Json sweep_membership(const SweepSpec& spec) {
@@ -51,6 +55,39 @@ SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabO
     else ++summary.failed;
   }
   progress.finish();
+
+  // [oom_search]: each configuration's limit (configurations that differ only in micro_batch_size
+  // share one), with real trials; a trial the sweep already ran is reused by the search. The
+  // limits join the sweep's stored result as they come, so an interrupted sweep keeps those found.
+  if (spec.oom_search.enabled) {
+    Json result = sweep_membership(spec);
+    result["oom_limits"] = Json::array();
+    std::set<std::string> seen;
+    const PlanFn plan = spec.workload.is_native() && spec.oom_search.use_plan ? native_plan(exec) : PlanFn{};
+    for (const auto& p : combos) {
+      const std::string key = oom_search_key(p);
+      if (!seen.insert(key).second) continue;
+      ParamMap base = p;
+      base.erase("micro_batch_size");
+      std::string label = params_label(base, swept);
+      progress.note("OOM search" + (label.empty() ? std::string() : " for " + label));
+      OomSearchRequest req;
+      req.base = base;
+      req.role = "oom-search";
+      req.settings.max_micro_batch = spec.oom_search.max_micro_batch;
+      if (auto it = p.find("micro_batch_size"); it != p.end() && it->second.is_number_integer())
+        req.settings.hint = std::max(1, it->second.get<int>());  // without a plan: the sweep's own size first
+      req.use_plan = static_cast<bool>(plan);
+      const OomSearchResult r = run_oom_search(exec, req, plan);
+      Json entry = r.to_json();
+      entry["key"] = key;
+      entry["params"] = Json(base);
+      result["oom_limits"].push_back(entry);
+      store.set_sweep_result(summary.sweep_id, result);
+      ++summary.oom_searches;
+    }
+    progress.finish();
+  }
   return summary;
 }
 

@@ -18,6 +18,7 @@ struct SweepRunSummary {
   int already_done = 0;  // found in the database
   int ran = 0;
   int ok = 0, oom = 0, failed = 0;  // of the trials run now
+  int oom_searches = 0;             // [oom_search]: configurations searched
   std::string log_dir;
 };
 
@@ -26,7 +27,9 @@ struct SweepRunSummary {
 // configurations an edited spec no longer has stay in the database but out of the table).
 Json sweep_membership(const SweepSpec& spec);
 
-// Records the sweep (kind "sweep", its spec and membership) and runs what is missing.
+// Records the sweep (kind "sweep", its spec and membership) and runs what is missing; with
+// [oom_search], then each configuration's largest fitting micro-batch (stored in the sweep's
+// result as "oom_limits": OomSearchResult::to_json() + "key" + "params").
 // options.timeout_s is used as given (the CLI decides between --timeout and the spec's timeout).
 // Takes no lock: the caller holds the RunnerLock. Throws Interrupted when options.cancel fires
 // (finished trials are kept).

@@ -283,7 +283,42 @@ Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, cons
     });
     rows = std::move(kept);
   }
-  return summary_table(rows, filters, parameter_order(sweep));
+  Table t = summary_table(rows, filters, parameter_order(sweep));
+  // [oom_search]: each configuration's largest fitting micro-batch, beside its trials' figures.
+  if (m.is_object() && m.contains("oom_limits") && m["oom_limits"].is_array()) {
+    std::map<std::string, const Json*> limits;
+    for (const auto& e : m["oom_limits"])
+      if (e.is_object() && e.contains("key") && e["key"].is_string()) limits[e["key"].get<std::string>()] = &e;
+    std::map<std::string, std::string> key_of;  // config hash -> its search's key
+    for (const auto& r : rows) key_of.emplace(r.config_hash, oom_search_key(r.params()));
+    auto runs = std::find_if(t.columns.begin(), t.columns.end(), [](const Column& c) { return c.key == "runs"; });
+    t.columns.insert(runs, {"max_micro_batch_size", "max micro-batch", CellFormat::kText});
+    int capped = 0;
+    std::vector<std::string> failures;
+    for (auto& row : t.rows) {
+      const auto k = key_of.find(row.value("config_hash", std::string()));
+      const auto it = k == key_of.end() ? limits.end() : limits.find(k->second);
+      if (it == limits.end()) continue;
+      const OomSearchResult res = OomSearchResult::from_json(*it->second);
+      if (res.failed) {
+        row["max_micro_batch_size"] = "failed";
+        failures.push_back(res.failure);
+      } else if (res.capped) {
+        row["max_micro_batch_size"] = ">= " + std::to_string(res.max_micro_batch_size);
+        ++capped;
+      } else {
+        row["max_micro_batch_size"] = std::to_string(res.max_micro_batch_size);
+      }
+    }
+    t.notes.push_back("max micro-batch: the largest micro-batch that fits each configuration, verified by trials (it "
+                      "fits, one more runs out of memory; `results --sweep " + sweep.name + " --view trials` lists "
+                      "the search's trials)." +
+                      (capped ? " \">= N\": the search stopped at [oom_search] max_micro_batch." : std::string()));
+    for (const auto& f : failures) t.notes.push_back("An OOM search stopped: " + f);
+    if (limits.size() < key_of.size() && !key_of.empty())
+      t.notes.push_back("Some configurations have no OOM search result yet (the sweep was interrupted): run it again.");
+  }
+  return t;
 }
 
 Table oom_search_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
@@ -553,6 +588,75 @@ Table telemetry_table(const std::vector<TelemetrySample>& samples) {
   for (const auto& s : samples) {
     t.rows.push_back({{"trial_id", s.trial_id}, {"t_s", s.t_s}, {"source", s.source}, {"device", s.device},
                       {"metric", s.metric}, {"value", s.value}});
+  }
+  return t;
+}
+
+Table memory_table(const std::vector<TrialRow>& rows_in, const std::vector<Filter>& filters,
+                   const std::vector<std::string>& param_order) {
+  std::vector<Json> objects;
+  for (const auto& r : rows_in) objects.push_back(flatten_trial(r));
+  objects = apply_filters(objects, filters);
+
+  // The parts in the plan's own display order (train/memory_plan.cpp), then any other the engine
+  // names (a method's own part, e.g. a reference model), alphabetically. "allocator rounding" is
+  // already inside the other parts.
+  static const std::vector<std::string> kOrder = {
+      "weights",          "gradients",      "optimizer_states", "reference_model",    "batch",
+      "activations",      "attention_scores", "logits",         "fused_loss_chunk",   "head_buffers",
+      "recomputed_layer", "backward_temporaries", "workspace",  "other",              "allocator_cache"};
+  std::set<std::string> present;
+  for (const auto& o : objects)
+    for (auto it = o.begin(); it != o.end(); ++it) {
+      const std::string& k = it.key();
+      if (k.size() > 11 && k.rfind("plan_", 0) == 0 && k.compare(k.size() - 6, 6, "_bytes") == 0 &&
+          k != "plan_total_bytes" && k != "plan_allocator_rounding_bytes" && it->is_number() && it->get<double>() > 0)
+        present.insert(k.substr(5, k.size() - 11));
+    }
+  std::vector<std::string> parts;
+  for (const auto& p : kOrder)
+    if (present.erase(p)) parts.push_back(p);
+  for (const auto& p : present) parts.push_back(p);
+
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  int with_plan = 0, matching = 0;
+  for (auto& o : objects) {
+    for (const auto& p : parts) {
+      auto it = o.find("plan_" + p + "_bytes");
+      if (it != o.end() && it->is_number()) o["plan_" + p + "_gib"] = it->get<double>() / kGiB;
+    }
+    if (o.contains("plan_total_bytes") && o["plan_total_bytes"].is_number()) {
+      o["plan_gib"] = o["plan_total_bytes"].get<double>() / kGiB;
+      if (o.contains("max_reserved_bytes") && o["max_reserved_bytes"].is_number()) {
+        ++with_plan;
+        if (o["plan_total_bytes"].get<double>() == o["max_reserved_bytes"].get<double>()) ++matching;
+      }
+    }
+  }
+
+  Table t;
+  t.columns = {{"trial_id", "trial", CellFormat::kInt}, {"status", "status"}};
+  for (const auto& p : varying_params(rows_in, param_order)) t.columns.push_back({p, p});
+  t.columns.push_back({"trainable_params", "trainable params", CellFormat::kInt});
+  t.columns.push_back({"step_time_s", "step s", CellFormat::kFixed3});
+  t.columns.push_back({"tokens_per_s_per_device", "tokens/s/device", CellFormat::kFixed1});
+  t.columns.push_back({"val_loss", "val loss", CellFormat::kFixed4});
+  t.columns.push_back({"memory_gib", "measured peak GiB", CellFormat::kFixed3});
+  t.columns.push_back({"plan_gib", "planned peak GiB", CellFormat::kFixed3});
+  for (const auto& p : parts) {
+    std::string label = p;
+    std::replace(label.begin(), label.end(), '_', ' ');
+    t.columns.push_back({"plan_" + p + "_gib", label + " GiB", CellFormat::kFixed3});
+  }
+  t.rows = std::move(objects);
+  if (t.rows.empty()) {
+    t.notes.push_back("No trials match.");
+  } else if (parts.empty()) {
+    t.notes.push_back("No trial has a memory plan in its run record (native `scalelab train` trials record one).");
+  } else {
+    t.notes.push_back("The parts are what each held at the planned peak (the engine's plan on the meta device). "
+                      "Planned peak equals the measured one in " + std::to_string(matching) + " of " +
+                      std::to_string(with_plan) + " trials.");
   }
   return t;
 }

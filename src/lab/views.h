@@ -63,4 +63,12 @@ Table profile_table(const std::vector<TrialRow>& rows, const std::vector<Filter>
 Table profile_compare_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
                             const std::vector<std::string>& param_order, bool with_sweep);
 
+// One row per trial: its varying parameters, trainable parameters, step time, throughput,
+// validation loss, measured and planned peak, and the plan's parts at the peak (weights, gradients,
+// optimizer states, activations, ... — the run record's memory plan, stored as plan_<part>_bytes
+// metrics), so methods (full fine-tuning, LoRA, QLoRA, ...) compare part by part. Columns only for
+// the parts some trial holds.
+Table memory_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
+                   const std::vector<std::string>& param_order);
+
 }  // namespace scalelab::lab

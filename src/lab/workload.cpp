@@ -164,8 +164,8 @@ Launch build_launch(const Workload& workload, const std::string& engine, const P
                     const TrialContext& ctx) {
   Launch launch;
   if (workload.is_native()) {
-    launch.argv = {engine, "train"};
-    for (auto& f : params_to_flags(params)) launch.argv.push_back(std::move(f));
+    launch.argv = {engine, native_subcommand(params)};
+    for (auto& f : params_to_flags(params, {kSubcommandParam})) launch.argv.push_back(std::move(f));
     launch.argv.push_back("--json");
     launch.argv.push_back(ctx.record_path);
     if (ctx.profile) {

@@ -160,7 +160,9 @@ void merge_adapter(const ParamLayout& lora_layout, const Tensor& flat, const Par
 
 void save_adapter(const std::string& dir, const ParamLayout& layout, const Tensor& flat, DType dtype,
                   const std::string& base_model) {
-  SCALELAB_CHECK(flat.device() == DeviceType::kCPU && flat.numel() == layout.total_numel(),
+  // QLoRA: the parameter buffer holds the dense part only (ParamLayout::dense_numel); the adapters are in it.
+  SCALELAB_CHECK(flat.device() == DeviceType::kCPU &&
+                     (flat.numel() == layout.total_numel() || flat.numel() == layout.dense_numel()),
                  "[adapter] save_adapter reads a host buffer of the layout's size");
   const LoraConfig& lora = layout.lora();
   SCALELAB_CHECK(lora.enabled(), "[adapter] save_adapter of a layout without LoRA");

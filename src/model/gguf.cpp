@@ -315,7 +315,7 @@ std::vector<float> GgufFile::dequantize(const GgufTensor& t) const {
   return out;
 }
 
-tok::Tokenizer GgufFile::tokenizer() const {
+nlohmann::json GgufFile::tokenizer_json() const {
   const auto& m = metadata_;
   auto need = [&](const char* key) -> const nlohmann::json& {
     if (!m.contains(key)) throw InvalidInput("[gguf] '" + path_ + "' has no " + key + " — it carries no tokenizer; pass --tokenizer");
@@ -385,9 +385,14 @@ tok::Tokenizer GgufFile::tokenizer() const {
                            {"pair", nlohmann::json::array()},
                            {"special_tokens", {{name, {{"id", name}, {"ids", {bos}}, {"tokens", {name}}}}}}};
   }
+  return j;
+}
+
+tok::Tokenizer GgufFile::tokenizer() const {
+  const auto& m = metadata_;
   // Invalid UTF-8 elsewhere (a merge) is replaced in the dump; the merge then fails to match
   // the vocabulary and from_json says so.
-  tok::Tokenizer t = tok::Tokenizer::from_json(j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+  tok::Tokenizer t = tok::Tokenizer::from_json(tokenizer_json().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                                                path_ + " (tokenizer.ggml.*)");
   if (m.contains("tokenizer.ggml.eos_token_id") && m["tokenizer.ggml.eos_token_id"].is_number_unsigned()) {
     const auto eos = m["tokenizer.ggml.eos_token_id"].get<std::uint32_t>();

@@ -3,8 +3,7 @@
 // directory, tensors dequantized to fp32 (F32, F16, BF16, Q8_0, Q4_0, Q4_1 — the values the
 // PyPI `gguf` package's dequantize gives, bit for bit) and the byte-level BPE tokenizer stored in
 // the metadata (tokenizer.ggml.model "gpt2").
-// Not yet: loading a GGUF as a model for `train --model` (the tensor names and the Q/K row
-// permutation of llama.cpp's converter are to be mapped).
+// Loading a GGUF as a model (`train --model x.gguf`) is model/gguf_model.h.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,6 +48,9 @@ class GgufFile {
   // The tokenizer of tokenizer.ggml.* ("gpt2" model: byte-level BPE; pre-tokenizer by
   // tokenizer.ggml.pre: llama-bpe/llama3 → Llama 3's, smollm → SmolLM's, gpt-2/default → GPT-2's).
   tok::Tokenizer tokenizer() const;
+  // The same tokenizer as a Hugging Face tokenizer.json document (what tokenizer() parses).
+  // Throws InvalidInput as tokenizer() does for missing or unsupported metadata.
+  nlohmann::json tokenizer_json() const;
 
  private:
   GgufFile() = default;

@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
+#include <optional>
 
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/gguf.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace scalelab {
 
@@ -152,6 +156,78 @@ LoadSummary load_gguf_weights(const std::string& path, const ModelConfig& config
     if (!used.count(t.name) && t.name != "rope_freqs.weight") s.ignored.push_back(t.name);
   }
   return s;
+}
+
+namespace {
+
+// Writes `text` to dir/name through a temporary name and a rename (never half a file).
+void write_text_file(const std::filesystem::path& dir, const std::string& name, const std::string& text) {
+  const std::filesystem::path dst = dir / name, tmp = dir / ("." + name + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!out) throw InvalidInput("[--save] cannot write '" + tmp.string() + "' — check that the directory is writable");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, dst, ec);
+  if (ec) throw InvalidInput("[--save] cannot move '" + tmp.string() + "' to '" + dst.string() + "': " + ec.message());
+}
+
+std::optional<std::uint32_t> token_id(const GgufFile& f, const char* key, std::size_t vocab) {
+  const auto& m = f.metadata();
+  if (!m.contains(key) || !m[key].is_number_unsigned()) return std::nullopt;
+  const auto id = m[key].get<std::uint64_t>();
+  if (id >= vocab) return std::nullopt;
+  return static_cast<std::uint32_t>(id);
+}
+
+}  // namespace
+
+std::vector<std::int32_t> gguf_eos_token_ids(const std::string& path) {
+  const GgufFile f = GgufFile::open(path);
+  const auto& m = f.metadata();
+  const std::size_t vocab = m.contains("tokenizer.ggml.tokens") && m["tokenizer.ggml.tokens"].is_array()
+                                ? m["tokenizer.ggml.tokens"].size()
+                                : std::numeric_limits<std::size_t>::max();
+  if (auto eos = token_id(f, "tokenizer.ggml.eos_token_id", vocab)) return {static_cast<std::int32_t>(*eos)};
+  return {};
+}
+
+std::vector<std::string> write_gguf_side_files(const std::string& path, const std::string& dir) {
+  const GgufFile f = GgufFile::open(path);
+  const auto& m = f.metadata();
+  if (!m.contains("tokenizer.ggml.model")) return {};  // no tokenizer in the file: nothing to write
+  const nlohmann::json tj = f.tokenizer_json();
+  static_cast<void>(f.tokenizer());  // the document parses (and the vocabulary matches) before it is written
+  const auto& tokens = m["tokenizer.ggml.tokens"];
+  const std::size_t vocab = tokens.size();
+  std::vector<std::string> written;
+  auto dump = [](const nlohmann::json& j) { return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"; };
+  write_text_file(dir, "tokenizer.json", dump(tj));
+  written.push_back("tokenizer.json");
+  // The roles by name (as transformers' tokenizer_config.json names them; Tokenizer::load reads
+  // them back) and by id for generate's stopping rule.
+  nlohmann::json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                       {"add_bos_token", m.value("tokenizer.ggml.add_bos_token", false)},
+                       {"clean_up_tokenization_spaces", false}};
+  nlohmann::json gc = {{"_from_model_config", true}};
+  for (const auto& [key, role] : {std::pair{"tokenizer.ggml.bos_token_id", "bos"}, std::pair{"tokenizer.ggml.eos_token_id", "eos"},
+                                  std::pair{"tokenizer.ggml.padding_token_id", "pad"}, std::pair{"tokenizer.ggml.unknown_token_id", "unk"}}) {
+    if (auto id = token_id(f, key, vocab)) {
+      tc[std::string(role) + "_token"] = tokens[*id];
+      if (std::string(role) != "unk") gc[std::string(role) + "_token_id"] = *id;
+    }
+  }
+  if (m.contains("tokenizer.chat_template") && m["tokenizer.chat_template"].is_string()) {
+    tc["chat_template"] = m["tokenizer.chat_template"];
+  }
+  write_text_file(dir, "tokenizer_config.json", dump(tc));
+  written.push_back("tokenizer_config.json");
+  if (gc.contains("eos_token_id")) {
+    write_text_file(dir, "generation_config.json", dump(gc));
+    written.push_back("generation_config.json");
+  }
+  return written;
 }
 
 }  // namespace scalelab

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "model/family.h"
+#include "model/nf4.h"
 
 namespace scalelab {
 
@@ -23,6 +24,7 @@ void ParamLayout::add(std::string name, Shape shape, ParamKind kind) {
   p.decay = p.decay || kind == ParamKind::kAdapter;  // the HF Trainer decays every non-bias, non-norm weight
   p.is_adapter = kind == ParamKind::kAdapter;
   total_ += p.numel;
+  dense_ += p.numel;
   trainable_ += p.numel;
   if (kind == ParamKind::kLinear) matmul_numel_ += p.numel;
   params_.push_back(std::move(p));
@@ -54,6 +56,37 @@ double LoraConfig::scale() const {
 
 std::vector<std::string> LoraConfig::resolved_targets() const {
   return targets.empty() ? std::vector<std::string>{"q_proj", "v_proj"} : targets;
+}
+
+bool ParamLayout::qat_applies(const std::string& weight) const {
+  if (!qat_.enabled()) return false;
+  const ParamInfo* p = find(weight);
+  return p != nullptr && !p->is_adapter && !p->is_embedding && p->shape.rank() == 2 &&
+         weight.find(".layers.") != std::string::npos;
+}
+
+void ParamLayout::set_qat(const QatConfig& qat) {
+  if (qat.enabled()) {
+    if (qat.scheme != "8da4w") {
+      throw InvalidInput("[--qat] unknown scheme '" + qat.scheme + "' — the one implemented is 8da4w (int8 dynamic "
+                         "per-token activations, int4 grouped weights)");
+    }
+    if (qat.group_size <= 1) {
+      throw InvalidInput("[--qat-group-size] must be > 1, got " + std::to_string(qat.group_size));
+    }
+  }
+  qat_ = qat;
+  for (const ParamInfo& p : params_) {
+    if (!qat_applies(p.name)) continue;
+    const std::int64_t in = p.shape[1];
+    if (in % qat.group_size != 0) {
+      qat_ = QatConfig{};
+      throw InvalidInput("[--qat-group-size] " + std::to_string(qat.group_size) + " does not divide the " +
+                         std::to_string(in) + " input features of " + p.name + " " + p.shape.str() +
+                         " — use a group size that divides every linear module's input features (e.g. 32 or a "
+                         "common divisor of the hidden and intermediate sizes)");
+    }
+  }
 }
 
 void ParamLayout::add_lora(const LoraConfig& lora) {
@@ -99,6 +132,19 @@ void ParamLayout::add_lora(const LoraConfig& lora) {
     add(s.module + ".lora_B.weight", Shape{s.out, lora.rank}, ParamKind::kAdapter);
   }
   for (auto& p : params_) p.trainable = p.is_adapter;
+  if (!lora.quantize_base.empty()) {
+    const Nf4Flavor flavor = *parse_quantize_base(lora.quantize_base);
+    for (auto& p : params_) {
+      const bool site = std::any_of(sites.begin(), sites.end(), [&](const Site& s) { return s.module + ".weight" == p.name; });
+      if (!site) continue;
+      const std::string why = nf4_refusal(flavor, p.numel);
+      if (!why.empty()) {
+        throw InvalidInput("[--quantize-base] " + p.name + " [" + std::to_string(p.shape[0]) + ", " +
+                           std::to_string(p.shape[1]) + "] cannot be stored as " + nf4_flavor_name(flavor) + ": " + why);
+      }
+      p.quantized = true;
+    }
+  }
   lora_ = lora;
   relayout();
 }
@@ -112,7 +158,13 @@ void ParamLayout::relayout() {
     }
   trainable_ = off;
   for (auto& p : params_)
-    if (!p.trainable) {
+    if (!p.trainable && !p.quantized) {
+      p.offset = off;
+      off += p.numel;
+    }
+  dense_ = off;
+  for (auto& p : params_)  // QLoRA: after the flat buffer (a full-size staging buffer on load holds them)
+    if (p.quantized) {
       p.offset = off;
       off += p.numel;
     }

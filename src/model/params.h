@@ -19,6 +19,7 @@
 // src/model/<family>/family.cpp, where the order of each family's buffer is written down); the
 // parameters a fused GEMM reads as one matrix (q/k/v, gate/up) are adjacent.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct ParamInfo {
   bool is_embedding = false;  // token or position embedding table
   bool trainable = true;      // false: frozen (--freeze): no gradient, no optimizer state
   bool is_adapter = false;    // a LoRA matrix (--lora-rank): not in the base checkpoint
+  bool quantized = false;     // QLoRA (--quantize-base): stored in NF4 (model/nf4.h), not in the flat buffer
 };
 
 // LoRA (--lora-rank R, --lora-alpha A, --lora-targets, --rslora), as peft's LoraConfig: each
@@ -46,19 +48,34 @@ struct ParamInfo {
 struct LoraConfig {
   std::int64_t rank = 0;  // 0: no LoRA
   double alpha = 8.0;     // peft's default lora_alpha
-  double dropout = 0.0;   // lora_dropout (only 0 is implemented: see docs/finetuning.md)
+  double dropout = 0.0;   // lora_dropout: on the adapter input while training (model/decoder/lora.h)
   std::vector<std::string> targets;  // module names (suffixes of the module path); empty: q_proj, v_proj
   bool rslora = false;
+  // QLoRA (--quantize-base): "" (none), "nf4" (torchao's to_nf4) or "nf4-bnb" (bitsandbytes'):
+  // every linear weight of the decoder layers is stored in NF4 (model/nf4.h).
+  std::string quantize_base;
   bool enabled() const { return rank > 0; }
   double scale() const;
   // peft's defaults when no --lora-targets is given (its Llama/OPT/Qwen2 mapping).
   std::vector<std::string> resolved_targets() const;
 };
 
+// Quantization-aware training (--qat 8da4w, --qat-group-size G), as torchao's
+// Int8DynActInt4WeightQATQuantizer: every linear module of the decoder layers computes
+// y = fq8(x)·fq4(W)ᵀ (+ b) with int8 dynamic per-token activations and int4 grouped symmetric
+// weights (model/decoder/qat.h, kernels/qat.h); the LM head, embeddings and norms stay as they are.
+struct QatConfig {
+  std::string scheme;            // "" (off) or "8da4w"
+  std::int64_t group_size = 256;  // torchao's default groupsize
+  bool enabled() const { return !scheme.empty(); }
+};
+
 // What a parameter is, which sets its flags: linear weights and embeddings decay, norm weights
 // and biases do not (as the HF Trainer); norms initialize to 1 (weight) or 0 (bias), biases to 0.
 // kAdapter: a LoRA matrix (decays like a linear weight, not counted in matmul_numel()).
 enum class ParamKind { kLinear, kEmbedding, kNormWeight, kNormBias, kBias, kAdapter };
+
+class Nf4Store;  // model/nf4.h
 
 class ParamLayout {
  public:
@@ -85,6 +102,25 @@ class ParamLayout {
   void add_lora(const LoraConfig& lora);
   // The LoRA settings (rank 0: none).
   const LoraConfig& lora() const { return lora_; }
+
+  // QLoRA (lora.quantize_base, applied by add_lora): the quantized parameters (ParamInfo::quantized,
+  // every frozen linear weight of the decoder layers) are laid out last, after the dense frozen
+  // ones, and are not in the flat buffers: a parameter buffer holds dense_numel() elements, the
+  // quantized weights live in an Nf4Store that the run attaches (attach_nf4) before it builds the
+  // model; bind_linear reads them from it. Throws InvalidInput naming --quantize-base and the
+  // tensor when a weight's size is one the flavour refuses (model/nf4.h, nf4_refusal).
+  std::int64_t quantized_numel() const { return total_ - dense_; }
+  // Parameters in the flat buffer: total_numel() less the quantized ones.
+  std::int64_t dense_numel() const { return dense_; }
+  void attach_nf4(std::shared_ptr<const Nf4Store> store) { nf4_ = std::move(store); }
+  const Nf4Store* nf4() const { return nf4_.get(); }
+  // QAT (--qat): which linear modules fake-quantize is the layout's to say, so bind_linear finds it
+  // beside LoRA. set_qat checks that the group size divides the input features of every linear
+  // weight of the decoder layers (InvalidInput naming --qat-group-size and the first that it
+  // does not divide). qat_applies: whether the Linear over `weight` fake-quantizes.
+  void set_qat(const QatConfig& qat);
+  const QatConfig& qat() const { return qat_; }
+  bool qat_applies(const std::string& weight) const;
 
   // Appends a parameter at the end of the buffer (families' build_layout). A kLinear weight
   // counts into matmul_numel().
@@ -120,7 +156,10 @@ class ParamLayout {
   std::int64_t total_ = 0;
   std::int64_t trainable_ = 0;
   std::int64_t matmul_numel_ = 0;
+  std::int64_t dense_ = 0;  // total_ less the quantized parameters
   LoraConfig lora_;
+  std::shared_ptr<const Nf4Store> nf4_;
+  QatConfig qat_;
   // Lays the buffer out again: trainable parameters first, then frozen ones, each in order.
   void relayout();
 };

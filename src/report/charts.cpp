@@ -1,4 +1,5 @@
 #include "report/charts.h"
+#include "report/charts_stats.h"
 
 #include <algorithm>
 #include <cmath>
@@ -802,6 +803,7 @@ std::vector<Chart> build_charts(const Json& a) {
   fit_charts(a, out);
   group_charts(a, out);
   distribution_charts(a, out);
+  stats_charts(a, out);  // #2 scaling curves, #12 SHAP interactions / dependence / stability (charts_stats.cpp)
   return out;
 }
 

@@ -41,6 +41,7 @@ class SyntheticData final : public DataSource {
     }
     ++micro_;
   }
+  void skip(std::int64_t micro_batches, Batch&) override { micro_ += micro_batches; }  // index-based
   std::string describe() const override {
     return "synthetic (uniform ids in [0, " + std::to_string(range_) + "), seed " + std::to_string(o_.seed) + ")";
   }
@@ -113,6 +114,7 @@ class TokenFileData final : public DataSource {
     }
     ++micro_;
   }
+  void skip(std::int64_t micro_batches, Batch&) override { micro_ += micro_batches; }  // index-based
   std::string describe() const override {
     return o_.spec + " (" + std::to_string(n_tokens_) + " tokens, " + std::to_string(n_samples_) + " samples)";
   }

@@ -27,6 +27,12 @@ class DataSource {
   // Samples in one pass over the data (a token file: tokens / (seq_len + 1)); 0 when endless or
   // unknown (synthetic). Evaluation over "the whole set" needs it.
   virtual std::int64_t num_samples() const { return 0; }
+  // Moves past the next `micro_batches` micro-batches, as that many next() calls would (--resume
+  // seeks to the checkpoint's data position). The default reads and drops them into `scratch`;
+  // the built-in sources compute every sample from its index, so they only move the index.
+  virtual void skip(std::int64_t micro_batches, Batch& scratch) {
+    for (std::int64_t i = 0; i < micro_batches; ++i) next(scratch);
+  }
 };
 
 struct DataOptions {

@@ -31,6 +31,9 @@ class FaultyData final : public DataSource {
     }
     inner_->next(b);
   }
+  void skip(std::int64_t micro_batches, Batch& scratch) override {
+    for (std::int64_t i = 0; i < micro_batches; ++i) next(scratch);  // the fault fires as it would when read
+  }
   std::string describe() const override { return inner_->describe(); }
 
  private:

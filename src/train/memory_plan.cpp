@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "distributed/zero.h"
 #include "kernels/fused.h"
+#include "model/nf4.h"
 #include "model/params.h"
 #include "train/data.h"
 #include "train/dpo.h"
@@ -32,6 +33,7 @@ std::string category_of(const AllocEvent& e) {
   static const std::map<std::string, std::string, std::less<>> by_label = {
       {"weights", "weights"},
       {"weights (compute copy)", "weights"},
+      {"weights (nf4)", "weights"},
       {"gradients", "gradients"},
       {"gradient shard (ZeRO-1)", "gradients"},
       {"optimizer exp_avg", "optimizer states"},
@@ -44,6 +46,7 @@ std::string category_of(const AllocEvent& e) {
       {"attention workspace", "workspace"},
       {"matmul workspace", "workspace"},
       {"workspace", "workspace"},
+      {"nf4 tile", "workspace"},
   };
   auto it = by_label.find(e.what);
   if (it != by_label.end()) return it->second;
@@ -105,13 +108,16 @@ struct Measure {
 // Data-dependent values are fixed explicitly on meta: every target token counts (the loss's
 // divisor), the loss and the gradient norm are 0. Neither changes what is allocated.
 std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<AllocEvent>* events) {
-  const ParamLayout layout = build_layout(in);
-  const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel();
+  ParamLayout layout = build_layout(in);
+  const std::int64_t P = layout.dense_numel(), Pt = layout.trainable_numel();  // QLoRA: the dense part
   DeviceAllocator alloc(make_meta_backend(), capacity == 0 ? std::numeric_limits<std::size_t>::max() / 4 : capacity);
   alloc.set_trace(events);
   {
     StepBuffers b = allocate_step_buffers(alloc, in.precision, P, Pt, optimizer_state_numel(in, Pt),
                                           in.zero_stage == 1 && in.world_size > 1);
+    if (layout.quantized_numel() > 0) {  // QLoRA: the NF4 store, where the trainer allocates it
+      layout.attach_nf4(std::make_shared<Nf4Store>(layout, *parse_quantize_base(in.lora.quantize_base), alloc));
+    }
     std::unique_ptr<Model> model = make_model(in.config, layout, b.compute_weights, b.grads, in.options);
     // DPO without LoRA: the frozen reference copy, allocated where the trainer allocates it.
     Tensor ref_params;
@@ -125,6 +131,7 @@ std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<
     ctx.options.planned_device = in.device;
     for (int step = 0; step < 2; ++step) {
       model->set_step(step);
+      ctx.train_step = step;  // LoRA dropout allocates what it does in training
       if (in.dpo) {
         dpo_micro_step(*model, ref_model.get(), batch, 0.1, 0.0, 1.0f, ctx);
       } else {
@@ -151,7 +158,7 @@ std::string describe_labels(const std::map<std::string, std::size_t>& labels, st
 
 std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
   const ParamLayout layout = build_layout(in);
-  const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel();
+  const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel(), Pq = layout.quantized_numel();
   const PrecisionPlan& pr = in.precision;
   const std::size_t L = static_cast<std::size_t>(std::max<std::int64_t>(1, in.config.num_hidden_layers));
   const std::int64_t shard = optimizer_state_numel(in, Pt);
@@ -168,7 +175,10 @@ std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
   auto detail = [&](const std::string& cat) -> std::string {
     if (cat == "weights")
       return std::to_string(P) + " parameters, " + std::string(dtype_name(pr.param)) +
-             (pr.weight_copy ? " master + " + std::string(dtype_name(pr.compute_weights)) + " compute copy" : "");
+             (pr.weight_copy ? " master + " + std::string(dtype_name(pr.compute_weights)) + " compute copy" : "") +
+             (Pq > 0 ? " (QLoRA: " + std::to_string(Pq) + " of them in " + in.lora.quantize_base + ", " +
+                           format_bytes(labels_at_peak("weights")["weights (nf4)"]) + ")"
+                     : "");
     if (cat == "gradients")
       return std::string(dtype_name(pr.grad)) + ", same layout as the weights" + frozen_note +
              (zero_note.empty() ? "" : " (+ the fp32 reduce-scatter output" + zero_note + ")");
@@ -219,7 +229,11 @@ bool fits_capacity(const PlanInput& in, std::size_t capacity) {
 
 }  // namespace
 
-ParamLayout build_layout(const PlanInput& in) { return ParamLayout::build(in.config, in.freeze, in.lora); }
+ParamLayout build_layout(const PlanInput& in) {
+  ParamLayout layout = ParamLayout::build(in.config, in.freeze, in.lora);
+  layout.set_qat(in.qat);  // InvalidInput: a group size that does not divide a module's input features
+  return layout;
+}
 
 std::int64_t optimizer_state_numel(const PlanInput& in, std::int64_t trainable_params) {
   if (in.zero_stage != 1 || in.world_size <= 1) return trainable_params;

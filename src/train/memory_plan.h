@@ -43,6 +43,9 @@ struct PlanInput {
   // DPO (train/dpo.h): batches of 2·micro_batch rows ([chosen; rejected]), a reference forward
   // before each policy step, and without LoRA a frozen copy of the weights (the reference model).
   bool dpo = false;
+  // QAT (--qat): the decoder layers' linear modules fake-quantize (ParamLayout::set_qat); what
+  // they allocate (model/decoder/qat.h) is measured like any other allocation.
+  QatConfig qat;
   // The device the plan is for (--device): the meta run mirrors its kernels' size choices where
   // they differ from the CPU's (the fused loss's chunk, kernels/fused.h).
   DeviceType device = DeviceType::kCPU;

@@ -373,7 +373,10 @@ class TextData final : public DataSource {
     }
     ++micro_;
   }
+  void skip(std::int64_t micro_batches, Batch&) override { micro_ += micro_batches; }  // index-based
   std::string describe() const override { return what_; }
+  // Known, so evaluation can read "the whole set" of a text:/jsonl: validation source.
+  std::int64_t num_samples() const override { return n_samples_; }
 
  private:
   std::int64_t sample_at(std::int64_t g) {

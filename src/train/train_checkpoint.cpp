@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 
 #include "core/error.h"
 #include "model/checkpoint.h"
+#include "model/gguf_model.h"
 #include "model/safetensors.h"
 #include "scalelab/version.h"
 
@@ -50,6 +52,7 @@ std::string checkpoint_dir_name(const std::string& root, std::int64_t step) {
 std::vector<std::string> copy_model_side_files(const std::string& from, const std::string& to) {
   std::vector<std::string> copied;
   std::error_code ec;
+  if (is_gguf_path(from)) return write_gguf_side_files(from, to);  // the tokenizer lives in the GGUF's metadata
   if (from.empty() || !fs::is_directory(from, ec)) return copied;
   for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
     const fs::path src = fs::path(from) / name, dst = fs::path(to) / name;
@@ -165,18 +168,29 @@ void check_resume_config(const std::string& dir, const nlohmann::json& saved, co
   }
 }
 
-void load_optimizer_state(const std::string& dir, const std::string& name, const Tensor& dst) {
+void load_optimizer_state(const std::string& dir, const std::string& name, const Tensor& dst, std::int64_t begin,
+                          std::int64_t total) {
+  if (total < 0) total = dst.numel();
+  SCALELAB_CHECK(begin >= 0 && begin + dst.numel() <= total, "[--resume] optimizer shard out of range (a bug)");
   const std::string path = (fs::path(dir) / "optimizer.safetensors").string();
   if (!fs::exists(path)) throw InvalidInput("[--resume] '" + path + "' is missing — the checkpoint is incomplete");
   const SafetensorsFile f = SafetensorsFile::open(path);
   const SafetensorsTensor* t = f.find(name);
   if (!t) throw InvalidInput("[--resume] '" + path + "' has no " + name + " — the checkpoint is incomplete");
-  if (t->numel() != dst.numel()) {
+  if (t->numel() != total) {
     throw InvalidInput("[--resume] '" + path + "': " + name + " has " + std::to_string(t->numel()) +
-                       " elements, this run's optimizer state " + std::to_string(dst.numel()) +
+                       " elements, this run's optimizer state " + std::to_string(total) +
                        " — the checkpoint is of another model or --freeze");
   }
-  f.read(*t, dst.raw(), dst.dtype());
+  if (begin == 0 && total == dst.numel()) {
+    f.read(*t, dst.raw(), dst.dtype());
+    return;
+  }
+  // A ZeRO-1 rank's shard: the whole state read once on the host, its segment kept.
+  const std::size_t es = dtype_size(dst.dtype());
+  std::vector<std::uint8_t> all(static_cast<std::size_t>(total) * es);
+  f.read(*t, all.data(), dst.dtype());
+  std::memcpy(dst.raw(), all.data() + static_cast<std::size_t>(begin) * es, static_cast<std::size_t>(dst.numel()) * es);
 }
 
 }  // namespace scalelab

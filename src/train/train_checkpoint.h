@@ -10,8 +10,11 @@
 //                                                         state and the configuration it ran with
 // Everything random in a run is counter-based (synthetic data by sample index, dropout masks by
 // micro-step, stochastic rounding by step: kernels/dropout.h, kernels/adamw.h), so the RNG state is
-// the seed and the step; the data position is the number of micro-batches read (a resumed run reads
-// and discards them again, which works for every data source, shuffled or not).
+// the seed and the step; the data position is the number of micro-batches read, per rank (every
+// built-in source computes a sample from its index, so a resumed run seeks there: DataSource::skip).
+// Data-parallel runs (DDP or ZeRO-1) write the same directory: rank 0 writes it, with ZeRO-1's
+// optimizer-state shards gathered first, so a checkpoint's optimizer.safetensors is the whole flat
+// state whatever the ranks were; resuming needs the same world size (the data is split by rank).
 // A checkpoint is written under a temporary name and renamed: a crash leaves no half checkpoint.
 #include <cstdint>
 #include <string>
@@ -54,7 +57,8 @@ void save_train_checkpoint(const std::string& root, const ModelConfig& config, c
 // The files that travel with a model directory without being weights: generation_config.json (the
 // EOS generate stops at) and the tokenizer's files (tokenizer.json, tokenizer_config.json,
 // special_tokens_map.json). Copies those present in `from` (when it is a directory) into `to`, so
-// a saved or checkpointed model generates and tokenizes as its source did; returns the names copied.
+// a saved or checkpointed model generates and tokenizes as its source did; from a GGUF file,
+// writes them from its metadata (write_gguf_side_files). Returns the names copied or written.
 std::vector<std::string> copy_model_side_files(const std::string& from, const std::string& to);
 
 // Keeps at most `limit` checkpoint-<step> directories in root (limit 0: all): the one of step
@@ -70,8 +74,10 @@ TrainCheckpointState read_train_state(const std::string& dir);
 void check_resume_config(const std::string& dir, const nlohmann::json& saved, const nlohmann::json& now);
 
 // Loads tensor `name` ("exp_avg" or "exp_avg_sq") of dir/optimizer.safetensors into dst (a host
-// tensor of the run's state numel and dtype); throws InvalidInput naming the file on a missing
-// tensor or a size mismatch.
-void load_optimizer_state(const std::string& dir, const std::string& name, const Tensor& dst);
+// tensor of the run's state dtype): the whole flat state (`total` elements, default dst.numel()),
+// or under ZeRO-1 this rank's segment [begin, begin + dst.numel()) of it; throws InvalidInput
+// naming the file on a missing tensor or a size mismatch.
+void load_optimizer_state(const std::string& dir, const std::string& name, const Tensor& dst, std::int64_t begin = 0,
+                          std::int64_t total = -1);
 
 }  // namespace scalelab

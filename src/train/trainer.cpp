@@ -3,12 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -20,6 +22,7 @@
 #include "model/checkpoint.h"
 #include "model/init.h"
 #include "model/adapter.h"
+#include "model/nf4.h"
 #include "scalelab/version.h"
 #include "distributed/config_check.h"
 #include "train/data.h"
@@ -90,6 +93,9 @@ nlohmann::json TrainOptions::to_json() const {
           {"lora_targets", lora_targets},
           {"rslora", rslora},
           {"adapter", adapter},
+          {"quantize_base", quantize_base},
+          {"qat", qat},
+          {"qat_group_size", qat_group_size},
           {"dpo", dpo.enabled},
           {"pairs", dpo.pairs},
           {"beta", dpo.beta},
@@ -102,6 +108,7 @@ LoraConfig TrainOptions::lora_config() const {
   c.alpha = lora_alpha;
   c.dropout = lora_dropout;
   c.rslora = rslora;
+  c.quantize_base = quantize_base;
   std::size_t start = 0;
   while (start <= lora_targets.size() && !lora_targets.empty()) {
     const std::size_t comma = std::min(lora_targets.find(',', start), lora_targets.size());
@@ -267,10 +274,30 @@ void validate_train_options(const TrainOptions& o) {
   if (o.lora_rank == 0 && (!o.lora_targets.empty() || o.rslora || o.lora_dropout != 0 || !o.adapter.empty())) {
     throw InvalidInput("[--lora-targets/--rslora/--lora-dropout/--adapter] are LoRA settings — add --lora-rank R");
   }
+  if (!o.quantize_base.empty()) {
+    parse_quantize_base(o.quantize_base);  // InvalidInput naming the accepted values
+    if (o.lora_rank == 0) {
+      throw InvalidInput("[--quantize-base] QLoRA quantizes the frozen base under LoRA adapters — add --lora-rank R "
+                         "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
+    }
+    if (o.save_every > 0 || !o.resume.empty()) {
+      throw InvalidInput(std::string("[") + (o.save_every > 0 ? "--save-every" : "--resume") +
+                         "] resumable checkpoints of a QLoRA run (--quantize-base) are not supported yet — use --save "
+                         "for the adapter");
+    }
+  }
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
-  if (o.lora_dropout > 0) {
-    throw InvalidInput("[--lora-dropout] LoRA dropout is not implemented yet — run with --lora-dropout 0 "
-                       "(see docs/finetuning.md)");
+
+  if (!o.qat.empty() && o.qat != "8da4w") {
+    throw InvalidInput("[--qat] unknown scheme '" + o.qat + "' — the one implemented is 8da4w (int8 dynamic per-token "
+                       "activations, int4 grouped weights, as torchao's Int8DynActInt4WeightQATQuantizer)");
+  }
+  if (o.qat_group_size <= 1) {
+    throw InvalidInput("[--qat-group-size] must be > 1, got " + std::to_string(o.qat_group_size));
+  }
+  if (!o.qat.empty() && o.lora_rank > 0) {
+    throw InvalidInput("[--qat] QAT with LoRA is not implemented — train the full model with --qat, or LoRA without "
+                       "it");
   }
 
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
@@ -343,9 +370,15 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.capacity = o.device_memory.empty() ? host_physical_memory() : parse_bytes(o.device_memory, "--device-memory");
   in.freeze = o.freeze;
   in.lora = o.lora_config();
-  if (in.lora.enabled() && o.fused_kernels) {
-    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward compute the "
-                       "frozen base's weight gradients inside the kernel and have no LoRA form yet — run LoRA without "
+  if (!in.lora.quantize_base.empty() && !in.lora.enabled()) {
+    parse_quantize_base(in.lora.quantize_base);
+    throw InvalidInput("[--quantize-base] QLoRA quantizes the frozen base under LoRA adapters — add --lora-rank R "
+                       "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
+  }
+  in.qat = o.qat_config();
+  if (in.qat.enabled() && o.fused_kernels) {
+    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward read the "
+                       "weights inside the kernel and have no fake-quantized form yet — run --qat without "
                        "--fused-kernels");
   }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
@@ -524,6 +557,14 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
     const LoraConfig& l = layout_.lora();
     res_.config["lora"] = {{"r", l.rank}, {"alpha", l.alpha}, {"rslora", l.rslora}, {"targets", l.resolved_targets()},
                            {"scale", l.scale()}};
+    if (!l.quantize_base.empty()) {  // QLoRA: which NF4 flavour, and what it reproduces
+      const Nf4Flavor f = *parse_quantize_base(l.quantize_base);
+      res_.config["lora"]["quantize_base"] = {{"flavor", nf4_flavor_name(f)},
+                                              {"reference", nf4_flavor_reference(f)},
+                                              {"quantized_params", layout_.quantized_numel()},
+                                              {"block_size", kernels::kNf4BlockSize},
+                                              {"scaler_block_size", kernels::kNf4ScalerBlockSize}};
+    }
   }
   if (o.dpo.enabled) {
     if (!o.val_data.empty()) {
@@ -618,13 +659,46 @@ void TrainSession::build() {
   const TrainOptions& o = o_;
   const ModelConfig& cfg = pin_.config;
   DeviceAllocator& alloc = *dev_.alloc;
-  const std::int64_t P = layout_.total_numel(), Pt = layout_.trainable_numel();
+  // QLoRA: the quantized weights are not in the flat buffer (ParamLayout::dense_numel).
+  const std::int64_t P = layout_.dense_numel(), Pt = layout_.trainable_numel();
   const std::int64_t S = dp_ ? dp_->state_numel() : Pt;  // ZeRO-1: this rank's shard
   bufs_ = allocate_step_buffers(alloc, prec_, P, Pt, S, dp_ && dp_->zero());
+  std::shared_ptr<Nf4Store> nf4;
+  if (layout_.quantized_numel() > 0) {
+    nf4 = std::make_shared<Nf4Store>(layout_, *parse_quantize_base(layout_.lora().quantize_base), alloc);
+  }
   // Initial weights are written on the host (and copied to the device when it is not the host).
+  // QLoRA: into a host staging buffer of the whole layout (host memory outside the device
+  // allocator, freed before the first step), from which each quantized weight is quantized into
+  // the NF4 store and the dense prefix copied to the parameter buffer.
+  auto fill_params = [&](const std::function<void(const Tensor&)>& fill) {
+    if (!nf4) {
+      fill_through_host(bufs_.params, dev_, fill);
+      return;
+    }
+    DeviceAllocator staging_alloc(make_host_backend(), std::numeric_limits<std::size_t>::max() / 4);
+    Tensor staging = Tensor::empty({layout_.total_numel()}, bufs_.params.dtype(), staging_alloc, "host staging");
+    fill(staging);
+    std::vector<float> values;
+    for (const ParamInfo& p : layout_.params()) {
+      if (!p.quantized) continue;
+      const float* src = staging.data<float>() + p.offset;
+      if (staging.dtype() != DType::kF32) {  // a bf16 model: its values, quantized in fp32 arithmetic
+        values.resize(static_cast<std::size_t>(p.numel));
+        const bf16* h = static_cast<const bf16*>(staging.raw()) + p.offset;
+        for (std::int64_t i = 0; i < p.numel; ++i) values[i] = bf16_to_float(h[i]);
+        src = values.data();
+      }
+      nf4->quantize(p.name, src);
+    }
+    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+      Tensor dst = host;
+      dst.copy_from(staging.slice(0, P));
+    });
+  };
   if (!is_preset(o.model) && has_weights(o.model)) {
     LoadSummary ls;
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+    fill_params([&](const Tensor& host) {
       ls = load_weights(o.model, cfg, layout_, host);  // the base; adapters are not in it
       if (layout_.lora().enabled()) init_adapters(host, layout_, o.seed);
       if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
@@ -634,25 +708,34 @@ void TrainSession::build() {
                    o.model.c_str());
     }
   } else {
-    fill_through_host(bufs_.params, dev_, [&](const Tensor& host) {
+    fill_params([&](const Tensor& host) {
       init_params(host, layout_, cfg, o.seed);
       if (!o.adapter.empty()) load_adapter(o.adapter, layout_, host);
     });
   }
+  if (nf4) {
+    layout_.attach_nf4(nf4);
+    if (!o.quiet) {
+      std::fprintf(stderr, "scalelab train: QLoRA base in %s: %lld parameters in %s (%.3f bytes each)\n",
+                   nf4_flavor_name(nf4->flavor()), static_cast<long long>(layout_.quantized_numel()),
+                   format_bytes(nf4->bytes()).c_str(),
+                   static_cast<double>(nf4->bytes()) / static_cast<double>(layout_.quantized_numel()));
+    }
+  }
   std::optional<TrainCheckpointState> resumed;
   if (!o.resume.empty()) {
-    if (dp_) {
-      throw InvalidInput("[--resume] resuming a data-parallel run is not supported yet — resume with one process");
-    }
-    resumed = read_train_state(o.resume);
+    resumed = read_train_state(o.resume);  // every rank reads the same checkpoint
     check_resume_config(o.resume, resumed->config, res_.config);
     if (resumed->global_step >= o.max_steps) {
       throw InvalidInput("[--resume] " + o.resume + " is at step " + std::to_string(resumed->global_step) +
                          ", not before --max-steps " + std::to_string(o.max_steps) + " — nothing left to run");
     }
     fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { load_weights(o.resume, cfg, layout_, host); });
-    fill_through_host(bufs_.m, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg", host); });
-    fill_through_host(bufs_.v, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg_sq", host); });
+    // The checkpoint holds the whole flat state; a ZeRO-1 rank keeps its shard of it.
+    const std::int64_t begin = dp_ && dp_->zero() ? dp_->state_begin() : 0;
+    const std::int64_t total = layout_.trainable_numel();
+    fill_through_host(bufs_.m, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg", host, begin, total); });
+    fill_through_host(bufs_.v, dev_, [&](const Tensor& host) { load_optimizer_state(o.resume, "exp_avg_sq", host, begin, total); });
     if (!o.quiet) {
       std::fprintf(stderr, "scalelab train: resuming from %s at step %lld\n", o.resume.c_str(),
                    static_cast<long long>(resumed->global_step));
@@ -673,10 +756,6 @@ void TrainSession::build() {
     dp_->set_tracer(tracer_.get());
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
-  if (o.save_every > 0 && dp_) {
-    throw InvalidInput("[--save-every] checkpoints of a data-parallel run are not supported yet — use one process, "
-                       "or --save for the final model");
-  }
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
   if (o.dpo.enabled) {
     data_ = make_preference_source(
@@ -711,8 +790,9 @@ void TrainSession::build() {
     loss_scale_ = resumed->loss_scale;
     good_steps_ = resumed->good_steps;
     res_.skipped_steps = resumed->skipped_steps;
-    // The data position: read and drop what the checkpointed run consumed (any source, in order).
-    for (std::int64_t i = 0; i < resumed->micro_batches_read; ++i) data_->next(batch_->host);
+    // The data position: move past what the checkpointed run consumed (the built-in sources seek;
+    // any other reads and drops it).
+    data_->skip(resumed->micro_batches_read, batch_->host);
     micro_batches_read_ = resumed->micro_batches_read;
     bench_warmup_ = start_step_ + std::min(o.bench_warmup_steps, std::max<std::int64_t>(0, o.max_steps - start_step_ - 1));
   }
@@ -747,6 +827,8 @@ StepRecord TrainSession::step(std::int64_t step) {
       batch_->upload();
     }
     model_->set_step(step * o.grad_accum_steps + micro);
+    ctx.train_step = step * o.grad_accum_steps + micro;  // LoRA dropout's masks (ExecContext)
+    ctx.train_seed = o.seed;
     // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
     // data-parallel, by the ranks: the reduction over ranks then only sums.
     const auto seed = static_cast<float>(loss_scale_ / (static_cast<double>(o.grad_accum_steps) * (dp_ ? world_ : 1)));
@@ -759,6 +841,7 @@ StepRecord TrainSession::step(std::int64_t step) {
     } else {
       loss += model_->forward_backward(batch_->device, seed, ctx);
     }
+    ctx.train_step = -1;  // evaluation and anything else: no dropout
   }
   loss /= static_cast<double>(o.grad_accum_steps);
   const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);
@@ -887,12 +970,38 @@ void TrainSession::maybe_checkpoint(std::int64_t steps_done) {
   st.seed = o.seed;
   st.config = res_.config;
   for (const auto& r : res_.steps) st.losses.push_back(r.loss);
-  save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param,
-                        host_view_of(bufs_.m, dev_), host_view_of(bufs_.v, dev_), st, o.model);
+  Tensor m = host_view_of(bufs_.m, dev_), v = host_view_of(bufs_.v, dev_);
+  // ZeRO-1: each rank holds a shard of the optimizer states; they are gathered (on the host, every
+  // rank) so the checkpoint holds the whole flat state as a one-process run's does.
+  std::vector<std::uint8_t> whole_m, whole_v;
+  if (dp_ && dp_->zero()) {
+    const std::size_t es = dtype_size(m.dtype());
+    const std::int64_t total = layout_.trainable_numel();
+    std::vector<std::int64_t> bytes;
+    for (std::int64_t n : dist_->host().all_gather_value<std::int64_t>(dp_->state_numel()))
+      bytes.push_back(n * static_cast<std::int64_t>(es));
+    auto gather = [&](const Tensor& shard, std::vector<std::uint8_t>& whole) {
+      whole.assign(static_cast<std::size_t>(total) * es, 0);
+      std::memcpy(whole.data() + static_cast<std::size_t>(dp_->state_begin()) * es, shard.raw(),
+                  static_cast<std::size_t>(shard.numel()) * es);
+      dist_->host().all_gather(whole.data(), bytes, CommDType::kU8);
+      return Tensor::from_external(whole.data(), {total}, shard.dtype());
+    };
+    m = gather(m, whole_m);
+    v = gather(v, whole_v);
+  }
+  // Data-parallel: the ranks hold the same weights (and states, or now their gathered whole), so
+  // rank 0 writes; the others wait for it, so that no rank runs ahead of a checkpoint it names.
   const std::string dir = checkpoint_dir_name(o.save, steps_done);
+  std::vector<std::string> removed;
+  if (!dp_ || dp_->rank() == 0) {
+    save_train_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), prec_.param, m, v, st,
+                          o.model);
+    removed = rotate_checkpoints(o.save, o.save_total_limit, steps_done);
+  }
+  if (dp_) dist_->host().barrier();
   res_.checkpoints.push_back(dir);
-  const auto removed = rotate_checkpoints(o.save, o.save_total_limit, steps_done);
-  if (!o.quiet) {
+  if (!o.quiet && (!dp_ || dp_->rank() == 0)) {
     std::fprintf(stderr, "scalelab train: checkpoint %s%s\n", dir.c_str(),
                  removed.empty() ? "" : (" (removed " + std::to_string(removed.size()) + " older)").c_str());
   }

@@ -76,8 +76,8 @@ struct TrainOptions {
   // --freeze REGEX: parameters whose Hugging Face name matches (std::regex ECMAScript,
   // regex_search) are frozen: no gradient, no optimizer state (ParamLayout::freeze). Empty: none.
   std::string freeze;
-  // LoRA (docs/finetuning.md): --lora-rank R (0: off), --lora-alpha, --lora-dropout (only 0 for
-  // now), --lora-targets "q_proj,v_proj" (empty: peft's default q_proj,v_proj), --rslora;
+  // LoRA (docs/finetuning.md): --lora-rank R (0: off), --lora-alpha, --lora-dropout P (in [0, 1)),
+  // --lora-targets "q_proj,v_proj" (empty: peft's default q_proj,v_proj), --rslora;
   // --adapter DIR: start from a PEFT adapter (adapter_model.safetensors) instead of peft's init.
   std::int64_t lora_rank = 0;
   double lora_alpha = 8.0;
@@ -85,10 +85,17 @@ struct TrainOptions {
   std::string lora_targets;
   bool rslora = false;
   std::string adapter;
+  // QLoRA: --quantize-base nf4 (torchao's to_nf4) | nf4-bnb (bitsandbytes'): every linear weight
+  // of the decoder layers stored in NF4 (model/nf4.h); needs --lora-rank. Empty: off.
+  std::string quantize_base;
   LoraConfig lora_config() const;
   // DPO (`scalelab dpo`, train/dpo.h): preference pairs instead of --data, the DPO loss instead
   // of the cross-entropy, a reference model (adapters off under LoRA, else a frozen copy).
   DpoOptions dpo;
+  // QAT (docs/finetuning.md): --qat 8da4w (empty: off), --qat-group-size G (torchao's 256).
+  std::string qat;
+  std::int64_t qat_group_size = 256;
+  QatConfig qat_config() const { return QatConfig{qat, qat_group_size}; }
 
   nlohmann::json to_json() const;
 };

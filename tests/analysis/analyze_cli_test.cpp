@@ -155,6 +155,67 @@ TEST_F(AnalyzeCli, ScaleStudyTableIsIncluded) {
   EXPECT_EQ(j["scale_study"]["rows"].size(), 3u);
   EXPECT_TRUE(fs::exists(out("a") + "/scale.csv"));
   EXPECT_EQ(j["scaling"]["rows"].size(), 3u);
+  // The scaling curves take the study's stored price when no --price-per-gpu-hour is given.
+  ASSERT_TRUE(j.contains("scaling_curves"));
+  EXPECT_EQ(j["scaling_curves"]["price_per_gpu_hour"].get<double>(), 2.5);
+  EXPECT_NE(j["scaling_curves"]["price_source"].get<std::string>().find("scale study"), std::string::npos);
+  for (const auto& row : j["scaling_curves"]["rows"])
+    EXPECT_NEAR(row["cost_per_million_tokens"].get<double>(), 2.5 * row["devices"].get<double>() / (3600.0 * row["tokens_per_s"].get<double>()) * 1e6, 1e-12);
+}
+
+// The golden scaling sweep end to end: curves, summary and the stability/SHAP tables as CSV files,
+// the Markdown sections, and bad values of the new flags (exit 2 naming the flag).
+TEST_F(AnalyzeCli, ScalingCurvesCostEnergyAndStabilityFiles) {
+  const std::string db = out("scaling.db");
+  analysis::testing::build_golden_db(db, analysis::testing::read_json_file(analysis::testing::golden_dir() + "/scaling_sweep.json"));
+  auto r = run("analyze --db " + db + " --sweep golden-scaling --target tokens_per_s_per_device --price-per-gpu-hour 2.5 --bootstrap 5 -o " + out("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("## Scaling curves"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Stability over 5 bootstrap resamples"), std::string::npos) << r.output;
+  for (const char* f : {"scaling_curves.csv", "scaling_summary.csv", "shap_interactions.csv", "shap_dependence.csv", "importance_stability.csv",
+                        "group_boxes.csv", "group_histograms.csv"})
+    EXPECT_TRUE(fs::exists(out("a") + "/" + f)) << f;
+  auto j = cli_test::read_json(out("a") + "/analysis.json");
+  EXPECT_EQ(j["scaling_curves"]["rows"].size(), 48u);
+  EXPECT_TRUE(j["scaling_curves"]["energy"].get<bool>());
+  EXPECT_EQ(j["trees"][0]["stability"]["resamples"], 5);
+  r = run("analyze --db " + db + " --sweep golden-scaling --price-per-gpu-hour -1 -o " + out("b"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--price-per-gpu-hour"), std::string::npos) << r.output;
+  r = run("analyze --db " + db + " --sweep golden-scaling --bootstrap -3 -o " + out("b"));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--bootstrap"), std::string::npos) << r.output;
+}
+
+// A target whose every cell is missing (NaN metrics) is named as such, not as "constant"; a CSV
+// whose every column is constant analyses nothing and says so.
+TEST_F(AnalyzeCli, AllMissingTargetAndAllConstantColumnsAreReported) {
+  auto csv = file("nan.csv", "a,b,y\n1,2,nan\n2,3,NaN\n3,5,\n4,4,NA\n");
+  auto r = run("analyze --csv " + csv + " --target y -o " + out("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("target 'y' has no value in any of the 4 rows"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(no value at all: y)"), std::string::npos) << r.output;
+  auto j = cli_test::read_json(out("a") + "/analysis.json");
+  EXPECT_EQ(j["table"]["dropped_missing"], Json({"y"}));
+  csv = file("const.csv", "a,b,y\n1,2,3\n1,2,3\n1,2,3\n");
+  r = run("analyze --csv " + csv + " --target y -o " + out("b"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("constant columns dropped: a, b, y"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("target 'y' is constant over the 3 rows"), std::string::npos) << r.output;
+}
+
+// A sweep with one trial: the new sections say what they could not compute instead of failing.
+TEST_F(AnalyzeCli, OneTrialSweepReportsWhatItCannotCompute) {
+  const std::string db = out("one.db");
+  Json sweep = analysis::testing::read_json_file(analysis::testing::golden_dir() + "/scaling_sweep.json");
+  sweep["trials"] = Json::array({sweep["trials"][0]});
+  analysis::testing::build_golden_db(db, sweep);
+  auto r = run("analyze --db " + db + " --sweep golden-scaling --target tokens_per_s -o " + out("a"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("only 1 row(s)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("target 'tokens_per_s' is constant over the 1 rows"), std::string::npos) << r.output;
+  auto j = cli_test::read_json(out("a") + "/analysis.json");
+  EXPECT_FALSE(j.contains("scaling_curves"));  // one device count: no speedup to draw
 }
 
 }  // namespace

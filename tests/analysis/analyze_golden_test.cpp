@@ -33,6 +33,7 @@ class GoldenAnalysis : public ::testing::Test {
     opt.split = 0.75;
     opt.seed = 0;
     opt.cv = 5;
+    opt.bootstrap = 20;  // as make_golden.py's BOOTSTRAP
     result_ = new Json(analyze(*frame_, opt).json);
   }
   static void TearDownTestSuite() {
@@ -348,6 +349,115 @@ TEST_F(GoldenAnalysis, XgboostImportancesMatchPythonXgboost) {
     double scale = 0;
     for (const auto& v : g["shap_mean_abs"]) scale = std::max(scale, v.get<double>());
     EXPECT_LE(g["shap_additivity_max_abs_error"].get<double>(), 1e-4 * std::max(scale, 1.0)) << what;
+  }
+}
+
+// #12 SHAP interaction values (pred_interactions) against python xgboost: the mean |phi_jk|
+// matrix (1e-6 of its largest entry), additivity of each row's interactions to its contributions,
+// and the dependence data of the top features (indices, the interacting feature, the points).
+TEST_F(GoldenAnalysis, ShapInteractionsAndDependenceMatchPythonXgboost) {
+  const Json& want = E()["trees"];
+  const Json& got = R()["trees"];
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t m = 0; m < want.size(); ++m) {
+    const Json& g = got[m];
+    const Json& w = want[m];
+    const std::string what = w["model"].get<std::string>() + " " + w["target"].get<std::string>();
+    const Json& wi = w["interaction_mean_abs"];
+    const Json& gi = g["interaction_mean_abs"];
+    ASSERT_EQ(gi.size(), wi.size()) << what;
+    double scale = 0;
+    for (const auto& row : wi)
+      for (const auto& v : row) scale = std::max(scale, v.get<double>());
+    ASSERT_GT(scale, 0) << what;
+    for (std::size_t j = 0; j < wi.size(); ++j)
+      for (std::size_t k = 0; k < wi.size(); ++k) {
+        EXPECT_LE(std::fabs(gi[j][k].get<double>() - wi[j][k].get<double>()), 1e-6 * scale) << what << " [" << j << "][" << k << "]";
+        // phi_jk and phi_kj are computed apart in float32: symmetric up to its rounding.
+        EXPECT_LE(std::fabs(gi[j][k].get<double>() - gi[k][j].get<double>()), 1e-5 * scale) << what << ": the interaction matrix is symmetric";
+      }
+    // Each row of the interactions sums to the contribution (float32 sums of up to p + 1 terms).
+    EXPECT_LE(g["interaction_additivity_max_abs_error"].get<double>(), 1e-5 * std::max(scale, 1.0)) << what;
+    const Json& wd = w["dependence"];
+    const Json& gd = g["dependence"];
+    ASSERT_EQ(gd.size(), wd.size()) << what;
+    for (std::size_t d = 0; d < wd.size(); ++d) {
+      EXPECT_EQ(gd[d]["feature"], wd[d]["feature"]) << what << " dependence " << d;
+      EXPECT_EQ(gd[d]["color_by"], wd[d]["color_by"]) << what << " dependence " << d;
+      EXPECT_EQ(gd[d]["name"], g["features"][gd[d]["feature"].get<std::size_t>()]) << what;
+      ASSERT_EQ(gd[d]["x"].size(), wd[d]["x"].size());
+      double s2 = 0;
+      for (const auto& v : wd[d]["shap"]) s2 = std::max(s2, std::fabs(v.get<double>()));
+      for (std::size_t i = 0; i < wd[d]["x"].size(); ++i) {
+        expect_close(gd[d]["x"][i], wd[d]["x"][i], what + " dependence x");
+        EXPECT_LE(std::fabs(gd[d]["shap"][i].get<double>() - wd[d]["shap"][i].get<double>()), 1e-6 * s2) << what << " dependence shap " << i;
+      }
+    }
+  }
+}
+
+// #12 importance stability over 20 bootstrap resamples against python xgboost refitted on the same
+// resamples: per importance the mean, sd and 2.5/97.5 percentiles (1e-6 of the largest mean), the
+// rank statistics and shares exactly (up to rounding), Spearman's rho with the all-rows model.
+TEST_F(GoldenAnalysis, BootstrapStabilityMatchesPythonXgboost) {
+  const Json& want = E()["trees"];
+  const Json& got = R()["trees"];
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t m = 0; m < want.size(); ++m) {
+    const Json& gs = got[m]["stability"];
+    const Json& ws = want[m]["stability"];
+    const std::string what = want[m]["model"].get<std::string>() + " " + want[m]["target"].get<std::string>();
+    ASSERT_EQ(gs["resamples"], ws["resamples"]) << what;
+    for (const char* kind : {"gain", "weight", "cover", "shap_mean_abs"}) {
+      const Json& g = gs[kind];
+      const Json& w = ws[kind];
+      double scale = 0;
+      for (const auto& v : w["mean"]) scale = std::max(scale, v.get<double>());
+      for (const char* k : {"mean", "sd", "low", "high"})
+        for (std::size_t f = 0; f < w[k].size(); ++f)
+          EXPECT_LE(std::fabs(g[k][f].get<double>() - w[k][f].get<double>()), 1e-6 * scale) << what << " " << kind << " " << k << "[" << f << "]";
+      for (const char* k : {"mean_rank", "rank_low", "rank_high", "top3_share"})
+        for (std::size_t f = 0; f < w[k].size(); ++f)
+          EXPECT_NEAR(g[k][f].get<double>(), w[k][f].get<double>(), 1e-9) << what << " " << kind << " " << k << "[" << f << "]";
+      EXPECT_EQ(g["spearman_n"], w["spearman_n"]) << what << " " << kind;
+      if (!w["spearman_mean"].is_null()) {
+        EXPECT_NEAR(g["spearman_mean"].get<double>(), w["spearman_mean"].get<double>(), 1e-9) << what << " " << kind;
+      }
+      EXPECT_NEAR(g["top1_share"].get<double>(), w["top1_share"].get<double>(), 1e-12) << what << " " << kind;
+    }
+  }
+}
+
+// #6 grouped histograms: common edges from all the values (numpy.histogram), each level's counts
+// on them, the ECDF per level, Tukey's whiskers and the outliers (numpy's linear quartiles).
+TEST_F(GoldenAnalysis, GroupedHistogramsEcdfAndWhiskersMatchNumpy) {
+  const Json& want = E()["groups"];
+  const Json& got = R()["groups"];
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const Json& w = want[i]["grouped"];
+    const Json& g = got[i];
+    const std::string what = g["group"].get<std::string>() + " / " + g["value"].get<std::string>();
+    ASSERT_EQ(g["histogram"]["edges"].size(), w["edges"].size()) << what;
+    for (std::size_t e = 0; e < w["edges"].size(); ++e) expect_close(g["histogram"]["edges"][e], w["edges"][e], what + " edge");
+    ASSERT_EQ(g["histogram"]["levels"].size(), w["levels"].size()) << what;
+    long total = 0;
+    for (std::size_t l = 0; l < w["levels"].size(); ++l) {
+      const Json& wl = w["levels"][l];
+      const Json& gl = g["histogram"]["levels"][l];
+      EXPECT_EQ(gl["level"], wl["level"]) << what;
+      EXPECT_EQ(gl["counts"], wl["counts"]) << what << " " << wl["level"];
+      for (long c : gl["counts"].get<std::vector<long>>()) total += c;
+      ASSERT_EQ(gl["ecdf"]["x"].size(), wl["ecdf_x"].size()) << what;
+      for (std::size_t k = 0; k < wl["ecdf_x"].size(); ++k) {
+        expect_close(gl["ecdf"]["x"][k], wl["ecdf_x"][k], what + " ecdf x");
+        expect_close(gl["ecdf"]["f"][k], wl["ecdf_f"][k], what + " ecdf f");
+      }
+      expect_close(g["box"][l]["whisker_low"], wl["whisker_low"], what + " whisker low");
+      expect_close(g["box"][l]["whisker_high"], wl["whisker_high"], what + " whisker high");
+      EXPECT_EQ(g["box"][l]["outliers"], wl["outliers"]) << what;
+    }
+    EXPECT_EQ(total, g["n"].get<long>()) << what << ": every value is in one bin";
   }
 }
 

@@ -180,6 +180,20 @@ TEST(TrainTextData, GgufModelTrainsAsTheHfDirectoryAndSavesOne) {
   EXPECT_EQ(read_json((d.path / "a.json").string())["losses"], read_json((d.path / "b.json").string())["losses"]);
   EXPECT_TRUE(fs::exists(d.path / "saved/config.json"));
   EXPECT_TRUE(fs::exists(d.path / "saved/model.safetensors"));
+  // The saved directory carries the GGUF's tokenizer and EOS: text prompts and text validation
+  // data work on it alone, and compare takes the GGUF as the base.
+  EXPECT_TRUE(fs::exists(d.path / "saved/tokenizer.json"));
+  EXPECT_TRUE(fs::exists(d.path / "saved/generation_config.json"));
+  r = run("generate --model " + (d.path / "saved").string() + " --prompt 'Section 3.' --max-new-tokens 4 --threads 1 --quiet");
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run("compare --base " + (g / "llama_tiny.gguf").string() + " --tuned " + (d.path / "saved").string() +
+          " --prompt 'Section 3.' --max-new-tokens 4 --val-data text:" + in + " --seq-len 16 --threads 1 --json " +
+          (d.path / "cmp.json").string());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto cmp = read_json((d.path / "cmp.json").string());
+  EXPECT_GT(cmp["base"]["val_tokens"].get<std::int64_t>(), 0) << cmp.dump();
+  EXPECT_EQ(cmp["base"]["val_tokens"], cmp["tuned"]["val_tokens"]) << cmp.dump();
+  EXPECT_EQ(cmp["base"]["eos_token_ids"], cmp["tuned"]["eos_token_ids"]) << cmp.dump();  // the GGUF's EOS, and the one saved
   // A truncated GGUF: exit 2 naming it.
   const std::string cut = d.file("cut.gguf", [&] {
     std::ifstream f(g / "llama_tiny.gguf", std::ios::binary);

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <cstdio>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -127,6 +129,41 @@ TEST_P(Golden, ValidationLossEqualsTransformersLoss) {
     EXPECT_NEAR(r.evals[0].perplexity, std::exp(e["val_loss"].get<double>()),
                 1e-5 * std::exp(e["val_loss"].get<double>()));
   }
+}
+
+// `compare --val-data text:FILE` encodes the text with the model's own tokenizer (a GGUF's
+// metadata here, a directory's tokenizer.json otherwise), so its loss equals train --val-data's.
+TEST(Generate, TextValidationDataUsesTheModelsTokenizer) {
+  const std::string src = [] {
+    const char* e = std::getenv("SCALELAB_SOURCE_DIR");
+    return std::string((e && *e) ? e : SCALELAB_SOURCE_DIR);
+  }();
+  const std::string text_path = testing::TempDir() + "scalelab_val_text_" + std::to_string(::getpid()) + ".txt";
+  {
+    std::ofstream out(text_path);
+    for (int i = 0; i < 8; ++i) out << "Held-out paragraph " << i << ": the quick brown fox jumps over the lazy dog.\n\n";
+  }
+  for (const std::string& model : std::vector<std::string>{src + "/tests/golden/data/gguf/llama_tiny.gguf", src + "/tests/golden/data/gguf/llama_tiny_hf"}) {
+    TextGenerator gen(model);
+    const EvalRecord ours = gen.validation_loss("text:" + text_path, 16, 2, 0);
+    TrainOptions o;
+    o.model = model;
+    o.data = "text:" + text_path;
+    o.val_data = "text:" + text_path;
+    o.seq_len = 16;
+    o.micro_batch_size = 2;
+    o.max_steps = 1;
+    o.lr = 0;  // the weights stay as loaded
+    o.threads = 2;
+    o.quiet = true;
+    const TrainResult r = run_training(o);
+    ASSERT_EQ(r.status, RunStatus::kOk) << r.error;
+    ASSERT_EQ(r.evals.size(), 1u);
+    EXPECT_GT(ours.tokens, 0) << model;
+    EXPECT_EQ(ours.tokens, r.evals[0].tokens) << model;
+    EXPECT_NEAR(ours.loss, r.evals[0].loss, 1e-6) << model;
+  }
+  std::remove(text_path.c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(TextGen, Golden, testing::Values("llama_gqa_untied", "llama_tied_rope3", "opt_prenorm"));

@@ -36,7 +36,7 @@ using test::expect_close;
 
 TEST(Backend, AllOpsAreDistinctAndEveryBuiltBackendListsThem) {
   const auto& ops = kernels::all_ops();
-  EXPECT_EQ(ops.size(), 45u);
+  EXPECT_EQ(ops.size(), 49u);  // 45 + the qat family's 4
   EXPECT_EQ(std::set<std::string>(ops.begin(), ops.end()).size(), ops.size());
   for (const auto& op : ops) {
     EXPECT_TRUE(kernels::supports(op, DeviceType::kCPU)) << op;
@@ -182,6 +182,20 @@ class ComposedCpu final : public kernels::Backend {
   void dropout_backward(Tensor& dx, const Tensor& dy, float p, const kernels::DropoutKey& key,
                         ExecContext& ctx) override {
     cpu_.dropout_backward(dx, dy, p, key, ctx);
+  }
+  void fake_quant_per_token_forward(Tensor& y, const Tensor& x, ExecContext& ctx) override {
+    cpu_.fake_quant_per_token_forward(y, x, ctx);
+  }
+  void fake_quant_per_token_backward(Tensor& dx, const Tensor& dy, const Tensor& x, bool acc,
+                                     ExecContext& ctx) override {
+    cpu_.fake_quant_per_token_backward(dx, dy, x, acc, ctx);
+  }
+  void fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int64_t group, ExecContext& ctx) override {
+    cpu_.fake_quant_group_forward(wq, w, group, ctx);
+  }
+  void fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std::int64_t group,
+                                 ExecContext& ctx) override {
+    cpu_.fake_quant_group_backward(dw, g, w, group, ctx);
   }
   void attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const kernels::AttentionShape& s,
                                float scale, ExecContext& ctx) override {
@@ -511,6 +525,11 @@ TEST(MetaBackend, FusedLossAndMlpAllocateAsTheCpu) {
     EXPECT_EQ(sums[1].count, T);  // meta: every target counts
     EXPECT_EQ(sums[1].sum, 0.0);
     EXPECT_LT(sums[0].count, T);
+    // A frozen head (dw undefined): no dw GEMM, on the CPU and in the plan alike.
+    expect_same_allocations<Loss>(
+        [&](Dev& d) { return Loss{d.rand({T, H}, dt, 1), d.rand({V, H}, dt, 2), d.targets(T, V), d.rand({T, H}, dt, 3), Tensor()}; },
+        [&](Dev& d, Loss& l) { kernels::fused_linear_cross_entropy(l.dx, l.dw, l.x, l.w, l.targets, 0.1f, chunk, d.ctx); },
+        "fused loss, frozen head", dt == DType::kF32 ? 1 : 3);
   }
   struct Mlp {
     Tensor gu, dout, wdown, dgu, dwdown;

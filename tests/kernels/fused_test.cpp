@@ -384,6 +384,33 @@ TEST(FusedLinearCrossEntropy, IsDeterministic) {
   expect_bitwise(dw1, dw2, "dw");
 }
 
+// A frozen head (LoRA, --freeze): dw undefined. The loss and the input gradient are those of the
+// call with a weight gradient, bit for bit (dx never reads dw), in fp32 (vocabulary split over
+// threads) and with low-precision tensors (the plain chunk loop); no dw GEMM runs.
+TEST(FusedLinearCrossEntropy, FrozenHeadHasNoWeightGradientAndTheSameRest) {
+  Cpu c;
+  const std::int64_t T = 37, H = 12, V = 53;
+  Tensor targets = c.ids(make_targets(T, V, 5));
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    Tensor x = c.randn({T, H}, 1, 1), w = c.randn({V, H}, 0.5, 2);
+    if (dt != DType::kF32) {
+      Tensor xl = Tensor::empty({T, H}, dt, *c.alloc), wl = Tensor::empty({V, H}, dt, *c.alloc);
+      xl.copy_from(x);
+      wl.copy_from(w);
+      x = xl;
+      w = wl;
+    }
+    Tensor dx1 = Tensor::zeros({T, H}, dt, *c.alloc), dx2 = Tensor::zeros({T, H}, dt, *c.alloc);
+    Tensor dw = c.zeros({V, H}), frozen;
+    const auto a = kernels::fused_linear_cross_entropy(dx1, dw, x, w, targets, 0.03f, 8, c.ctx);
+    const auto b = kernels::fused_linear_cross_entropy(dx2, frozen, x, w, targets, 0.03f, 8, c.ctx);
+    EXPECT_EQ(a.sum, b.sum) << dtype_name(dt);
+    EXPECT_EQ(a.count, b.count) << dtype_name(dt);
+    EXPECT_EQ(std::memcmp(dx1.raw(), dx2.raw(), static_cast<std::size_t>(T * H) * dtype_size(dt)), 0) << dtype_name(dt);
+    EXPECT_FALSE(frozen.defined());
+  }
+}
+
 TEST(FusedLinearCrossEntropy, EdgeCases) {
   Cpu c;
   const std::int64_t T = 6, H = 5, V = 7;

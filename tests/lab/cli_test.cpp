@@ -133,6 +133,59 @@ TEST(CliSweep, NativeRunsResumesAndIsReproducibleFromTheDatabase) {
   EXPECT_EQ(after.trials(0, true).size(), 12u);
 }
 
+// [oom_search]: after its trials, each configuration's largest micro-batch, found with real trials
+// from the engine's plan (the fake engine's limit for llama-small at 2 GiB is 14), reusing the
+// sweep's own trial where one matches; a column of the summary; nothing re-run on resume.
+TEST(CliSweep, OomSearchPerConfiguration) {
+  Lab lab;
+  std::string spec = lab.spec("methods.toml", R"(
+name = "methods"
+[parameters]
+model = ["llama-small", "llama-tiny"]
+seq_len = 256
+device_memory = "2GiB"
+micro_batch_size = [4, 14]
+[oom_search]
+max_micro_batch = 16
+)");
+  CliResult dry = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine, "--dry-run"});
+  ASSERT_EQ(dry.code, 0) << dry.err;
+  EXPECT_THAT(dry.out, HasSubstr("then 2 OOM search(es)"));
+  CliResult r = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine, "--format", "json"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("then 2 OOM search(es)"));
+  Json rows = Json::parse(r.out);
+  ASSERT_EQ(rows.size(), 4u);
+  for (const auto& row : rows) {
+    if (row["model"] == "llama-small") EXPECT_EQ(row["max_micro_batch_size"], "14") << row.dump();
+    else EXPECT_EQ(row["max_micro_batch_size"], ">= 16") << row.dump();  // the cap (its limit is 21)
+    EXPECT_EQ(row["runs"], 1) << row.dump();  // the search's trials are not the sweep's rows
+  }
+  // llama-small: 14 (the sweep's own trial, reused) and 15; llama-tiny: from its plan to the cap.
+  const int calls = train_calls(lab.calls);
+  ResultsStore store(lab.db, ResultsStore::Mode::kReadOnly);
+  int searched = 0;
+  for (const auto& t : store.trials())
+    if (t.role == "oom-search") ++searched;
+  EXPECT_EQ(calls, 4 + searched);
+  EXPECT_GE(searched, 2);
+  auto sw = store.find_sweep("methods");
+  ASSERT_TRUE(sw.has_value());
+  ASSERT_EQ(sw->result["oom_limits"].size(), 2u);
+  EXPECT_EQ(sw->result["oom_limits"][0]["max_micro_batch_size"], 14);
+  EXPECT_EQ(sw->result["oom_limits"][0]["params"]["model"], "llama-small");
+  // Resume: everything is recorded, no trial runs again; the table is the same from the database.
+  CliResult again = lab.run({"sweep", spec, "--db", lab.db, "--engine", lab.engine, "--format", "json"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(train_calls(lab.calls), calls);
+  EXPECT_EQ(again.out, r.out);
+  CliResult table = lab.run({"results", "--db", lab.db, "--sweep", "methods"});
+  ASSERT_EQ(table.code, 0) << table.err;
+  EXPECT_THAT(table.out, HasSubstr("max micro-batch"));
+  EXPECT_THAT(table.out, HasSubstr(">= 16"));
+  EXPECT_THAT(table.out, HasSubstr("stopped at [oom_search] max_micro_batch"));
+}
+
 TEST(CliSweep, DryRunPrintsCommandsOnly) {
   Lab lab;
   std::string spec = lab.spec("grid.toml", kGrid);

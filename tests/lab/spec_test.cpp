@@ -89,6 +89,38 @@ TEST(Spec, EmptyListAndBadValues) {
   EXPECT_THAT(error_of("[parameters]\nseq-len = 1\nseq_len = 2\n"), HasSubstr("given twice"));
 }
 
+TEST(Spec, OomSearchTable) {
+  const char* base = "[parameters]\nmodel = \"llama-tiny\"\n";
+  EXPECT_FALSE(parse_sweep_spec(base, "s.toml").oom_search.enabled);
+  SweepSpec s = parse_sweep_spec(std::string(base) + "[oom_search]\nmax_micro_batch = 32\nuse_plan = false\n", "s.toml");
+  EXPECT_TRUE(s.oom_search.enabled);
+  EXPECT_EQ(s.oom_search.max_micro_batch, 32);
+  EXPECT_FALSE(s.oom_search.use_plan);
+  EXPECT_EQ(s.to_json()["oom_search"]["max_micro_batch"], 32);
+  SweepSpec d = parse_sweep_spec(std::string(base) + "[oom_search]\n", "s.toml");
+  EXPECT_TRUE(d.oom_search.enabled);
+  EXPECT_EQ(d.oom_search.max_micro_batch, 4096);
+  EXPECT_THAT(error_of("oom_search = 3\n" + std::string(base)), HasSubstr("oom_search must be a table"));
+  EXPECT_THAT(error_of(std::string(base) + "[oom_search]\nmax_micro_batch = 0\n"), HasSubstr("from 1 to"));
+  EXPECT_THAT(error_of(std::string(base) + "[oom_search]\nuse_plan = 1\n"), HasSubstr("true or false"));
+  EXPECT_THAT(error_of(std::string(base) + "[oom_search]\nstart = 1\n"), HasSubstr("unknown key 'start'"));
+}
+
+// A native trial's engine subcommand: train (default) or dpo, not a flag.
+TEST(Spec, NativeSubcommandParameter) {
+  SweepSpec s = parse_sweep_spec("[parameters]\nsubcommand = [\"train\", \"dpo\"]\nlora_rank = 8\n", "s.toml");
+  const auto combos = s.expand();
+  ASSERT_EQ(combos.size(), 2u);
+  TrialContext ctx;
+  ctx.record_path = "r.json";
+  const Launch a = build_launch(s.workload, "scalelab", combos[0], ctx);
+  const Launch b = build_launch(s.workload, "scalelab", combos[1], ctx);
+  EXPECT_EQ(a.argv[1], "train");
+  EXPECT_EQ(b.argv[1], "dpo");
+  EXPECT_EQ(std::count(b.argv.begin(), b.argv.end(), "--subcommand"), 0);
+  EXPECT_THAT(error_of("[parameters]\nsubcommand = \"sweep\"\n"), HasSubstr("use \"train\" or \"dpo\""));
+}
+
 TEST(Spec, ExcludeRulesAreChecked) {
   EXPECT_THAT(error_of("[parameters]\na = [1, 2]\n[[exclude]]\nb = 1\n"), HasSubstr("'b', which is not a parameter"));
   EXPECT_THAT(error_of("[parameters]\na = [1, 2]\n[[exclude]]\na = 3\n"), HasSubstr("not one of the parameter's values"));

@@ -99,6 +99,44 @@ TEST(Tables, SummaryAggregatesRepeats) {
   EXPECT_TRUE(has_col);
 }
 
+TEST(Tables, MemoryPartsSideBySide) {
+  auto with_plan = [](std::int64_t id, int rank, double weights, double optim, double total, double measured) {
+    TrialRow r = trial(id, "h" + std::to_string(id), 4, "ok", 100);
+    r.config["params"]["lora_rank"] = rank;
+    r.metrics["plan_weights_bytes"] = weights;
+    r.metrics["plan_optimizer_states_bytes"] = optim;
+    r.metrics["plan_logits_bytes"] = 0;  // nothing at the peak in any trial: no column
+    r.metrics["plan_zeta_part_bytes"] = rank ? 1024.0 * 1024 * 1024 : 0.0;  // a part the order does not know
+    r.metrics["plan_total_bytes"] = total;
+    r.metrics["max_reserved_bytes"] = measured;
+    return r;
+  };
+  const double G = 1024.0 * 1024 * 1024;
+  std::vector<TrialRow> rows = {with_plan(1, 0, 2 * G, 4 * G, 8 * G, 8 * G), with_plan(2, 8, 2 * G, 0.5 * G, 4 * G, 4 * G),
+                                trial(3, "h3", 4, "oom", 0)};
+  rows[2].config["params"]["lora_rank"] = 16;
+  Table t = memory_table(rows, {}, {});
+  std::vector<std::string> keys;
+  for (const auto& c : t.columns) keys.push_back(c.key);
+  EXPECT_THAT(keys, ::testing::Contains("lora_rank"));
+  EXPECT_THAT(keys, ::testing::Not(::testing::Contains("plan_logits_gib")));
+  // The plan's display order, then unknown parts.
+  auto pos = [&](const std::string& k) { return std::find(keys.begin(), keys.end(), k) - keys.begin(); };
+  EXPECT_LT(pos("plan_weights_gib"), pos("plan_optimizer_states_gib"));
+  EXPECT_LT(pos("plan_optimizer_states_gib"), pos("plan_zeta_part_gib"));
+  EXPECT_EQ(pos("plan_zeta_part_gib"), static_cast<std::ptrdiff_t>(keys.size()) - 1);
+  ASSERT_EQ(t.rows.size(), 3u);
+  EXPECT_DOUBLE_EQ(t.rows[1]["plan_optimizer_states_gib"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(t.rows[0]["plan_gib"].get<double>(), 8.0);
+  ASSERT_FALSE(t.notes.empty());
+  EXPECT_THAT(t.notes[0], HasSubstr("in 2 of 2 trials"));
+  EXPECT_EQ(memory_table(rows, {parse_filter("lora_rank=8")}, {}).rows.size(), 1u);
+  rows[1].metrics["max_reserved_bytes"] = 5 * G;  // the plan missed: the note counts it
+  EXPECT_THAT(memory_table(rows, {}, {}).notes[0], HasSubstr("in 1 of 2 trials"));
+  Table none = memory_table({trial(4, "h4", 1, "ok", 1)}, {}, {});
+  EXPECT_THAT(none.notes[0], HasSubstr("No trial has a memory plan"));
+}
+
 TEST(Tables, LadderSpeedupsAndLargestJump) {
   testing::TempDir dir;
   ResultsStore store(dir / "r.db", ResultsStore::Mode::kReadWrite);

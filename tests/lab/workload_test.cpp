@@ -171,6 +171,25 @@ TEST(Outcome, Native) {
   EXPECT_DOUBLE_EQ(ok.metrics["max_reserved_gib"].get<double>(), 2.0);
   EXPECT_FALSE(ok.metrics.contains("mfu"));  // null is not a number
   EXPECT_TRUE(ok.record.contains("losses"));
+  EXPECT_FALSE(ok.metrics.contains("plan_total_bytes"));  // no memory plan in this record
+
+  // The memory plan's parts become metrics (what each held at the planned peak), names slugged.
+  testing::write_text(rec, R"J({"status":"ok","trainable_params":96,"frozen_params":1000,
+    "memory_plan":{"total_bytes":4096,"items":[
+      {"name":"weights","bytes":2048,"at_peak_bytes":2048},
+      {"name":"optimizer states","bytes":512,"at_peak_bytes":512},
+      {"name":"Reference  model (frozen)","bytes":1024,"at_peak_bytes":1024},
+      {"name":"logits","bytes":640,"at_peak_bytes":0},
+      {"name":7,"at_peak_bytes":1},{"name":"odd","at_peak_bytes":"x"}]}})J");
+  auto planned = classify_native(exited(0), 10, rec, "");
+  EXPECT_EQ(planned.metrics["plan_total_bytes"], 4096);
+  EXPECT_EQ(planned.metrics["plan_weights_bytes"], 2048);
+  EXPECT_EQ(planned.metrics["plan_optimizer_states_bytes"], 512);
+  EXPECT_EQ(planned.metrics["plan_reference_model_frozen_bytes"], 1024);
+  EXPECT_EQ(planned.metrics["plan_logits_bytes"], 0);
+  EXPECT_FALSE(planned.metrics.contains("plan_odd_bytes"));
+  EXPECT_EQ(planned.metrics["trainable_params"], 96);
+  EXPECT_EQ(planned.metrics["frozen_params"], 1000);
 
   testing::write_text(rec, R"({"status":"oom","error":"[allocator] out of cpu memory: tried 1 GiB"})");
   auto oom = classify_native(exited(3), 10, rec, "");

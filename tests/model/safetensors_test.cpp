@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "core/error.h"
@@ -169,6 +170,42 @@ TEST(Safetensors, ReadsUnalignedTensors) {
   std::uint32_t bits;
   std::memcpy(&bits, &v[1], 4);
   EXPECT_EQ(bits, 0x11111111u);
+}
+
+// The file-backed resident set of this process (kB), from /proc/self/status; -1 where absent.
+long rss_file_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssFile:", 0) == 0) return std::stol(line.substr(8));
+  }
+  return -1;
+}
+
+// read() drops the pages it read from the mapping, so a loaded checkpoint is not held twice
+// (the file's pages + the copy), and reading the same tensors again still gives their bytes.
+TEST(Safetensors, ReadReleasesTheFilePagesItRead) {
+  ScratchDir dir;
+  const std::size_t n = std::size_t{16} << 20;  // 64 MiB of F32 in two tensors
+  std::vector<float> a(n / 2), b(n / 2);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>(i % 1000);
+    b[i] = -static_cast<float>(i % 777);
+  }
+  const std::string path = dir / "big.safetensors";
+  write_safetensors(path, {{"a", {static_cast<std::int64_t>(a.size())}, a.data(), DType::kF32, DType::kF32},
+                           {"b", {static_cast<std::int64_t>(b.size())}, b.data(), DType::kF32, DType::kF32}});
+  const auto f = SafetensorsFile::open(path);
+  std::vector<float> out(n / 2);
+  const long before = rss_file_kb();
+  if (before < 0) GTEST_SKIP() << "no RssFile in /proc/self/status";
+  f.read(*f.find("a"), out.data(), DType::kF32);
+  f.read(*f.find("b"), out.data(), DType::kF32);
+  const long grown = rss_file_kb() - before;
+  EXPECT_LT(grown, 8 * 1024) << "reading 64 MiB left " << grown << " kB of the file resident";
+  EXPECT_EQ(out, b);
+  f.read(*f.find("a"), out.data(), DType::kF32);  // again, after its pages were dropped
+  EXPECT_EQ(out, a);
 }
 
 TEST(SafetensorsBadInput, TruncatedFiles) {

@@ -194,6 +194,54 @@ TEST(TextData, ShuffleIsASeededPermutationPerEpoch) {
   EXPECT_EQ(a, b);
 }
 
+// --resume seeks: skip(k) then next() reads what k + 1 next() calls would, across epochs, shuffled
+// or not, on each rank.
+TEST(TextData, SkipEqualsReadingAndDropping) {
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "doc " + std::to_string(i) + "\n\n";
+  TmpText f(text);
+  const std::string tokf = (kGolden / "gpt2_style/tokenizer.json").string();
+  for (const std::string opts : {"", ",shuffle", ",pad"}) {
+    for (int rank = 0; rank < 2; ++rank) {
+      DataOptions d{"text:" + f.path + opts, 3, 2, 1200, 5, rank, 2};
+      auto read = make_data_source(d, TextSourceOptions{tokf, "", "--data"});
+      auto seek = make_data_source(d, TextSourceOptions{tokf, "", "--data"});
+      Batch a = make_batch(2, 3, alloc()), b = make_batch(2, 3, alloc());
+      const int k = 23;  // several epochs of this small corpus
+      for (int i = 0; i < k; ++i) read->next(a);
+      seek->skip(k, b);
+      for (int i = 0; i < 3; ++i) {
+        read->next(a);
+        seek->next(b);
+        const auto* ia = a.inputs.data<std::int32_t>();
+        const auto* ib = b.inputs.data<std::int32_t>();
+        const auto* ta = a.targets.data<std::int32_t>();
+        const auto* tb = b.targets.data<std::int32_t>();
+        EXPECT_EQ(std::vector<std::int32_t>(ia, ia + 6), std::vector<std::int32_t>(ib, ib + 6)) << opts << " rank " << rank;
+        EXPECT_EQ(std::vector<std::int32_t>(ta, ta + 6), std::vector<std::int32_t>(tb, tb + 6)) << opts << " rank " << rank;
+      }
+    }
+  }
+}
+
+// A text source knows its size (packed and padded), so `--val-data text:...` can be evaluated
+// whole (--eval-batches 0), as a token file can.
+TEST(TextData, SourcesKnowTheirNumberOfSamples) {
+  std::string text;
+  for (int i = 0; i < 12; ++i) text += "paragraph " + std::to_string(i) + " of a held-out text, with a few words\n\n";
+  TmpText f(text);
+  const std::string tokf = (kGolden / "gpt2_style/tokenizer.json").string();
+  for (const std::string opts : {"", ",pad", ",split=val,val-fraction=0.5"}) {
+    DataOptions d{"text:" + f.path + opts, 8, 2, 1200, 1, 0, 1};
+    auto src = make_data_source(d, TextSourceOptions{tokf, "", "--val-data"});
+    const std::string what = src->describe();
+    const auto at = what.find(" tokens, ");
+    ASSERT_NE(at, std::string::npos) << what;
+    EXPECT_EQ(src->num_samples(), std::stoll(what.substr(at + 9))) << what;
+    EXPECT_GT(src->num_samples(), 0) << what;
+  }
+}
+
 void expect_invalid(const std::function<void()>& f, const std::string& needle) {
   try {
     f();

@@ -69,6 +69,14 @@ class CpuBackend final : public Backend {
   void dropout_forward(Tensor& x, float p, const DropoutKey& key, ExecContext& ctx) override;
   void dropout_backward(Tensor& dx, const Tensor& dy, float p, const DropoutKey& key, ExecContext& ctx) override;
 
+  // --- qat.cpp
+  void fake_quant_per_token_forward(Tensor& y, const Tensor& x, ExecContext& ctx) override;
+  void fake_quant_per_token_backward(Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate,
+                                     ExecContext& ctx) override;
+  void fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int64_t group, ExecContext& ctx) override;
+  void fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std::int64_t group,
+                                 ExecContext& ctx) override;
+
   // --- attention_eager.cpp, attention_flash.cpp
   void attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const AttentionShape& s, float scale,
                                ExecContext& ctx) override;

@@ -125,7 +125,7 @@ class VocabSplit {
       std::fill(P, P + c * H, 0.0f);
       return;
     }
-    gemm(true, false, b - a, H, c, 1.0f, L + a, V, x, H, 1.0f, dw + a * H, H);
+    if (dw) gemm(true, false, b - a, H, c, 1.0f, L + a, V, x, H, 1.0f, dw + a * H, H);  // null: a frozen head
     gemm(false, false, c, H, b - a, 1.0f, L + a, V, w + a * H, H, 0.0f, P, H);
   }
 
@@ -178,8 +178,10 @@ LossSum lowp_chunks(CpuBackend& be, Tensor* dx, Tensor* dw, const Tensor& x, con
     if (!dx) continue;
     be.gemm_ex(false, false, c, H, V, 1.0f, L.raw(), DType::kF32, V, w.raw(), w.dtype(), H, 0.0f,
                elem(dx->raw(), dx->dtype(), r0 * H), dx->dtype(), H, ctx);
-    be.gemm_ex(true, false, V, H, c, 1.0f, L.raw(), DType::kF32, V, xc.raw(), DType::kF32, H, 1.0f, dw->raw(),
-               dw->dtype(), H, ctx);
+    if (dw->defined()) {  // undefined: a frozen head
+      be.gemm_ex(true, false, V, H, c, 1.0f, L.raw(), DType::kF32, V, xc.raw(), DType::kF32, H, 1.0f, dw->raw(),
+                 dw->dtype(), H, ctx);
+    }
   }
   LossSum out;
   for (std::int64_t r = 0; r < T; ++r) {
@@ -200,7 +202,7 @@ LossSum CpuBackend::fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Ten
   LossSum out;
   if (T == 0) return out;
   if (x.dtype() != DType::kF32 || w.dtype() != DType::kF32 || dx.dtype() != DType::kF32 ||
-      dw.dtype() != DType::kF32) {
+      (dw.defined() && dw.dtype() != DType::kF32)) {
     return lowp_chunks(*this, &dx, &dw, x, w, targets, grad_scale_per_token, d, ctx);
   }
   Tensor scratch = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
@@ -209,7 +211,7 @@ LossSum CpuBackend::fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Ten
   const float* wp = w.f32();
   const std::int32_t* tg = targets.data<std::int32_t>();
   float* dxp = dx.f32();
-  float* dwp = dw.f32();
+  float* dwp = dw.defined() ? dw.f32() : nullptr;  // null: a frozen head, no weight gradient
   const int nt = std::max(1, num_threads());
   VocabSplit split(d, nt);
   // Per-thread dx partials: host scratch like the other kernels' per-thread reductions (a

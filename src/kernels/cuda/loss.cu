@@ -392,7 +392,7 @@ LossSum fused_chunks(CudaBackend& be, Tensor* dx, Tensor* dw, const Tensor& x, c
 
   const DType xt = x.dtype(), wt = w.dtype();
   const bool lowp = xt != DType::kF32 || wt != DType::kF32 ||
-                    (backward && (dx->dtype() != DType::kF32 || dw->dtype() != DType::kF32));
+                    (backward && (dx->dtype() != DType::kF32 || (dw->defined() && dw->dtype() != DType::kF32)));
   Tensor L = Tensor::empty({d.chunk, V}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
   Tensor xc;
   if (lowp) xc = Tensor::empty({d.chunk, H}, DType::kF32, *ctx.alloc, kFusedLossChunkLabel);
@@ -425,7 +425,9 @@ LossSum fused_chunks(CudaBackend& be, Tensor* dx, Tensor* dw, const Tensor& x, c
     // dx_c = G · w (assigned); dw += Gᵀ · x_c
     void* dxp = static_cast<char*>(dx->raw()) + static_cast<std::size_t>(r0 * H) * dtype_size(dx->dtype());
     be.gemm_ex(false, false, c, H, V, 1.0f, L.raw(), wt, ldg, w.raw(), wt, H, 0.0f, dxp, dx->dtype(), H, ctx);
-    be.gemm_ex(true, false, V, H, c, 1.0f, L.raw(), wt, ldg, xp, wt, H, 1.0f, dw->raw(), dw->dtype(), H, ctx);
+    if (dw->defined()) {  // undefined: a frozen head (LoRA), no weight gradient
+      be.gemm_ex(true, false, V, H, c, 1.0f, L.raw(), wt, ldg, xp, wt, H, 1.0f, dw->raw(), dw->dtype(), H, ctx);
+    }
   }
   finish_sum(sc);
   const auto h = sc.read();
@@ -440,7 +442,7 @@ LossSum CudaBackend::fused_linear_cross_entropy(Tensor& dx, Tensor& dw, const Te
   const char* op = "fused_linear_cross_entropy";
   const FusedDims d = fused_dims(x, w, targets, chunk_tokens, op);
   require_numel(dx, d.T * d.H, op, "input gradient");
-  require_numel(dw, d.V * d.H, op, "weight gradient");
+  if (dw.defined()) require_numel(dw, d.V * d.H, op, "weight gradient");
   if (d.T == 0) return {};
   return fused_chunks(*this, &dx, &dw, x, w, targets, grad_scale_per_token, d, ctx, op);
 }

@@ -43,7 +43,8 @@ LossSum linear_loss_chunks(Backend& be, const Tensor* dx, const Tensor* dw, cons
                            std::int64_t chunk_tokens, ExecContext& ctx) {
   const std::int64_t V = w.dim(0), H = w.dim(1), T = x.numel() / H;
   const bool backward = dx != nullptr;
-  const DType dxt = backward ? dx->dtype() : DType::kF32, dwt = backward ? dw->dtype() : DType::kF32;
+  const bool has_dw = backward && dw->defined();  // undefined: a frozen head
+  const DType dxt = backward ? dx->dtype() : DType::kF32, dwt = has_dw ? dw->dtype() : DType::kF32;
   const std::vector<std::size_t> blocks = fused_linear_cross_entropy_workspace_blocks(
       T, chunk_tokens, H, V, x.dtype(), w.dtype(), dxt, dwt, backward);
   Workspace ws(ctx);
@@ -57,8 +58,10 @@ LossSum linear_loss_chunks(Backend& be, const Tensor* dx, const Tensor* dw, cons
       if (!backward) continue;
       be.gemm_ex(false, false, c, H, V, 1.0f, nullptr, DType::kF32, V, nullptr, w.dtype(), H, 0.0f, nullptr, dxt, H,
                  ctx);
-      be.gemm_ex(true, false, V, H, c, 1.0f, nullptr, DType::kF32, V, nullptr, DType::kF32, H, 1.0f, nullptr, dwt, H,
-                 ctx);
+      if (has_dw) {
+        be.gemm_ex(true, false, V, H, c, 1.0f, nullptr, DType::kF32, V, nullptr, DType::kF32, H, 1.0f, nullptr, dwt,
+                   H, ctx);
+      }
     }
   }
   return {0.0, T};

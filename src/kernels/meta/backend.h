@@ -42,6 +42,10 @@ class MetaBackend final : public Backend {
                      ExecContext&) override {}
   void dropout_forward(Tensor&, float, const DropoutKey&, ExecContext&) override {}
   void dropout_backward(Tensor&, const Tensor&, float, const DropoutKey&, ExecContext&) override {}
+  void fake_quant_per_token_forward(Tensor&, const Tensor&, ExecContext&) override {}
+  void fake_quant_per_token_backward(Tensor&, const Tensor&, const Tensor&, bool, ExecContext&) override {}
+  void fake_quant_group_forward(Tensor&, const Tensor&, std::int64_t, ExecContext&) override {}
+  void fake_quant_group_backward(Tensor&, const Tensor&, const Tensor&, std::int64_t, ExecContext&) override {}
   void cross_entropy_backward(Tensor&, const Tensor&, const Tensor&, const Tensor&, float, ExecContext&) override {}
   void adamw_update(Tensor&, Tensor&, Tensor&, const Tensor&, const std::vector<ElementRange>&, const AdamWHyper&,
                     ExecContext&) override {}

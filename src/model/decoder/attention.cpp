@@ -25,7 +25,7 @@ void AttentionBlock::forward(AttentionActs& a, Tensor& h, Tensor& in, bool relea
     a.probs = alloc.act({batch, n_heads, seq, seq}, "attention scores");
     attention_eager_forward(a.attn, a.probs, a.qkv, shape(batch, seq), scale, ctx);
   }
-  h = alloc.act({T, out.w.dim(0)}, "residual stream");
+  h = alloc.act({T, out.out_features()}, "residual stream");
   out.forward(h, a.attn, ctx);
 }
 
@@ -40,7 +40,7 @@ void AttentionBlock::forward_cached(AttentionActs& a, Tensor& h, const Tensor& i
   }
   a.attn = alloc.act({T, Q}, "attention output");
   cached_attention(a.attn, a.qkv, cache, layer, n_heads, 1.0f / std::sqrt(static_cast<float>(head_dim)), ctx);
-  h = alloc.act({T, out.w.dim(0)}, "residual stream");
+  h = alloc.act({T, out.out_features()}, "residual stream");
   out.forward(h, a.attn, ctx);
 }
 

@@ -6,18 +6,34 @@
 #include "core/error.h"
 #include "kernels/matmul.h"
 #include "model/decoder/lora.h"
+#include "model/decoder/nf4_linear.h"
+#include "model/decoder/qat.h"
 
 namespace scalelab {
 
 void Linear::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bias) const {
-  kernels::linear_forward(y, x, w, with_bias && b.defined() ? &b : nullptr, ctx);
+  const Tensor* bias = with_bias && b.defined() ? &b : nullptr;
+  if (quantized) {
+    quantized->forward(y, x, bias, ctx);
+  } else if (quant) {
+    quant->forward(y, x, w, bias, ctx);
+  } else {
+    kernels::linear_forward(y, x, w, bias, ctx);
+  }
   if (adapter) adapter->forward(y, x, ctx);
 }
 
 void Linear::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool accumulate_dx,
                       bool with_bias) {
   Tensor* dbias = with_bias && db.defined() ? &db : nullptr;
-  kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
+  if (quantized) {  // frozen: no weight or bias gradient
+    SCALELAB_CHECK(dbias == nullptr || !dbias->defined(), "[model] a quantized base with a trained bias");
+    if (dx != nullptr) quantized->backward_input(*dx, dy, ctx, accumulate_dx);
+  } else if (quant) {
+    quant->backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);
+  } else {
+    kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
+  }
   if (adapter) adapter->backward(dx, dy, x, ctx);
 }
 
@@ -78,7 +94,10 @@ Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor
   Linear l;
   const std::int64_t in = layout.at(weights.front()).shape[1];
   l.frozen = !trains_together(layout, weights);
-  l.w = weights.size() == 1 ? layout.view(params, weights.front()) : contiguous_view(layout, params, weights, in);
+  l.quantized = bind_nf4(layout, weights);  // QLoRA (--quantize-base): the base in NF4, else none
+  if (!l.quantized) {
+    l.w = weights.size() == 1 ? layout.view(params, weights.front()) : contiguous_view(layout, params, weights, in);
+  }
   if (!l.frozen) {
     l.dw = weights.size() == 1 ? layout.view(grads, weights.front()) : contiguous_view(layout, grads, weights, in);
   }
@@ -88,6 +107,7 @@ Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor
     if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0);
   }
   l.adapter = bind_lora(layout, params, grads, weights);  // LoRA (--lora-rank), else none
+  l.quant = bind_qat(layout, weights);                    // QAT (--qat), else none
   return l;
 }
 

@@ -35,6 +35,28 @@ class LinearAdapter {
   virtual void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) = 0;
 };
 
+// A frozen base weight held in another form than a dense tensor (QLoRA's NF4 base:
+// model/decoder/nf4_linear.h): it computes the base products itself.
+class QuantizedBase {
+ public:
+  virtual ~QuantizedBase() = default;
+  virtual std::int64_t out_features() const = 0;
+  // y = x·wᵀ (+ bias, when non-null).
+  virtual void forward(Tensor& y, const Tensor& x, const Tensor* bias, ExecContext& ctx) const = 0;
+  // dx = dy·w (assigned, or added when accumulate).
+  virtual void backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, bool accumulate) const = 0;
+};
+
+// Another form of the base product itself (QAT attaches here, model/decoder/qat.h): the Linear
+// calls it instead of kernels::linear_forward / linear_backward, with the same arguments.
+class LinearQuant {
+ public:
+  virtual ~LinearQuant() = default;
+  virtual void forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* b, ExecContext& ctx) = 0;
+  virtual void backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, const Tensor& x, const Tensor& w,
+                        ExecContext& ctx, bool accumulate_dx) = 0;
+};
+
 // y = x · wᵀ (+ b): kernels::linear_forward / linear_backward over views of the flat buffers.
 // w/dw: [out, in] (a fused projection is a contiguous run of the layout: q/k/v, gate/up);
 // b/db: [out] or undefined. A frozen weight (--freeze) has frozen = true and dw undefined, a
@@ -43,9 +65,12 @@ class LinearAdapter {
 struct Linear {
   Tensor w, dw, b, db;
   std::shared_ptr<LinearAdapter> adapter;  // empty: no adapter
+  std::shared_ptr<LinearQuant> quant;      // empty: the plain product (QAT: model/decoder/qat.h)
   bool frozen = false;  // the weight is frozen: dw is undefined
+  std::shared_ptr<const QuantizedBase> quantized;  // QLoRA: the base weight (w undefined, frozen)
 
   bool has_bias() const { return b.defined(); }
+  std::int64_t out_features() const { return quantized ? quantized->out_features() : w.dim(0); }
   // y = x·wᵀ (+ b when with_bias; a fused kernel may add the bias itself, e.g. OPT's bias+ReLU).
   void forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bias = true) const;
   // dx = dy·w (assigned, or added when accumulate_dx; dx may be null), dw += dyᵀ·x,

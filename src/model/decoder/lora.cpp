@@ -1,6 +1,8 @@
 #include "model/decoder/lora.h"
 
 #include "core/error.h"
+#include "kernels/dropout.h"
+#include "kernels/elementwise.h"
 #include "kernels/matmul.h"
 
 namespace scalelab {
@@ -20,15 +22,35 @@ AdaptersOff::AdaptersOff() : previous_(adapters_off) { adapters_off = true; }
 AdaptersOff::~AdaptersOff() { adapters_off = previous_; }
 bool AdaptersOff::active() { return adapters_off; }
 
+std::int64_t lora_dropout_site(const std::string& m) {
+  if (m == "q_proj") return 2;
+  if (m == "k_proj") return 3;
+  if (m == "v_proj") return 4;
+  if (m == "o_proj" || m == "out_proj") return 5;
+  if (m == "gate_proj" || m == "fc1") return 6;
+  if (m == "up_proj") return 7;
+  if (m == "down_proj" || m == "fc2") return 8;
+  return 9;
+}
+
+Tensor LoraAdapter::adapter_input(const Tensor& x, const Part& p, ExecContext& ctx) const {
+  if (!dropping(ctx)) return x;
+  Tensor xd = Tensor::empty(x.shape(), x.dtype(), *ctx.alloc, "lora dropout input");
+  // dropout_backward is the out-of-place form: xd = x·mask/(1 − P) with the key's mask.
+  kernels::dropout_backward(xd, x, dropout_, {ctx.train_seed, ctx.train_step, layer_, p.site}, ctx);
+  return xd;
+}
+
 void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
   if (AdaptersOff::active()) return;  // the base model alone (DPO's reference forward)
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   for (const Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
+    const Tensor xin = adapter_input(x, p, ctx);  // x, or dropout(x) while training
     Tensor z = Tensor::empty({T, r}, DType::kF32, *ctx.alloc, "lora z");
     // z = x·Aᵀ
-    kernels::gemm_ex(false, true, T, r, in, 1.0f, x.raw(), x.dtype(), in, p.a.raw(), p.a.dtype(), in, 0.0f, z.raw(),
-                     DType::kF32, r, ctx);
+    kernels::gemm_ex(false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(), p.a.dtype(), in, 0.0f,
+                     z.raw(), DType::kF32, r, ctx);
     // y[:, col:col+n] += s·z·Bᵀ
     kernels::gemm_ex(false, true, T, n, r, scale_, z.raw(), DType::kF32, r, p.b.raw(), p.b.dtype(), r, 1.0f,
                      const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_, ctx);
@@ -40,9 +62,10 @@ void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecCo
   for (Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
     const std::uint8_t* dyp = at_col(dy, p.col);
+    Tensor xin = adapter_input(x, p, ctx);  // the forward's dropout(x), regenerated from its key
     Tensor z = Tensor::empty({T, r}, DType::kF32, *ctx.alloc, "lora z");
-    kernels::gemm_ex(false, true, T, r, in, 1.0f, x.raw(), x.dtype(), in, p.a.raw(), p.a.dtype(), in, 0.0f, z.raw(),
-                     DType::kF32, r, ctx);
+    kernels::gemm_ex(false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(), p.a.dtype(), in, 0.0f,
+                     z.raw(), DType::kF32, r, ctx);
     // dB += s·dy_partᵀ·z  [n, r]
     if (p.db.defined()) {
       kernels::gemm_ex(true, false, n, r, T, scale_, dyp, dy.dtype(), out_, z.raw(), DType::kF32, r, 1.0f, p.db.raw(),
@@ -53,11 +76,19 @@ void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecCo
                      DType::kF32, r, ctx);
     // dA += dzᵀ·x  [r, in]
     if (p.da.defined()) {
-      kernels::gemm_ex(true, false, r, in, T, 1.0f, z.raw(), DType::kF32, r, x.raw(), x.dtype(), in, 1.0f, p.da.raw(),
-                       p.da.dtype(), in, ctx);
+      kernels::gemm_ex(true, false, r, in, T, 1.0f, z.raw(), DType::kF32, r, xin.raw(), xin.dtype(), in, 1.0f,
+                       p.da.raw(), p.da.dtype(), in, ctx);
     }
-    // dx += dz·A  [T, in]
-    if (dx != nullptr && dx->defined()) {
+    xin = Tensor();  // freed (when it is dropout's) before the input gradient's buffer is taken
+    // dx += dropout(dz·A): the same mask and 1/(1 − P) on the input gradient
+    if (dx != nullptr && dx->defined() && dropping(ctx)) {
+      Tensor gx = Tensor::empty(x.shape(), dx->dtype(), *ctx.alloc, "lora dropout gradient");
+      kernels::gemm_ex(false, false, T, in, r, 1.0f, z.raw(), DType::kF32, r, p.a.raw(), p.a.dtype(), in, 0.0f,
+                       gx.raw(), gx.dtype(), in, ctx);
+      kernels::dropout_backward(gx, gx, dropout_, {ctx.train_seed, ctx.train_step, layer_, p.site}, ctx);
+      kernels::add_(*dx, gx, ctx, Phase::kBackward);
+    } else if (dx != nullptr && dx->defined()) {
+      // dx += dz·A  [T, in]
       kernels::gemm_ex(false, false, T, in, r, 1.0f, z.raw(), DType::kF32, r, p.a.raw(), p.a.dtype(), in, 1.0f,
                        dx->raw(), dx->dtype(), in, ctx);
     }
@@ -79,12 +110,19 @@ std::shared_ptr<LinearAdapter> bind_lora(const ParamLayout& layout, const Tensor
       p.b = layout.view(params, module + ".lora_B.weight");
       p.db = layout.grad_view(grads, module + ".lora_B.weight");
       p.col = col;
+      p.site = lora_dropout_site(module.substr(module.rfind('.') + 1));
       parts.push_back(std::move(p));
     }
     col += layout.at(w).shape[0];
   }
   if (parts.empty()) return nullptr;
-  return std::make_shared<LoraAdapter>(std::move(parts), col, static_cast<float>(layout.lora().scale()));
+  // The decoder layer: the number after ".layers." in the module path.
+  std::int64_t layer = 0;
+  const std::string& first = weights.front();
+  const std::size_t at = first.find(".layers.");
+  if (at != std::string::npos) layer = std::stoll(first.substr(at + 8));
+  return std::make_shared<LoraAdapter>(std::move(parts), col, static_cast<float>(layout.lora().scale()),
+                                       static_cast<float>(layout.lora().dropout), layer);
 }
 
 }  // namespace scalelab

@@ -9,6 +9,16 @@
 // While an AdaptersOff guard lives (on the calling thread) the forward adds nothing: the base
 // model alone (DPO's reference log-probabilities under LoRA, train/dpo.h). Every product
 // is kernels::gemm_ex on sub-matrices (leading dimensions), so it runs on every backend.
+//
+// LoRA dropout (--lora-dropout P, peft's lora_dropout): while training (ctx.train_step >= 0) each
+// part reads xd = dropout(x) instead of x — inverted dropout, kept elements scaled by 1/(1 − P) —
+// with its own mask from the counter-based generator of kernels/dropout.h keyed by (--seed,
+// micro-step, layer, site = the module's, 2..8), so y += s·B·A·dropout(x) as peft computes it
+// (peft's masks come from torch's generator: the same statistics, other bits). Nothing is kept for
+// backward: xd is regenerated from the key there, and dx += dropout(dz·A) applies the same mask.
+// Transient: xd [T, in] per part in forward; xd and the masked input gradient [T, in] in backward
+// (labels "lora dropout input", "lora dropout gradient"), which the memory plan measures. Outside
+// training (evaluation, generation) and with P = 0 the computation is exactly the one without it.
 #include <vector>
 
 #include "model/decoder/linear.h"
@@ -33,9 +43,11 @@ class LoraAdapter final : public LinearAdapter {
   struct Part {
     Tensor a, da, b, db;  // lora_A [r, in], lora_B [n, r] (views of the flat buffers) and gradients
     std::int64_t col = 0;  // first output column of this part in the fused projection
+    std::int64_t site = 2;  // dropout site of the module (lora_dropout_site)
   };
-  LoraAdapter(std::vector<Part> parts, std::int64_t out_features, float scale)
-      : parts_(std::move(parts)), out_(out_features), scale_(scale) {}
+  LoraAdapter(std::vector<Part> parts, std::int64_t out_features, float scale, float dropout = 0.0f,
+              std::int64_t layer = 0)
+      : parts_(std::move(parts)), out_(out_features), scale_(scale), dropout_(dropout), layer_(layer) {}
   void forward(Tensor& y, const Tensor& x, ExecContext& ctx) override;
   void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) override;
   const std::vector<Part>& parts() const { return parts_; }
@@ -44,7 +56,16 @@ class LoraAdapter final : public LinearAdapter {
   std::vector<Part> parts_;
   std::int64_t out_;
   float scale_;
+  float dropout_;
+  std::int64_t layer_;
+  bool dropping(const ExecContext& ctx) const { return dropout_ > 0.0f && ctx.train_step >= 0; }
+  // x itself, or dropout(x) for this part in a new tensor (training with P > 0).
+  Tensor adapter_input(const Tensor& x, const Part& p, ExecContext& ctx) const;
 };
+
+// The dropout site of a LoRA module name (2..8; OPT's residual dropout uses 0 and 1): q_proj 2,
+// k_proj 3, v_proj 4, o_proj/out_proj 5, gate_proj/fc1 6, up_proj 7, down_proj/fc2 8.
+std::int64_t lora_dropout_site(const std::string& module_name);
 
 // The LoRA adapter of the fused projection over `weights` ("<module>.weight" names, in order),
 // or null when the layout has no adapter for any of them (layout.lora()).

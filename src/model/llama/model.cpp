@@ -47,12 +47,6 @@ class LlamaModel final : public Model {
     } else {
       head_ = bind_linear(layout, params, grads, {"lm_head.weight"});
     }
-    if (o.fused_kernels && head_.frozen) {
-      throw InvalidInput("[--freeze] the LM head (" + std::string(c.tie_word_embeddings ? emb : "lm_head.weight") +
-                         ") is frozen, and --fused-kernels computes its weight gradient inside the fused "
-                         "linear + cross-entropy, which has no frozen form yet — run without --fused-kernels or "
-                         "keep the head trainable");
-    }
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = llama_layer_prefix(l);
       const std::string a = p + "self_attn.", m = p + "mlp.";
@@ -294,9 +288,16 @@ class LlamaModel final : public Model {
     a.act = act_.act({T, I_}, "mlp activation");
     swiglu_forward(a.act, a.gu, ctx);
     w.down.forward(out, a.act, ctx);
-    if (fused) a.act = Tensor();  // recomputed in backward
+    // Recomputed in backward by the fused SwiGLU/down_proj kernel; kept when down_proj carries a
+    // LoRA adapter, whose gradients need it, or an NF4 base the kernel cannot read (that layer's
+    // MLP backward then runs unfused).
+    if (fused && fused_mlp_backward(w.down)) a.act = Tensor();
     add_(out, a.h, ctx);
   }
+
+  // Whether --fused-kernels' SwiGLU/down_proj backward kernel can serve this layer: a dense
+  // down_proj without an adapter.
+  static bool fused_mlp_backward(const Linear& down) { return !down.adapter && !down.quantized; }
 
   // dx holds the gradient of the layer's output on entry and of its input on return.
   void layer_backward(std::int64_t l, Tensor& dx, Acts& a, const Batch& b, ExecContext& ctx) {
@@ -305,21 +306,24 @@ class LlamaModel final : public Model {
     const bool fused = opt_.fused_kernels;
     // MLP: out = h + down(swiglu(gate_up(rmsnorm(h)))).
     Tensor dgu;
-    if (fused) {
+    if (fused && fused_mlp_backward(w.down)) {
       // dact, the recomputed activation and dW_down in one kernel (no dW_down when frozen: the
       // gradient is undefined); dgu is written over gu.
-      SCALELAB_CHECK(!w.down.adapter, "[llama] the fused SwiGLU/down_proj backward has no adapter form — run "
-                                      "without --fused-kernels");
       swiglu_down_backward_recompute(a.gu, w.down.dw, dx, a.gu, w.down.w, ctx);
       dgu = a.gu;
-      a.y2 = act_.act({T, H_}, "mlp norm output (recomputed)");
-      w.ln2.recompute(a.y2, a.h, a.n2, ctx);
     } else {
+      // Unfused; also under --fused-kernels when down_proj has a LoRA adapter (the kernel has no
+      // adapter term: the adapter's input gradient and its A/B gradients need the activation) or
+      // an NF4 base (QLoRA: the kernel reads a dense weight).
       Tensor dact = act_.act({T, I_}, "mlp activation gradient");
       w.down.backward(&dact, dx, a.act, ctx);
       a.act = Tensor();
       dgu = act_.act({T, 2 * I_}, "mlp gate/up gradient");
       swiglu_backward(dgu, dact, a.gu, ctx);
+    }
+    if (fused) {
+      a.y2 = act_.act({T, H_}, "mlp norm output (recomputed)");
+      w.ln2.recompute(a.y2, a.h, a.n2, ctx);
     }
     Tensor dy = act_.act({T, H_}, "norm output gradient");
     w.gate_up.backward(&dy, dgu, a.y2, ctx);

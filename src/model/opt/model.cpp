@@ -76,11 +76,6 @@ class OptModel final : public Model {
     } else {
       head_ = bind_linear(layout, params, grads, {"lm_head.weight"});
     }
-    if (o.fused_kernels && head_.frozen) {
-      throw InvalidInput("[--freeze] the LM head is frozen, and --fused-kernels computes its weight gradient inside "
-                         "the fused linear + cross-entropy, which has no frozen form yet — run without "
-                         "--fused-kernels or keep the head trainable");
-    }
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
       const std::string p = opt_layer_prefix(l), a = p + "self_attn.";
       Layer w;

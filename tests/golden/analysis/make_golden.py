@@ -5,6 +5,7 @@ structure, and the values the reference packages compute from it.
 Writes, into the directory given (default: this script's):
   sweep.json     the sweep: trials (params, repeat, status, metrics, telemetry samples); the C++
                  tests insert it into a results database through lab::ResultsStore
+  scaling_sweep.json  a second sweep over ranks 1..8 with power telemetry (#2 scaling curves)
   runs.csv       the same runs as one table (parameters and outcomes, repeats averaged)
   expected.json  the data table and every analysed number, from numpy / scipy / pandas /
                  statsmodels / scikit-learn (versions in requirements.txt, recorded in the file)
@@ -233,6 +234,25 @@ def splitmix_shuffle(n, seed):
     return idx
 
 
+def splitmix_draws(seed, count):
+    """count raw splitmix64 outputs from state `seed` (docs/analysis.md)."""
+    M = (1 << 64) - 1
+    state = seed
+    out = []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & M
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def bootstrap_rows(n, b, seed=0):
+    """Resample b (0-based) of n rows: n draws of the generator at state 1000003 (seed + 1) + b, row = draw mod n."""
+    return [d % n for d in splitmix_draws(1000003 * (seed + 1) + b, n)]
+
+
 def describe(v):
     v = np.asarray(v, dtype=float)
     x = v[~np.isnan(v)]
@@ -407,6 +427,26 @@ for c in columns:
     f = [float(np.sum(v <= x) / len(v)) for x in xs]
     dists[c["name"]] = {"edges": [float(e) for e in edges], "counts": [int(k) for k in counts], "ecdf_x": [float(x) for x in xs], "ecdf_f": f}
 
+def grouped_histogram(df):
+    """#6: 20 bins over all the values (numpy.histogram), each level counted on those common edges;
+    the exact ECDF per level; Tukey's whiskers (the most extreme values within 1.5 IQR of the
+    quartiles, numpy's linear quartiles) and the values outside them."""
+    _, edges = np.histogram(df.y.values, bins=20)
+    out = {"edges": [float(e) for e in edges], "levels": []}
+    for lv in sorted(df.g.unique()):
+        v = df.y[df.g == lv].values
+        counts, _ = np.histogram(v, bins=edges)
+        xs = np.unique(v)
+        q1, q3 = np.percentile(v, 25), np.percentile(v, 75)
+        lo, hi = q1 - 1.5 * (q3 - q1), q3 + 1.5 * (q3 - q1)
+        inside = v[(v >= lo) & (v <= hi)]
+        out["levels"].append({"level": lv, "counts": [int(k) for k in counts], "ecdf_x": [float(x) for x in xs],
+                              "ecdf_f": [float(np.sum(v <= x) / len(v)) for x in xs],
+                              "whisker_low": float(np.min(inside)), "whisker_high": float(np.max(inside)),
+                              "outliers": [float(x) for x in sorted(v[(v < lo) | (v > hi)])]})
+    return out
+
+
 groups_out = []
 for name in features:
     c = col[name]
@@ -425,8 +465,33 @@ for name in features:
                            "kruskal_p": float(kw.pvalue),
                            "box": [{"min": float(np.min(v)), "q25": float(np.percentile(v, 25)), "median": float(np.median(v)),
                                     "q75": float(np.percentile(v, 75)), "max": float(np.max(v))}
-                                   for v in [df.y[df.g == lv].values for lv in sorted(df.g.unique())]]})
+                                   for v in [df.y[df.g == lv].values for lv in sorted(df.g.unique())]],
+                           "grouped": grouped_histogram(df)})
 
+
+def shap_details(bst, dall, contrib, shap_mean_abs, Xd):
+    """#12: the SHAP interaction values (pred_interactions, rows x (p+1) x (p+1)): mean |phi_jk| per
+    pair of features (the diagonal is the main effect), the largest additivity error
+    |sum_k phi_jk - contribution_j| over rows and j (each row of the interactions sums to its
+    contribution); dependence data for the top features by mean |contribution| (at most 5, those
+    above 0, ties in feature order): each row's (value, contribution) and the feature it interacts
+    with most (largest mean |phi_jk|, k != j, the first on ties)."""
+    inter = bst.predict(dall, pred_interactions=True).astype(np.float64)
+    p = len(shap_mean_abs)
+    matrix = [[float(np.mean(np.abs(inter[:, j, k]))) for k in range(p)] for j in range(p)]
+    add = float(np.max(np.abs(inter.sum(axis=2) - contrib)))
+    assert add < 1e-3, add
+    order = sorted([k for k in range(p) if shap_mean_abs[k] > 0], key=lambda k: (-shap_mean_abs[k], k))[:5]
+    dep = []
+    for j in order:
+        others = [k for k in range(p) if k != j]
+        color = max(others, key=lambda k: (matrix[j][k], -k)) if others else None
+        dep.append({"feature": j, "x": [None if math.isnan(v) else float(v) for v in Xd[:, j]], "shap": [float(v) for v in contrib[:, j]],
+                    "color_by": color})
+    return {"interaction_mean_abs": matrix, "interaction_additivity_max_abs_error": add, "dependence": dep}
+
+
+BOOTSTRAP = 20  # resamples for the stability goldens (the CLI's default is larger; the math is the same)
 
 # Tree models (#11) with xgboost, the parameters of src/analysis/trees.h.
 COMMON = {"objective": "reg:squarederror", "tree_method": "exact", "seed": "0", "nthread": "1", "verbosity": "0"}
@@ -437,7 +502,8 @@ names = [d[0] for d in design]
 for tname in targets:
     yfull = np.array(col[tname]["values"])
     rows_t = [i for i in range(n) if not math.isnan(yfull[i])]
-    X = np.column_stack([d[1] for d in design])[rows_t].astype(np.float32)
+    X_design = np.column_stack([d[1] for d in design])[rows_t]  # float64, the values as reported
+    X = X_design.astype(np.float32)
     y = yfull[rows_t]
     nt = len(rows_t)
 
@@ -452,6 +518,46 @@ for tname in targets:
         d = xgb.DMatrix(X[sel], label=y[sel], feature_names=names, missing=np.nan)
         return xgb.train(p, d, num_boost_round=rounds)
 
+    def importances_of(bst):
+        out = {}
+        for kind in ("gain", "weight", "cover"):
+            sc = bst.get_score(importance_type=kind)
+            v = [float(sc.get(nm, 0.0)) for nm in names]
+            mx = max(v)
+            out[kind] = [100.0 * x / mx for x in v] if mx > 0 else v
+        c = bst.predict(xgb.DMatrix(X, feature_names=names, missing=np.nan), pred_contribs=True).astype(np.float64)
+        out["shap_mean_abs"] = [float(np.mean(np.abs(c[:, k]))) for k in range(len(names))]
+        return out
+
+    def importance_stability(params, rounds):
+        """#12: B bootstrap resamples of the rows (bootstrap_rows), the model refitted on each; per
+        importance the mean, sd (ddof 1) and the 2.5 / 97.5 percentiles (numpy linear) per feature;
+        ranks (1 = most important, ties averaged: scipy rankdata of -x) with their mean, percentiles
+        and the share of resamples in the top 3; Spearman's rho between each resample's importances and
+        the all-rows model's (mean over the resamples where it is defined) and the share of resamples
+        whose top feature (first maximum) is the all-rows model's."""
+        full = importances_of(train(list(range(nt)), params, rounds))
+        per = [importances_of(train(bootstrap_rows(nt, b), params, rounds)) for b in range(BOOTSTRAP)]
+        out = {"resamples": BOOTSTRAP}
+        for kind in ("gain", "weight", "cover", "shap_mean_abs"):
+            V = np.array([r[kind] for r in per])
+            R = np.array([st.rankdata(-v, method="average") for v in V])
+            rhos = []
+            for v in V:
+                if np.ptp(v) > 0 and np.ptp(full[kind]) > 0:
+                    rhos.append(float(st.spearmanr(v, full[kind]).statistic))
+            top = int(np.argmax(full[kind]))
+            out[kind] = {"mean": [float(x) for x in V.mean(axis=0)], "sd": [float(x) for x in V.std(axis=0, ddof=1)],
+                         "low": [float(np.percentile(V[:, k], 2.5)) for k in range(len(names))],
+                         "high": [float(np.percentile(V[:, k], 97.5)) for k in range(len(names))],
+                         "mean_rank": [float(x) for x in R.mean(axis=0)],
+                         "rank_low": [float(np.percentile(R[:, k], 2.5)) for k in range(len(names))],
+                         "rank_high": [float(np.percentile(R[:, k], 97.5)) for k in range(len(names))],
+                         "top3_share": [float(np.mean(R[:, k] <= 3)) for k in range(len(names))],
+                         "spearman_mean": float(np.mean(rhos)) if rhos else None, "spearman_n": len(rhos),
+                         "top1_share": float(np.mean([int(np.argmax(v)) == top for v in V]))}
+        return out
+
     for mname, params, rounds in MODELS:
         allr = list(range(nt))
         b = train(allr, params, rounds)
@@ -464,6 +570,8 @@ for tname in targets:
         dall = xgb.DMatrix(X, feature_names=names, missing=np.nan)
         contrib = b.predict(dall, pred_contribs=True).astype(np.float64)
         shap_mean_abs = [float(np.mean(np.abs(contrib[:, k]))) for k in range(len(names))]
+        shap_extra = shap_details(b, dall, contrib, shap_mean_abs, X_design)
+        stability = importance_stability(params, rounds)
         pos = splitmix_shuffle(nt, 0)
         fold = [0] * nt
         for qpos, row in enumerate(pos):
@@ -489,7 +597,8 @@ for tname in targets:
         trees_out.append({"model": mname, "target": tname, "n": nt, "cv_r2": 1 - ss / st_, "cv_rmse": math.sqrt(ss / nt),
                           "gain": imp["gain"], "weight": imp["weight"], "cover": imp["cover"],
                           "permutation_mean": [float(np.mean(v)) for v in perm],
-                          "permutation_sd": [float(np.std(v, ddof=1)) for v in perm], "shap_mean_abs": shap_mean_abs})
+                          "permutation_sd": [float(np.std(v, ddof=1)) for v in perm], "shap_mean_abs": shap_mean_abs,
+                          **shap_extra, "stability": stability})
 
 # Pareto front (#12) of tokens/s (up) against validation loss (down).
 xs = np.array(col["tokens_per_s_per_device"]["values"])
@@ -561,6 +670,97 @@ for qty, sa, ma, sb, mb in [("memory used", "nvml", "mem_used_bytes", "nvidia-sm
         agreement.append({"quantity": qty, "a": sa + "." + ma, "b": sb + "." + mb, "per_sample": agree(A, B), "per_trial": agree(TA, TB)})
 
 
+# ---------------------------------------------------------------------------------------------
+# #2 scaling curves: a second sweep, "golden-scaling": two models x micro-batch x sequence length at
+# 1, 2, 4, 8 ranks, efficiency that falls with the rank count and less so for larger micro-batches
+# (communication amortized), NVML power per device over time (first sample before the steady
+# window, uneven sample times so that the integral is not a plain mean) and nvidia-smi's too (the
+# analysis prefers NVML). Written to scaling_sweep.json; the expected values to "scaling_curves".
+PRICE = 2.5  # per GPU-hour, as the test passes --price-per-gpu-hour
+srng = np.random.RandomState(7)
+s_trials, s_configs = [], []
+for model in ["llama-small", "opt-small"]:
+    for mb in [1, 2, 4]:
+        for seq in [128, 256]:
+            for ranks in [1, 2, 4, 8]:
+                s_configs.append({"model": model, "micro_batch_size": mb, "seq_len": seq, "ranks": ranks})
+for i, c in enumerate(s_configs):
+    for r in range(2 if i % 5 == 0 else 1):
+        n_dev = c["ranks"]
+        base = 1000.0 * c["micro_batch_size"] ** 0.6 * (256.0 / c["seq_len"]) ** 0.2 * (0.85 if c["model"] == "opt-small" else 1.0)
+        eff = 1.0 / (1.0 + (0.06 / c["micro_batch_size"] ** 0.5) * (n_dev - 1))
+        total = base * n_dev * eff * math.exp(srng.normal(0, 0.01))
+        tel = []
+        for k in range(10):
+            t = round(0.5 * k + (0.13 if k % 3 == 1 else 0.0), 3)
+            warm = 0.5 if k == 0 else 1.0
+            for d in range(n_dev):
+                pw = (150.0 + 0.02 * total / n_dev) * warm + srng.normal(0, 2.0)
+                tel.append([t, "nvml", str(d), "power_w", round(pw, 3)])
+                tel.append([t, "nvidia-smi", str(d), "power_w", round(pw + 5.0, 3)])
+        s_trials.append({"params": c, "repeat": r, "status": "ok",
+                         "metrics": {"tokens_per_s": round(total, 6), "tokens_per_s_per_device": round(total / n_dev, 6)},
+                         "telemetry": tel})
+with open(os.path.join(OUT, "scaling_sweep.json"), "w") as f:
+    json.dump({"sweep": "golden-scaling", "trials": s_trials}, f, separators=(",", ":"))
+    f.write("\n")
+
+
+def j_per_token(trial):
+    """Energy per token of one trial: per device, the trapezoid integral of NVML power over the
+    steady samples (t >= t0 + 0.1 (t1 - t0) of that device's series) divided by their time span is
+    its mean power; the devices' mean powers summed, divided by the trial's total tokens/s."""
+    series = {}
+    for ts, src, dev, met, v in trial["telemetry"]:
+        if src == "nvml" and met == "power_w":
+            series.setdefault(dev, []).append((ts, v))
+    total_w = 0.0
+    for dev, pts in series.items():
+        pts.sort()
+        t0, t1 = pts[0][0], pts[-1][0]
+        sp = [p for p in pts if len(pts) < 10 or p[0] >= t0 + 0.1 * (t1 - t0)]
+        tt = np.array([p[0] for p in sp])
+        vv = np.array([p[1] for p in sp])
+        total_w += float(np.trapz(vv, tt)) / float(tt[-1] - tt[0])
+    return total_w / trial["metrics"]["tokens_per_s"]
+
+
+s_rows = {}
+for t in s_trials:
+    key = json.dumps(t["params"], sort_keys=True)
+    e = s_rows.setdefault(key, {"params": t["params"], "tps": [], "jpt": []})
+    e["tps"].append(t["metrics"]["tokens_per_s"])
+    e["jpt"].append(j_per_token(t))
+curve_rows = []
+for key, e in s_rows.items():
+    c = e["params"]
+    T = float(np.mean(e["tps"]))
+    b = [x for x in s_rows.values() if all(x["params"][k] == c[k] for k in c if k != "ranks")]
+    bmin = min(b, key=lambda x: x["params"]["ranks"])
+    S = T / float(np.mean(bmin["tps"]))
+    pr = c["ranks"] / bmin["params"]["ranks"]
+    curve_rows.append({"model": c["model"], "micro_batch_size": c["micro_batch_size"], "seq_len": c["seq_len"], "devices": c["ranks"],
+                       "tokens_per_s": T, "speedup": S, "efficiency_pct": 100.0 * S / pr,
+                       "karp_flatt": (1 / S - 1 / pr) / (1 - 1 / pr) if pr > 1 else None,
+                       "cost_per_million_tokens": PRICE * c["ranks"] / (3600.0 * T) * 1e6,
+                       "j_per_token": float(np.mean(e["jpt"]))})
+summary = []
+for model in ["llama-small", "opt-small"]:
+    for n_dev in [1, 2, 4, 8]:
+        rr = [r for r in curve_rows if r["model"] == model and r["devices"] == n_dev]
+        eff = np.array([r["efficiency_pct"] for r in rr])
+        kf = [r["karp_flatt"] for r in rr if r["karp_flatt"] is not None]
+        summary.append({"model": model, "devices": n_dev, "n": len(rr),
+                        "efficiency_min": float(np.min(eff)), "efficiency_q25": float(np.percentile(eff, 25)),
+                        "efficiency_median": float(np.median(eff)), "efficiency_q75": float(np.percentile(eff, 75)),
+                        "efficiency_max": float(np.max(eff)),
+                        "speedup_median": float(np.median([r["speedup"] for r in rr])),
+                        "karp_flatt_median": float(np.median(kf)) if kf else None,
+                        "cost_per_million_tokens_median": float(np.median([r["cost_per_million_tokens"] for r in rr])),
+                        "j_per_token_median": float(np.median([r["j_per_token"] for r in rr]))})
+scaling_curves = {"price_per_gpu_hour": PRICE, "rows": curve_rows, "summary": summary}
+
+
 def clean(o):
     if isinstance(o, float):
         return None if math.isnan(o) or math.isinf(o) else o
@@ -580,7 +780,8 @@ expected = {"versions": {"numpy": np.__version__, "pandas": pd.__version__, "sci
                          "xgboost": xgb.__version__},
             "targets": targets, "features": features, "split_train": split,
             "frame": frame, "descriptive": descriptive, "correlation": corr, "pairs": pairs, "ols": ols_out, "fits": fits,
-            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out, "agreement": agreement, "pareto_front": pareto}
+            "distributions": dists, "groups": groups_out, "imbalance": imbalance, "trees": trees_out, "agreement": agreement, "pareto_front": pareto,
+            "scaling_curves": scaling_curves}
 with open(os.path.join(OUT, "expected.json"), "w") as f:
     json.dump(clean(expected), f, indent=None, separators=(",", ":"))
     f.write("\n")

@@ -1,0 +1,134 @@
+// The qat family (kernels/qat.h) against torchao 0.18's Int8DynActInt4WeightQATLinear
+// (tests/golden/data/qat/kernels.safetensors, make_qat_golden.py): the fake-quantized activations
+// and weights and their straight-through gradients are torchao's bit for bit (the same fp32
+// operations in the same order), and QatLinear (model/decoder/qat.h) gives torchao's linear forward
+// and backward within the GEMMs' rounding.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+
+#include "kernels/qat.h"
+#include "kernels/test_util.h"
+#include "model/decoder/qat.h"
+#include "model/safetensors.h"
+
+namespace scalelab {
+namespace {
+
+const std::string kGolden = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/qat/kernels.safetensors";
+
+struct Golden {
+  test::Cpu cpu;
+  SafetensorsFile file = SafetensorsFile::open(kGolden);
+  Tensor get(const std::string& name) {
+    const SafetensorsTensor* t = file.find(name);
+    EXPECT_NE(t, nullptr) << name;
+    Shape s = t->shape.size() == 2 ? Shape{t->shape[0], t->shape[1]} : Shape{t->shape[0]};
+    Tensor out = Tensor::empty(s, DType::kF32, *cpu.alloc);
+    file.read(*t, out.raw(), DType::kF32);
+    return out;
+  }
+};
+
+// Element-by-element bit equality (the first 5 differences reported).
+void expect_bits(const Tensor& got, const Tensor& want, const char* what) {
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  int bad = 0;
+  for (std::int64_t i = 0; i < got.numel(); ++i) {
+    std::uint32_t a, b;
+    std::memcpy(&a, got.f32() + i, 4);
+    std::memcpy(&b, want.f32() + i, 4);
+    if (a != b && ++bad <= 5) {
+      ADD_FAILURE() << what << " element " << i << ": " << got.f32()[i] << " vs torchao " << want.f32()[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
+TEST(QatKernels, FakeQuantizedActivationsAreTorchaosBitForBit) {
+  Golden g;
+  Tensor x = g.get("x"), want = g.get("fq_x");
+  Tensor y = g.cpu.zeros(x.shape());
+  kernels::fake_quant_per_token_forward(y, x, g.cpu.ctx);
+  expect_bits(y, want, "fq(x)");
+  // the all-zero row stays 0; the tie row (scale 1) holds integers
+  for (std::int64_t i = 0; i < 64; ++i) EXPECT_EQ(y.f32()[i], 0.0f);
+  for (std::int64_t i = 5 * 64; i < 6 * 64; ++i) EXPECT_EQ(y.f32()[i], std::nearbyint(y.f32()[i]));
+}
+
+TEST(QatKernels, FakeQuantizedWeightsAreTorchaosBitForBit) {
+  Golden g;
+  Tensor w = g.get("w"), want = g.get("fq_w");
+  Tensor wq = g.cpu.zeros(w.shape());
+  kernels::fake_quant_group_forward(wq, w, 32, g.cpu.ctx);
+  expect_bits(wq, want, "fq(w)");
+  // the tie group (amax 7.5, scale 1): +7.5 is clamped to 7, halves round to even
+  EXPECT_EQ(wq.f32()[64 + 31 - 1], 7.0f);  // w = +7.5
+  EXPECT_EQ(wq.f32()[64 + 0], -8.0f);      // w = −7.5 rounds to −8, within range
+  EXPECT_EQ(wq.f32()[64 + 2], -6.0f);      // w = −6.5 → −6 (even)
+}
+
+TEST(QatKernels, StraightThroughGradientsAreTorchaosBitForBit) {
+  Golden g;
+  {
+    Tensor x = g.get("x"), gx = g.get("g_x"), want = g.get("ste_x");
+    Tensor dx = g.cpu.zeros(x.shape());
+    kernels::fake_quant_per_token_backward(dx, gx, x, /*accumulate=*/false, g.cpu.ctx);
+    expect_bits(dx, want, "ste(x)");
+    // accumulate adds the same values
+    Tensor acc = g.cpu.randn(x.shape(), 1.0f, 3);
+    Tensor before = test::clone(g.cpu, acc);
+    kernels::fake_quant_per_token_backward(acc, gx, x, /*accumulate=*/true, g.cpu.ctx);
+    for (std::int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(acc.f32()[i], before.f32()[i] + want.f32()[i]) << i;
+  }
+  {
+    Tensor w = g.get("w"), gw = g.get("g_w"), want = g.get("ste_w");
+    Tensor dw = g.cpu.zeros(w.shape());
+    kernels::fake_quant_group_backward(dw, gw, w, 32, g.cpu.ctx);
+    expect_bits(dw, want, "ste(w)");
+    int masked = 0;
+    for (std::int64_t i = 0; i < w.numel(); ++i) masked += want.f32()[i] == 0.0f && gw.f32()[i] != 0.0f;
+    EXPECT_GT(masked, 0) << "the golden has clamped elements (no gradient)";
+    EXPECT_EQ(dw.f32()[64 + 30], 0.0f);  // +7.5 in the tie group: clamped, no gradient
+  }
+}
+
+TEST(QatKernels, QatLinearMatchesTorchaosLinearForwardAndBackward) {
+  Golden g;
+  Tensor x = g.get("x"), w = g.get("w"), dy = g.get("dy");
+  QatLinear lin(32);
+  Tensor y = g.cpu.zeros({8, 16});
+  lin.forward(y, x, w, nullptr, g.cpu.ctx);
+  // fp32 GEMMs over the same (bit-exact) fake-quantized operands: only the summation order differs,
+  // |error| <= k·eps·Σ|xq||wq| with k = 64 — within 1e-5 of the largest output here.
+  test::expect_close(y, g.get("y"), "y", 1e-5, 1e-5 * 400);
+  Tensor dx = g.cpu.zeros(x.shape()), dw = g.cpu.zeros(w.shape());
+  lin.backward(&dx, dw, nullptr, dy, x, w, g.cpu.ctx, false);
+  test::expect_close(dx, g.get("dx"), "dx", 1e-5, 1e-5);
+  test::expect_close(dw, g.get("dw"), "dw", 1e-5, 1e-4);
+}
+
+TEST(QatKernels, Int4QuantizationMultipliesBackToTheFakeQuantizedWeights) {
+  Golden g;
+  Tensor w = g.get("w"), fq = g.get("fq_w");
+  std::vector<std::int8_t> q(static_cast<std::size_t>(w.numel()));
+  std::vector<float> s(static_cast<std::size_t>(w.numel() / 32));
+  kernels::quantize_int4_grouped(q.data(), s.data(), w.f32(), 16, 64, 32);
+  for (std::int64_t i = 0; i < w.numel(); ++i) {
+    ASSERT_GE(q[static_cast<std::size_t>(i)], -8);
+    ASSERT_LE(q[static_cast<std::size_t>(i)], 7);
+    ASSERT_EQ(static_cast<float>(q[static_cast<std::size_t>(i)]) * s[static_cast<std::size_t>(i / 32)], fq.f32()[i])
+        << i;
+  }
+}
+
+TEST(QatKernels, BadGroupSizeIsRefused) {
+  test::Cpu c;
+  Tensor w = c.randn({4, 48}, 1.0f, 1), wq = c.zeros({4, 48});
+  EXPECT_THROW(kernels::fake_quant_group_forward(wq, w, 32, c.ctx), InvalidInput);
+  EXPECT_THROW(kernels::fake_quant_group_forward(wq, w, 1, c.ctx), InvalidInput);
+}
+
+}  // namespace
+}  // namespace scalelab
