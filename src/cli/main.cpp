@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "cli/dpo.h"
 #include "core/error.h"
 #include "distributed/communicator.h"
 
@@ -16,6 +17,7 @@ int main(int argc, char** argv) {
 
   std::vector<cli::Subcommand> commands = {
       cli::add_train_command(app),
+      cli::add_dpo_command(app),
       cli::add_plan_command(app),
       cli::add_version_command(app),
       cli::add_monitor_command(app),

@@ -33,7 +33,7 @@ struct HfStackFlags {
 // Hugging Face Trainer (src/predict/), and the largest micro-batch that fits --device-memory.
 int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const CLI::App& app) {
   auto refuse = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
-  for (const char* flag : {"--freeze", "--lora-rank", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
+  for (const char* flag : {"--dpo", "--freeze", "--lora-rank", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
                            "--rank", "--profile", "--telemetry"}) {
     if (app.count(flag) > 0)
       refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
@@ -94,6 +94,9 @@ Subcommand add_plan_command(CLI::App& root) {
   auto opts = std::make_shared<TrainOptions>();
   auto* app = root.add_subcommand("plan", "Print the device-memory plan of a train configuration without running it");
   add_train_flags(app, *opts);
+  app->add_flag("--dpo", opts->dpo.enabled,
+                "Plan a `scalelab dpo` step: [chosen; rejected] batches of 2 x micro-batch rows, the reference "
+                "forward, and without LoRA the frozen reference copy of the weights");
   auto world = std::make_shared<int>(1);
   auto rank = std::make_shared<int>(0);
   app->add_option("--world-size", *world, "Data-parallel ranks (with --zero 1 the optimizer states are sharded)")
@@ -141,8 +144,11 @@ Subcommand add_plan_command(CLI::App& root) {
             in.rank = *rank;
             in.zero_stage = o.dist.zero;
             const MemoryPlan plan = plan_memory(in);
-            std::printf("Memory plan: %s, micro-batch %lld, seq-len %lld\n", in.config.name.c_str(),
-                        static_cast<long long>(o.micro_batch_size), static_cast<long long>(o.seq_len));
+            std::printf("Memory plan: %s, micro-batch %lld, seq-len %lld%s\n", in.config.name.c_str(),
+                        static_cast<long long>(o.micro_batch_size), static_cast<long long>(o.seq_len),
+                        o.dpo.enabled ? (in.lora.enabled() ? ", DPO (reference: the adapters off)"
+                                                           : ", DPO (reference: a frozen copy)")
+                                      : "");
             if (plan.frozen_params > 0) {
               const std::string why = o.lora_rank > 0 ? "the LoRA base (--lora-rank " + std::to_string(o.lora_rank) + ")"
                                                       : "--freeze '" + o.freeze + "'";

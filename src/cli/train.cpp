@@ -96,8 +96,17 @@ Subcommand add_train_command(CLI::App& root) {
       "train",
       "Train a model with the native engine (under `mpirun -np N` or `srun --mpi=pmix`: data-parallel over N ranks)");
   add_train_flags(app, *opts);
+  // DPO as a switch of train too (`train --dpo --pairs F` = `dpo --pairs F`), so that a sweep's
+  // native trials (which run `scalelab train`) can compare it with the other methods.
+  app->add_flag("--dpo", opts->dpo.enabled,
+                "Train with DPO on --pairs instead of --data (as `scalelab dpo`; without --dpo, --pairs, --beta and "
+                "--label-smoothing are unused, so that one sweep can hold both kinds of trial)");
+  add_dpo_flags(app, *opts);
   return {app, [opts] {
             const TrainOptions& o = *opts;
+            if (o.dpo.enabled && o.dpo.pairs.empty()) {
+              throw InvalidInput("[--pairs] --dpo needs --pairs: a JSONL file of {prompt, chosen, rejected}");
+            }
             validate_train_options(o);
             parse_train_device(o.device);  // meta is the plan's device: refused here (exit 2)
             // One process: a single communicator; mpirun/srun: MPI, one rank per process.

@@ -113,4 +113,15 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   add_dist_flags(*app, o.dist);
 }
 
+void add_dpo_flags(CLI::App* app, TrainOptions& o) {
+  app->add_option("--pairs", o.dpo.pairs,
+                  "Preference pairs: a JSONL file with one {\"prompt\", \"chosen\", \"rejected\"} object per line, "
+                  "tokenized with the model's tokenizer (or --tokenizer)");
+  app->add_option("--beta", o.dpo.beta, "DPO temperature: the loss is -log sigmoid(beta * margin of log-ratios)")
+      ->capture_default_str();
+  app->add_option("--label-smoothing", o.dpo.label_smoothing,
+                  "Conservative DPO: the probability in [0, 0.5) that a pair's preference is flipped (trl's label_smoothing)")
+      ->capture_default_str();
+}
+
 }  // namespace scalelab::cli

@@ -7,5 +7,7 @@
 namespace scalelab::cli {
 
 void add_train_flags(CLI::App* app, TrainOptions& o);
+// DPO's own flags (scalelab dpo): --pairs, --beta, --label-smoothing.
+void add_dpo_flags(CLI::App* app, TrainOptions& o);
 
 }  // namespace scalelab::cli

@@ -47,7 +47,10 @@ const char* const kMetricFields[] = {"tokens_per_s",     "tokens_per_s_per_devic
                                      "max_allocated_bytes", "max_reserved_bytes",   "final_loss",
                                      "val_loss",          "val_perplexity",         "mfu",
                                      "params",            "trainable_params",       "frozen_params",
-                                     "flops_per_token"};
+                                     "flops_per_token",
+                                     // DPO runs (train --dpo / scalelab dpo): the last step's
+                                     "final_reward_accuracy", "final_reward_margin", "final_rewards_chosen",
+                                     "final_rewards_rejected"};
 
 // "optimizer states" -> "optimizer_states": a plan item's name as part of a metric key.
 std::string slug(const std::string& name) {

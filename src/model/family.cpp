@@ -61,6 +61,14 @@ Tensor Model::forward_cached(const Batch&, KvCache&, ExecContext&) {
   throw InvalidInput("[generate] this model family has no cached inference path yet");
 }
 
+void Model::forward_logprobs(Tensor&, const Batch&, ExecContext&) {
+  throw InvalidInput("[dpo] this model family has no per-token log-probability path yet (Llama and Qwen2 have one)");
+}
+
+double Model::forward_backward_logprobs(const Batch&, const LogprobLoss&, ExecContext&) {
+  throw InvalidInput("[dpo] this model family has no per-token log-probability path yet (Llama and Qwen2 have one)");
+}
+
 double resolve_dropout(const ModelConfig& c, double dropout_flag) {
   if (dropout_flag >= 0) return dropout_flag;
   return family_of(c).dropout ? c.dropout : 0.0;

@@ -39,6 +39,11 @@ using GradReadyHook = std::function<void(std::int64_t begin, std::int64_t end)>;
 
 struct KvCache;  // model/decoder/kv_cache.h
 
+// A loss over the per-token log-probabilities of the targets (DPO, train/dpo.h): it reads logp
+// (fp32 [B*S] on the model's device, 0 where the target is ignored), writes dL/dlogp into dlogp
+// (the same shape; every scaling the gradients need included) and returns the loss value.
+using LogprobLoss = std::function<double(const Tensor& logp, Tensor& dlogp, ExecContext& ctx)>;
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -55,6 +60,13 @@ class Model {
   // forward over the whole sequence gives at those positions. CPU, fp32 (model/decoder/kv_cache.h).
   // The default throws InvalidInput: a family without a cached path.
   virtual Tensor forward_cached(const Batch& b, KvCache& cache, ExecContext& ctx);
+  // Forward only: logp (fp32 [B*S]) receives each target's log-probability log softmax(logits)[t],
+  // 0 where the target is ignored. Not with --fused-kernels (the logits are needed whole).
+  // The default throws InvalidInput: a family without it.
+  virtual void forward_logprobs(Tensor& logp, const Batch& b, ExecContext& ctx);
+  // Forward, a loss over the per-token log-probabilities, and backward (parameter gradients
+  // accumulate as in forward_backward). Returns what `loss` returns. The default throws.
+  virtual double forward_backward_logprobs(const Batch& b, const LogprobLoss& loss, ExecContext& ctx);
   virtual void set_grad_ready_hook(GradReadyHook hook) { hook_ = std::move(hook); }
   // Micro-steps counted by the model (e.g. to vary dropout masks); the trainer sets it.
   void set_step(std::int64_t step) { step_ = step; }

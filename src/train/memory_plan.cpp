@@ -13,6 +13,7 @@
 #include "model/nf4.h"
 #include "model/params.h"
 #include "train/data.h"
+#include "train/dpo.h"
 #include "train/step_buffers.h"
 
 namespace scalelab {
@@ -20,7 +21,8 @@ namespace scalelab {
 namespace {
 
 // Categories of the plan, in display order.
-const char* const kCategories[] = {"weights",          "gradients",        "optimizer states",     "batch",
+const char* const kCategories[] = {"weights",          "gradients",        "optimizer states",     "reference model",
+                                   "batch",            "reference forward",
                                    "activations",      "attention scores", "logits",               "fused loss chunk",
                                    "head buffers",     "recomputed layer", "backward temporaries", "workspace",
                                    "other"};
@@ -36,6 +38,7 @@ std::string category_of(const AllocEvent& e) {
       {"gradient shard (ZeRO-1)", "gradients"},
       {"optimizer exp_avg", "optimizer states"},
       {"optimizer exp_avg_sq", "optimizer states"},
+      {"reference model", "reference model"},
       {"batch inputs", "batch"},
       {"batch targets", "batch"},
       {"logits", "logits"},
@@ -116,13 +119,24 @@ std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<
       layout.attach_nf4(std::make_shared<Nf4Store>(layout, *parse_quantize_base(in.lora.quantize_base), alloc));
     }
     std::unique_ptr<Model> model = make_model(in.config, layout, b.compute_weights, b.grads, in.options);
-    const Batch batch = make_batch(in.micro_batch, in.seq_len, alloc);
+    // DPO without LoRA: the frozen reference copy, allocated where the trainer allocates it.
+    Tensor ref_params;
+    std::unique_ptr<Model> ref_model;
+    if (in.dpo && !layout.lora().enabled()) {
+      ref_params = Tensor::empty({P}, in.precision.compute_weights, alloc, "reference model");
+      ref_model = make_model(in.config, layout, ref_params, b.grads, in.options);
+    }
+    const Batch batch = make_batch((in.dpo ? 2 : 1) * in.micro_batch, in.seq_len, alloc);
     ExecContext ctx{&alloc, nullptr};
     ctx.options.planned_device = in.device;
     for (int step = 0; step < 2; ++step) {
       model->set_step(step);
       ctx.train_step = step;  // LoRA dropout allocates what it does in training
-      model->forward_backward(batch, 1.0f, ctx);
+      if (in.dpo) {
+        dpo_micro_step(*model, ref_model.get(), batch, 0.1, 0.0, 1.0f, ctx);
+      } else {
+        model->forward_backward(batch, 1.0f, ctx);
+      }
     }
   }
   alloc.set_trace(nullptr);
@@ -170,7 +184,14 @@ std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
              (zero_note.empty() ? "" : " (+ the fp32 reduce-scatter output" + zero_note + ")");
     if (cat == "optimizer states")
       return "AdamW exp_avg and exp_avg_sq, " + std::string(dtype_name(pr.optim_state)) + frozen_note + zero_note;
-    if (cat == "batch") return "input and target token ids";
+    if (cat == "batch") return in.dpo ? "input and target token ids, [chosen; rejected]: 2 x micro-batch rows" : "input and target token ids";
+    if (cat == "reference model")
+      return "DPO: a frozen copy of the initial weights (" + std::string(dtype_name(pr.compute_weights)) + "), forward only";
+    if (cat == "reference forward") {
+      const auto l = labels_at_peak(cat);
+      return std::string("DPO: the reference log-probabilities' forward") +
+             (in.lora.enabled() ? " (the policy with its adapters off)" : "") + (l.empty() ? "" : ", at the peak: " + describe_labels(l, 1));
+    }
     if (cat == "activations") {
       const auto l = labels_at_peak(cat);
       if (in.options.activation_checkpointing) return "checkpointing keeps each layer's input only: " + describe_labels(l, L) + " per layer";

@@ -40,6 +40,9 @@ struct PlanInput {
   std::string freeze;
   // LoRA: adapters added to the layout, the base frozen (ParamLayout::add_lora).
   LoraConfig lora;
+  // DPO (train/dpo.h): batches of 2·micro_batch rows ([chosen; rejected]), a reference forward
+  // before each policy step, and without LoRA a frozen copy of the weights (the reference model).
+  bool dpo = false;
   // QAT (--qat): the decoder layers' linear modules fake-quantize (ParamLayout::set_qat); what
   // they allocate (model/decoder/qat.h) is measured like any other allocation.
   QatConfig qat;

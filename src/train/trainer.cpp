@@ -95,7 +95,11 @@ nlohmann::json TrainOptions::to_json() const {
           {"adapter", adapter},
           {"quantize_base", quantize_base},
           {"qat", qat},
-          {"qat_group_size", qat_group_size}};
+          {"qat_group_size", qat_group_size},
+          {"dpo", dpo.enabled},
+          {"pairs", dpo.pairs},
+          {"beta", dpo.beta},
+          {"label_smoothing", dpo.label_smoothing}};
 }
 
 LoraConfig TrainOptions::lora_config() const {
@@ -159,6 +163,28 @@ nlohmann::json TrainResult::to_json() const {
     norms.push_back(s.grad_norm);
   }
   j["losses"] = losses;
+  if (!steps.empty() && steps.front().dpo) {
+    // DPO: the per-step metrics (means over each step's pairs) and the last step's at the top,
+    // where the lab reads a run's figures.
+    nlohmann::json d = {{"beta", config.value("beta", 0.0)},
+                        {"label_smoothing", config.value("label_smoothing", 0.0)},
+                        {"reference", config.value("dpo_reference", std::string())}};
+    for (const char* k : {"rewards_chosen", "rewards_rejected", "reward_margins", "reward_accuracies"})
+      d[k] = nlohmann::json::array();
+    for (const auto& s : steps) {
+      const DpoStats st = s.dpo.value_or(DpoStats{});
+      d["rewards_chosen"].push_back(st.rewards_chosen);
+      d["rewards_rejected"].push_back(st.rewards_rejected);
+      d["reward_margins"].push_back(st.margin);
+      d["reward_accuracies"].push_back(st.accuracy);
+    }
+    j["dpo"] = d;
+    const DpoStats last = steps.back().dpo.value_or(DpoStats{});
+    j["final_rewards_chosen"] = last.rewards_chosen;
+    j["final_rewards_rejected"] = last.rewards_rejected;
+    j["final_reward_margin"] = last.margin;
+    j["final_reward_accuracy"] = last.accuracy;
+  }
   j["final_loss"] = steps.empty() ? nlohmann::json(nullptr) : nlohmann::json(steps.back().loss);
   j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
   j["val_loss"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().loss);
@@ -356,6 +382,14 @@ PlanInput make_plan_input(const TrainOptions& o) {
                        "--fused-kernels");
   }
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
+  in.dpo = o.dpo.enabled;
+  if (o.dpo.enabled) {
+    validate_dpo_options(o.dpo);
+    if (o.fused_kernels) {
+      throw InvalidInput("[--fused-kernels] DPO needs each token's log-probability, which the fused linear + "
+                         "cross-entropy never materializes — run dpo without --fused-kernels");
+    }
+  }
   build_layout(in);  // checks --freeze (InvalidInput: a bad regex, nothing or everything frozen)
   return in;
 }
@@ -456,6 +490,9 @@ class TrainSession {
   // Built by build().
   StepBuffers bufs_;
   std::unique_ptr<Model> model_;
+  // DPO without LoRA: the frozen reference copy of the initial (compute) weights and its model.
+  Tensor ref_params_;
+  std::unique_ptr<Model> ref_model_;
   std::unique_ptr<DataSource> data_;
   DataOptions val_options_;  // --val-data: a fresh source per evaluation starts at sample 0
   TextSourceOptions val_text_;  // its tokenizer, for text:/jsonl: specs
@@ -529,6 +566,17 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
                                               {"scaler_block_size", kernels::kNf4ScalerBlockSize}};
     }
   }
+  if (o.dpo.enabled) {
+    if (!o.val_data.empty()) {
+      throw InvalidInput("[--val-data] evaluation of a DPO run is not implemented yet — drop --val-data");
+    }
+    if (!o.resume.empty() || o.save_every > 0) {
+      throw InvalidInput(std::string(o.resume.empty() ? "[--save-every]" : "[--resume]") +
+                         " resumable checkpoints of a DPO run are not implemented yet — use --save for the result");
+    }
+    res_.config["dpo_reference"] = layout_.lora().enabled() ? "the policy with its LoRA adapters off"
+                                                            : "a frozen copy of the initial weights";
+  }
   res_.config["dropout_resolved"] = pin_.options.dropout;
   res_.config["threads"] = requested.threads;
   res_.config["world_size"] = world_;
@@ -592,7 +640,8 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
       if (!activity_ && !o.quiet) std::fprintf(stderr, "scalelab train: GPU activity profiling: %s\n", why.c_str());
     }
   }
-  tokens_per_step_ = o.micro_batch_size * o.seq_len * o.grad_accum_steps;
+  // DPO: each pair is two sequences (chosen and rejected) through the policy.
+  tokens_per_step_ = (o.dpo.enabled ? 2 : 1) * o.micro_batch_size * o.seq_len * o.grad_accum_steps;
   // Telemetry samples from before the first step to after the last; a run that throws still
   // stops the sampler (the session's destructor).
   // With several ranks, one per node samples (its node's devices; the energy is summed over nodes).
@@ -694,6 +743,13 @@ void TrainSession::build() {
   }
   if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
   model_ = make_model(cfg, layout_, bufs_.compute_weights, bufs_.grads, pin_.options);
+  if (o.dpo.enabled && !layout_.lora().enabled()) {
+    // The reference: the initial weights, frozen (the plan's "reference model"; its model never
+    // runs backward, so the gradient buffer it is bound to is never written).
+    ref_params_ = Tensor::empty({P}, prec_.compute_weights, alloc, "reference model");
+    ref_params_.copy_from(bufs_.compute_weights);
+    ref_model_ = make_model(cfg, layout_, ref_params_, bufs_.grads, pin_.options);
+  }
   if (dp_) {
     dp_->attach(bufs_.trainable, bufs_.grads, bufs_.m, bufs_.v, bufs_.zero_recv.defined() ? &bufs_.zero_recv : nullptr,
                 *model_);
@@ -701,7 +757,13 @@ void TrainSession::build() {
   }
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
-  data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
+  if (o.dpo.enabled) {
+    data_ = make_preference_source(
+        read_preference_pairs(o.dpo.pairs, o.seq_len, cfg.vocab_size, TextSourceOptions{o.tokenizer, o.model, "--pairs"}),
+        o.micro_batch_size, o.seq_len, dopt.rank, world_);
+  } else {
+    data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
+  }
   if (!o.val_data.empty()) {
     val_options_ = dopt;
     val_options_.spec = o.val_data;
@@ -720,7 +782,7 @@ void TrainSession::build() {
     }
   }
   // The data source writes host memory; on a device the batch is copied up each micro-step.
-  batch_.emplace(make_staged_batch(o.micro_batch_size, o.seq_len, dev_));
+  batch_.emplace(make_staged_batch((o.dpo.enabled ? 2 : 1) * o.micro_batch_size, o.seq_len, dev_));
   ranges_ = optimizer_ranges(layout_);
   if (resumed) {
     start_step_ = resumed->global_step;
@@ -755,6 +817,7 @@ StepRecord TrainSession::step(std::int64_t step) {
   StepSpan span(tracer_.get(), step, t0);
   bufs_.grads.zero_();
   double loss = 0;
+  std::optional<DpoStats> dpo;
   for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
     if (dp_) dp_->begin_micro_step(micro == o.grad_accum_steps - 1);
     {
@@ -768,9 +831,16 @@ StepRecord TrainSession::step(std::int64_t step) {
     ctx.train_seed = o.seed;
     // The loss gradient's seed carries the loss scale and the division by the micro-steps and,
     // data-parallel, by the ranks: the reduction over ranks then only sums.
-    loss += model_->forward_backward(
-        batch_->device,
-        static_cast<float>(loss_scale_ / (static_cast<double>(o.grad_accum_steps) * (dp_ ? world_ : 1))), ctx);
+    const auto seed = static_cast<float>(loss_scale_ / (static_cast<double>(o.grad_accum_steps) * (dp_ ? world_ : 1)));
+    if (o.dpo.enabled) {
+      const DpoStats st = dpo_micro_step(*model_, ref_model_.get(), batch_->device, o.dpo.beta, o.dpo.label_smoothing,
+                                         seed, ctx);
+      if (!dpo) dpo.emplace();
+      dpo->add(st);
+      loss += st.loss;
+    } else {
+      loss += model_->forward_backward(batch_->device, seed, ctx);
+    }
     ctx.train_step = -1;  // evaluation and anything else: no dropout
   }
   loss /= static_cast<double>(o.grad_accum_steps);
@@ -786,6 +856,13 @@ StepRecord TrainSession::step(std::int64_t step) {
     sum_sq = dp_ ? dp_->sync_gradients() : kernels::sum_of_squares(bufs_.grads, ctx);
   }
   if (dp_) loss = dp_->mean(loss);
+  if (dp_ && dpo) {
+    dpo->rewards_chosen = dp_->mean(dpo->rewards_chosen);
+    dpo->rewards_rejected = dp_->mean(dpo->rewards_rejected);
+    dpo->margin = dp_->mean(dpo->margin);
+    dpo->accuracy = dp_->mean(dpo->accuracy);
+    dpo->loss = loss;
+  }
   if (prec_.loss_scaling && !std::isfinite(sum_sq)) {
     // Dynamic loss scaling (as GradScaler): skip the step on inf/NaN and halve the scale;
     // double it after 2000 good steps.
@@ -798,7 +875,7 @@ StepRecord TrainSession::step(std::int64_t step) {
       std::fprintf(stderr, "step %lld/%lld | skipped: inf/NaN gradients in fp16, loss scale now %.0f\n",
                    static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss_scale_);
     }
-    return {loss, lr, std::nan(""), dt};
+    return {loss, lr, std::nan(""), dt, dpo};
   }
   const double norm = std::sqrt(sum_sq) / loss_scale_;
   const double coef = kernels::clip_coefficient(norm, o.max_grad_norm);
@@ -839,15 +916,20 @@ StepRecord TrainSession::step(std::int64_t step) {
   if (dp_) dp_->end_step(step >= bench_warmup_);
   if (!o.quiet) {
     const auto st = dev_.alloc->stats();
-    std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f tokens/s | %.3f s | mem %s reserved\n",
+    char extra[160] = "";
+    if (dpo) {
+      std::snprintf(extra, sizeof extra, " | rewards chosen %.4f rejected %.4f | margin %.4f | accuracy %.3f",
+                    dpo->rewards_chosen, dpo->rewards_rejected, dpo->margin, dpo->accuracy);
+    }
+    std::fprintf(stderr, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.1f tokens/s | %.3f s | mem %s reserved%s\n",
                  static_cast<long long>(step + 1), static_cast<long long>(o.max_steps), loss, lr, norm,
-                 static_cast<double>(tokens_per_step_ * world_) / dt, dt, format_bytes(st.reserved).c_str());
+                 static_cast<double>(tokens_per_step_ * world_) / dt, dt, format_bytes(st.reserved).c_str(), extra);
   }
   if (!std::isfinite(loss) && !prec_.loss_scaling) {
     throw RuntimeError("[train] the loss became " + std::to_string(loss) + " at step " + std::to_string(step + 1) +
                        " — lower --lr or enable clipping (--max-grad-norm)");
   }
-  return {loss, lr, norm, dt};
+  return {loss, lr, norm, dt, dpo};
 }
 
 void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {

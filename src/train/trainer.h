@@ -12,6 +12,7 @@
 
 #include "core/context.h"
 #include "distributed/dist_flags.h"
+#include "train/dpo.h"
 #include "train/evaluate.h"
 
 namespace scalelab {
@@ -88,6 +89,9 @@ struct TrainOptions {
   // of the decoder layers stored in NF4 (model/nf4.h); needs --lora-rank. Empty: off.
   std::string quantize_base;
   LoraConfig lora_config() const;
+  // DPO (`scalelab dpo`, train/dpo.h): preference pairs instead of --data, the DPO loss instead
+  // of the cross-entropy, a reference model (adapters off under LoRA, else a frozen copy).
+  DpoOptions dpo;
   // QAT (docs/finetuning.md): --qat 8da4w (empty: off), --qat-group-size G (torchao's 256).
   std::string qat;
   std::int64_t qat_group_size = 256;
@@ -98,6 +102,7 @@ struct TrainOptions {
 
 struct StepRecord {
   double loss = 0, lr = 0, grad_norm = 0, seconds = 0;
+  std::optional<DpoStats> dpo;  // DPO: rewards, margin, accuracy of the step (means over its pairs)
 };
 
 // How a run ended; the run record writes it as "ok", "oom", "error".

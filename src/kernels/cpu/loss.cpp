@@ -9,6 +9,7 @@
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/logprobs_impl.h"
 
 namespace scalelab::kernels::cpu {
 
@@ -63,6 +64,47 @@ void CpuBackend::cross_entropy_backward(Tensor& dlogits, const Tensor& logits, c
         vec::exp_shift_sum(row, dr, V, l[r]);  // softmax = exp(x − lse)
         for (std::int64_t j = 0; j < V; ++j) dr[j] *= grad_scale;
         dr[tg[r]] -= grad_scale;
+      }
+      store_row(dr, dst, dlogits.dtype(), V);
+    }
+  });
+}
+
+void token_logprobs_forward(Tensor& logp, const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                                ExecContext&) {
+  const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  const float* l = lse.f32();
+  float* out = logp.f32();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    check_target(tg[r], V, r);
+    if (tg[r] == kIgnoreIndex) {
+      out[r] = 0.0f;
+      continue;
+    }
+    const float x = load_row(elem(logits.raw(), logits.dtype(), r * V + tg[r]), logits.dtype(), 1, 0)[0];
+    out[r] = x - l[r];
+  }
+}
+
+void token_logprobs_backward(Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                                 const Tensor& targets, const Tensor& weights, ExecContext&) {
+  const std::int64_t V = logits.dim(-1), rows = logits.numel() / V;
+  const float* l = lse.f32();
+  const float* w = weights.f32();
+  const std::int32_t* tg = targets.data<std::int32_t>();
+  parallel_for(rows, row_grain(V), [&](std::int64_t r0, std::int64_t r1) {
+    for (std::int64_t r = r0; r < r1; ++r) {
+      void* dst = elem(dlogits.raw(), dlogits.dtype(), r * V);
+      const float* row = load_row(elem(logits.raw(), logits.dtype(), r * V), logits.dtype(), V, 0);
+      float* dr = out_row(dst, dlogits.dtype(), V, 1);
+      if (tg[r] == kIgnoreIndex) {
+        for (std::int64_t j = 0; j < V; ++j) dr[j] = 0.0f;
+      } else {
+        const float s = -w[r];  // d logp / d logits = onehot − softmax
+        vec::exp_shift_sum(row, dr, V, l[r]);
+        for (std::int64_t j = 0; j < V; ++j) dr[j] *= s;
+        dr[tg[r]] -= s;
       }
       store_row(dr, dst, dlogits.dtype(), V);
     }

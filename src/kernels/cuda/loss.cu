@@ -20,6 +20,7 @@
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/fused.h"
 #include "kernels/kernel_common.h"
+#include "kernels/logprobs_impl.h"
 
 namespace scalelab::kernels::cuda {
 
@@ -179,6 +180,39 @@ __global__ void ce_backward_kernel(TD* dlogits, const TL* logits, std::int64_t V
   }
 }
 
+// logp[r] = logits[r, t] − lse[r], 0 for ignored rows (one thread per row).
+template <class T>
+__global__ void token_logprobs_forward_kernel(float* __restrict__ logp, const T* __restrict__ logits, std::int64_t V,
+                                      std::int64_t rows, const float* __restrict__ lse,
+                                      const std::int32_t* __restrict__ tg) {
+  const std::int64_t r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const std::int32_t t = tg[r];
+  logp[r] = (t == kIgnoreIndex || t < 0 || t >= V) ? 0.0f : to_f32<T>(logits[r * V + t]) - lse[r];
+}
+
+// dlogits = weights[r] · (onehot − softmax): ce_backward_kernel with the scale −weights[r] per row.
+template <class TL, class TD>
+__global__ void token_logprobs_backward_kernel(TD* dlogits, const TL* logits, std::int64_t V, std::int64_t rows,
+                                            const float* __restrict__ lse, const std::int32_t* __restrict__ tg,
+                                            const float* __restrict__ weights) {
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const std::int32_t t = tg[r];
+    const TL* in = logits + r * V;
+    TD* out = dlogits + r * V;
+    if (t == kIgnoreIndex) {
+      for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) out[j] = from_f32<TD>(0.0f);
+      continue;
+    }
+    const float l = lse[r], scale = -weights[r];  // d logp / d logits = onehot − softmax
+    for (std::int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+      float d = __fmul_rn(expf(to_f32<TL>(in[j]) - l), scale);
+      if (j == t) d = __fsub_rn(d, scale);
+      out[j] = from_f32<TD>(d);
+    }
+  }
+}
+
 // One chunk of the fused loss, in place over the fp32 logits L[rows, V]:
 //   loss:  partial[blockIdx.x] += lse − L[r, target] over counted rows;
 //   kGrad: G[r, :] = (softmax(L[r, :]) − onehot) · scale, ignored rows 0, written as TG into row r
@@ -290,6 +324,35 @@ void CudaBackend::cross_entropy_backward(Tensor& dlogits, const Tensor& logits, 
       ce_backward_kernel<TL, TD><<<row_blocks(rows, 65535), row_threads(V), 0, stream()>>>(
           static_cast<TD*>(dlogits.raw()), static_cast<const TL*>(logits.raw()), V, rows, lse.f32(),
           targets.data<std::int32_t>(), grad_scale);
+    });
+  });
+  check_launch(op);
+}
+
+void token_logprobs_forward(Tensor& logp, const Tensor& logits, const Tensor& lse, const Tensor& targets,
+                                 ExecContext&) {
+  const char* op = "token_logprobs_forward";
+  const std::int64_t V = logits.dim(-1), rows = V > 0 ? logits.numel() / V : 0;
+  if (rows == 0) return;
+  dispatch_float(logits.dtype(), op, [&]<class T>() {
+    const int threads = 256;
+    const auto blocks = static_cast<unsigned>((rows + threads - 1) / threads);
+    token_logprobs_forward_kernel<T><<<blocks, threads, 0, stream()>>>(logp.f32(), static_cast<const T*>(logits.raw()), V,
+                                                                rows, lse.f32(), targets.data<std::int32_t>());
+  });
+  check_launch(op);
+}
+
+void token_logprobs_backward(Tensor& dlogits, const Tensor& logits, const Tensor& lse,
+                                                  const Tensor& targets, const Tensor& weights, ExecContext&) {
+  const char* op = "token_logprobs_backward";
+  const std::int64_t V = logits.dim(-1), rows = V > 0 ? logits.numel() / V : 0;
+  if (rows == 0) return;
+  dispatch_float(logits.dtype(), op, [&]<class TL>() {
+    dispatch_float(dlogits.dtype(), op, [&]<class TD>() {
+      token_logprobs_backward_kernel<TL, TD><<<row_blocks(rows, 65535), row_threads(V), 0, stream()>>>(
+          static_cast<TD*>(dlogits.raw()), static_cast<const TL*>(logits.raw()), V, rows, lse.f32(),
+          targets.data<std::int32_t>(), weights.f32());
     });
   });
   check_launch(op);

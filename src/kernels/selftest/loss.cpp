@@ -6,6 +6,9 @@
 //   loss sum 1e-6 relative: per-row losses lse − logit[target] in double from fp32 lse (errors of a
 //     few 1e-7 per row on values near log V, random in sign), summed in double on both sides.
 //   count, count_target_tokens: exact (0).
+//   token log-probabilities (fp32) 1e-5: logit[target] − lse from the same stored logit and an lse
+//     within a few ulps (above). Their backward (dlogits = dlogp·(onehot − softmax), one weight
+//     per row, of both signs): as dlogits.
 //   dlogits: Tolerance for the logits dtype (fp32 1e-5: exp of the same fp32 argument, within a
 //     few ulps; bf16 / fp16: the final rounding of the same fp32 value).
 //   fused: the loss sum 1e-5 relative (the logits come from GEMMs whose summation orders differ,
@@ -20,6 +23,7 @@
 
 #include "core/context.h"
 #include "kernels/fused.h"
+#include "kernels/logprobs.h"
 #include "kernels/loss.h"
 #include "kernels/selftest/families.h"
 
@@ -71,6 +75,20 @@ std::vector<CheckResult> cross_entropy_check(const CheckEnv& env, DType dt) {
   Tensor inplace = to_device(logits, dev);
   cross_entropy_backward(inplace, inplace, lse_dev, td, scale, dc);
   out.push_back(compare("dlogits (in place)", inplace, dl_ref, tol, dt));
+
+  // Per-token log-probabilities and their backward (DPO's sequence-level loss).
+  Tensor lp_ref = Tensor::empty({kRows}, DType::kF32, host, "selftest ref");
+  token_logprobs_forward(lp_ref, logits, lse_ref, targets, hc);
+  Tensor lp_dev = poisoned({kRows}, DType::kF32, dev);
+  token_logprobs_forward(lp_dev, ld, lse_dev, td, dc);
+  out.push_back(compare("token logprobs", lp_dev, lp_ref, tol, DType::kF32));
+  const Tensor dlogp = random_tensor({kRows}, DType::kF32, host, env.seed + 3, -1.0f, 1.0f);
+  const Tensor dlogp_dev = to_device(dlogp, dev);
+  Tensor dlp_ref = Tensor::empty({kRows, kVocab}, dt, host, "selftest ref");
+  token_logprobs_backward(dlp_ref, logits, lse_ref, targets, dlogp, hc);
+  Tensor dlp_dev = poisoned({kRows, kVocab}, dt, dev);
+  token_logprobs_backward(dlp_dev, ld, lse_dev, td, dlogp_dev, dc);
+  out.push_back(compare("token logprobs dlogits", dlp_dev, dlp_ref, tol, dt));
 
   out.push_back({"count_target_tokens",
                  static_cast<double>(std::llabs(count_target_tokens(td) - count_target_tokens(targets))), 0.0});

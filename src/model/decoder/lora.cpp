@@ -9,12 +9,18 @@ namespace scalelab {
 
 namespace {
 
+thread_local bool adapters_off = false;
+
 // A [rows, cols] sub-matrix at column `col` of the row-major matrix t [rows, ld].
 const std::uint8_t* at_col(const Tensor& t, std::int64_t col) {
   return static_cast<const std::uint8_t*>(t.raw()) + static_cast<std::size_t>(col) * dtype_size(t.dtype());
 }
 
 }  // namespace
+
+AdaptersOff::AdaptersOff() : previous_(adapters_off) { adapters_off = true; }
+AdaptersOff::~AdaptersOff() { adapters_off = previous_; }
+bool AdaptersOff::active() { return adapters_off; }
 
 std::int64_t lora_dropout_site(const std::string& m) {
   if (m == "q_proj") return 2;
@@ -36,6 +42,7 @@ Tensor LoraAdapter::adapter_input(const Tensor& x, const Part& p, ExecContext& c
 }
 
 void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
+  if (AdaptersOff::active()) return;  // the base model alone (DPO's reference forward)
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   for (const Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);

@@ -5,7 +5,9 @@
 //   forward:  z = x·Aᵀ [T, r];  y[:, col:col+n] += s·z·Bᵀ
 //   backward: dB += s·dy[:, col:col+n]ᵀ·z;  dz = s·dy[:, col:col+n]·B;  dA += dzᵀ·x;  dx += dz·A
 // with s = alpha/r (alpha/√r: rslora). z is recomputed in backward (a [T, r] GEMM) rather than
-// kept, so activation checkpointing and the memory plan need nothing of their own. Every product
+// kept, so activation checkpointing and the memory plan need nothing of their own.
+// While an AdaptersOff guard lives (on the calling thread) the forward adds nothing: the base
+// model alone (DPO's reference log-probabilities under LoRA, train/dpo.h). Every product
 // is kernels::gemm_ex on sub-matrices (leading dimensions), so it runs on every backend.
 //
 // LoRA dropout (--lora-dropout P, peft's lora_dropout): while training (ctx.train_step >= 0) each
@@ -22,6 +24,19 @@
 #include "model/decoder/linear.h"
 
 namespace scalelab {
+
+// The adapters off for the guard's lifetime, on this thread (nests).
+class AdaptersOff {
+ public:
+  AdaptersOff();
+  ~AdaptersOff();
+  AdaptersOff(const AdaptersOff&) = delete;
+  AdaptersOff& operator=(const AdaptersOff&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
 
 class LoraAdapter final : public LinearAdapter {
  public:

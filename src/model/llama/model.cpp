@@ -11,6 +11,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/fused.h"
+#include "kernels/logprobs.h"
 #include "kernels/loss.h"
 #include "model/decoder/attention.h"
 #include "model/decoder/norm.h"
@@ -68,6 +69,30 @@ class LlamaModel final : public Model {
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
+    return train_step(b, grad_scale, nullptr, ctx);
+  }
+
+  double forward_backward_logprobs(const Batch& b, const LogprobLoss& loss, ExecContext& ctx) override {
+    SCALELAB_CHECK(!opt_.fused_kernels, "[llama] a loss over token log-probabilities (DPO) needs the unfused head — "
+                                        "run without --fused-kernels");
+    return train_step(b, 0.0f, &loss, ctx);
+  }
+
+  void forward_logprobs(Tensor& logp, const Batch& b, ExecContext& ctx) override {
+    SCALELAB_CHECK(!opt_.fused_kernels, "[llama] token log-probabilities (DPO) need the unfused head — run without "
+                                        "--fused-kernels");
+    Tensor logits;
+    forward_loss(b, ctx, &logits);
+    // forward_loss's lse is gone with its scope: recompute it (one pass over the logits).
+    Tensor lse = act_.f32({b.batch * b.seq}, "loss lse");
+    cross_entropy_forward(lse, logits, b.targets, ctx);
+    token_logprobs_forward(logp, logits, lse, b.targets, ctx);
+  }
+
+ private:
+  // forward_backward with the mean cross-entropy (logprob_loss null) or a loss over the token
+  // log-probabilities.
+  double train_step(const Batch& b, float grad_scale, const LogprobLoss* logprob_loss, ExecContext& ctx) {
     check_batch(b);
     const std::int64_t T = b.batch * b.seq, L = c_.num_hidden_layers;
     std::vector<Acts> acts(static_cast<std::size_t>(L));
@@ -95,7 +120,20 @@ class LlamaModel final : public Model {
     norm_.forward(xf, sf, x, ctx);
     LossSum ls;
     Tensor dxf;
-    if (opt_.fused_kernels) {
+    double custom_loss = 0;
+    if (logprob_loss != nullptr) {
+      Tensor logits = act_.act({T, c_.vocab_size}, "logits");
+      head_.forward(logits, xf, ctx);
+      Tensor lse = act_.f32({T}, "loss lse");
+      cross_entropy_forward(lse, logits, b.targets, ctx);
+      Tensor logp = act_.f32({T}, "token log-probabilities");
+      token_logprobs_forward(logp, logits, lse, b.targets, ctx);
+      Tensor dlogp = act_.f32({T}, "token log-probability gradients");
+      custom_loss = (*logprob_loss)(logp, dlogp, ctx);
+      token_logprobs_backward(logits, logits, lse, b.targets, dlogp, ctx);
+      dxf = act_.act({T, H_}, "final norm gradient");
+      head_.backward(&dxf, logits, xf, ctx);
+    } else if (opt_.fused_kernels) {
       const std::int64_t n = count_target_tokens(b.targets, ctx);
       SCALELAB_CHECK(n > 0, "[llama] the batch has no target tokens to train on");
       dxf = act_.act({T, H_}, "final norm gradient");
@@ -134,8 +172,10 @@ class LlamaModel final : public Model {
     }
     if (dembed_.defined()) embedding_backward(dembed_, dx, b.inputs, ctx, pad_);
     if (hook_ && embed_range_.second > embed_range_.first) hook_(embed_range_.first, embed_range_.second);
-    return ls.sum / static_cast<double>(ls.count);
+    return logprob_loss != nullptr ? custom_loss : ls.sum / static_cast<double>(ls.count);
   }
+
+ public:
 
   double forward_loss(const Batch& b, ExecContext& ctx, Tensor* logits_out) override {
     check_batch(b);
