@@ -74,6 +74,8 @@ PlanFn native_plan(const TrialExecutor& exec) {
   const double timeout = std::min(exec.options().timeout_s, 300.0);
   const double grace = exec.options().kill_grace_s;
   const std::atomic<bool>* cancel = exec.options().cancel;
+  std::vector<std::string> skip(exec.workload().label_params.begin(), exec.workload().label_params.end());
+  skip.push_back(kSubcommandParam);
   return [=](const ParamMap& base, std::string* note) -> std::optional<int> {
     ParamMap p = base;
     p["micro_batch_size"] = 1;
@@ -84,7 +86,7 @@ PlanFn native_plan(const TrialExecutor& exec) {
     ps.argv = {engine, "plan"};
     // A DPO trial's plan: `plan --dpo` (the reference log-probabilities' model counted).
     if (native_subcommand(p) == "dpo") ps.argv.push_back("--dpo");
-    for (auto& f : params_to_flags(p, {kSubcommandParam})) ps.argv.push_back(f);
+    for (auto& f : params_to_flags(p, skip)) ps.argv.push_back(f);
     ps.argv.push_back("--json");
     ps.argv.push_back(json_path);
     ps.log_path = (std::filesystem::path(dir) / ("plan-" + hash + ".log")).string();

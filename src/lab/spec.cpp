@@ -288,6 +288,14 @@ class Combinations {
   ParamMap params() const {
     ParamMap p;
     for (std::size_t i = 0; i < index_.size(); ++i) p[spec_.parameters[i].first] = spec_.parameters[i].second[index_[i]];
+    // [presets.NAME]: the parameters the chosen value stands for join the combination.
+    for (const auto& [name, table] : spec_.presets) {
+      auto v = p.find(name);
+      if (v == p.end()) continue;
+      auto preset = table.find(param_text(v->second));
+      if (preset == table.end()) continue;
+      for (const auto& [k, val] : preset->second) p[k] = val;
+    }
     return p;
   }
   void next() {
@@ -349,6 +357,12 @@ Json SweepSpec::to_json() const {
   if (timeout_s) j["timeout_s"] = *timeout_s;
   if (oom_search.enabled)
     j["oom_search"] = {{"max_micro_batch", oom_search.max_micro_batch}, {"use_plan", oom_search.use_plan}};
+  if (!presets.empty()) {
+    Json pr = Json::object();
+    for (const auto& [name, table] : presets)
+      for (const auto& [value, params] : table) pr[name][value] = Json(params);
+    j["presets"] = pr;
+  }
   return j;
 }
 
@@ -372,7 +386,8 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
                        " — fix the file at that line and column");
   }
   check_keys(root, source, "the top level",
-             {"name", "description", "repeats", "timeout", "workload", "parameters", "exclude", "oom_search"});
+             {"name", "description", "repeats", "timeout", "workload", "parameters", "exclude", "oom_search",
+              "presets"});
   SweepSpec spec;
   spec.source = source;
   fs::path base_dir = fs::path(source).has_parent_path() ? fs::path(source).parent_path() : fs::path(".");
@@ -454,6 +469,56 @@ SweepSpec parse_sweep_spec(const std::string& text, const std::string& source,
                          "record) — remove it");
     }
     spec.parameters.emplace_back(name, values_of(v, source, "parameter '" + name + "'"));
+  }
+
+  // [presets.NAME]: what each value of parameter NAME stands for — parameters that join the
+  // trial (a native workload gets them as flags, and not NAME itself): one sweep over "methods"
+  // that set different flags (full fine-tuning, LoRA, QLoRA, ...).
+  if (const auto* prn = root.get("presets")) {
+    const auto* pt = prn->as_table();
+    if (!pt) throw InvalidInput("[" + at(source, prn->source()) + "] presets must be tables: [presets.PARAMETER]");
+    for (auto&& [pk, pv] : *pt) {
+      const std::string name = param_name(std::string(pk.str()));
+      const std::vector<Json>* domain = nullptr;
+      for (const auto& [pname, pvalues] : spec.parameters)
+        if (pname == name) domain = &pvalues;
+      if (!domain) {
+        throw InvalidInput("[" + at(source, pk.source()) + "] [presets." + name + "] names no parameter — parameters: " +
+                           join(std::vector<std::string>(names.begin(), names.end())));
+      }
+      const auto* vt = pv.as_table();
+      if (!vt) throw InvalidInput("[" + at(source, pv.source()) + "] presets." + name + " must be a table: [presets." + name + "]");
+      std::map<std::string, ParamMap> table;
+      for (auto&& [vk, vv] : *vt) {
+        const auto* set = vv.as_table();
+        if (!set) {
+          throw InvalidInput("[" + at(source, vv.source()) + "] presets." + name + "." + std::string(vk.str()) +
+                             " must be a table of parameters, e.g. " + std::string(vk.str()) + " = { lora_rank = 16 }");
+        }
+        ParamMap params;
+        for (auto&& [k, v] : *set) {
+          const std::string pname = param_name(std::string(k.str()));
+          if (names.count(pname) || pname == name) {
+            throw InvalidInput("[" + at(source, k.source()) + "] presets." + name + "." + std::string(vk.str()) + " sets '" +
+                               pname + "', which is also a parameter — set it in one place");
+          }
+          if (spec.workload.is_native() && (pname == "json" || pname == kSubcommandParam)) {
+            throw InvalidInput("[" + at(source, k.source()) + "] presets cannot set '" + pname + "' — " +
+                               (pname == "json" ? "the lab sets it" : "give it in [parameters]"));
+          }
+          params[pname] = scalar(v, source, "presets." + name + "." + std::string(vk.str()) + "." + pname);
+        }
+        table[std::string(vk.str())] = std::move(params);
+      }
+      for (const auto& v : *domain) {
+        if (!table.count(param_text(v))) {
+          throw InvalidInput("[" + at(source, pv.source()) + "] [presets." + name + "] has no entry for " + name + " = " +
+                             param_text(v) + " — add `" + param_text(v) + " = { ... }` (an empty table: no parameters)");
+        }
+      }
+      spec.presets[name] = std::move(table);
+      spec.workload.label_params.insert(name);
+    }
   }
 
   if (const auto* en = root.get("exclude")) {

@@ -31,6 +31,10 @@
 //   attn = "eager"
 //   micro_batch_size = [4, 8]
 //
+//   [presets.method]                 # what each value of a parameter stands for: parameters that
+//   full = {}                        # join the trial (native: flags; `method` itself is not one)
+//   lora = { lora_rank = 16 }        # every value of `method` needs an entry
+//
 //   [oom_search]                     # optional: after the trials, each configuration's largest
 //   max_micro_batch = 256            # micro-batch that fits (lab/oom_search.h), found with real
 //   use_plan = true                  # trials, from the engine's plan where one exists; shown as
@@ -38,6 +42,7 @@
 //
 // Every malformed input is an InvalidInput naming file:line:column.
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -74,6 +79,8 @@ struct SweepSpec {
   std::vector<std::pair<std::string, std::vector<Json>>> parameters;  // file order
   std::vector<ExcludeRule> excludes;
   SweepOomSearch oom_search;
+  // [presets.NAME]: for parameter NAME, each value's parameters (joined into the combinations).
+  std::map<std::string, std::map<std::string, ParamMap>> presets;
 
   // The combinations, the first parameter varying slowest, excluded ones dropped.
   std::vector<ParamMap> expand() const;

@@ -165,7 +165,9 @@ Launch build_launch(const Workload& workload, const std::string& engine, const P
   Launch launch;
   if (workload.is_native()) {
     launch.argv = {engine, native_subcommand(params)};
-    for (auto& f : params_to_flags(params, {kSubcommandParam})) launch.argv.push_back(std::move(f));
+    std::vector<std::string> skip(workload.label_params.begin(), workload.label_params.end());
+    skip.push_back(kSubcommandParam);
+    for (auto& f : params_to_flags(params, skip)) launch.argv.push_back(std::move(f));
     launch.argv.push_back("--json");
     launch.argv.push_back(ctx.record_path);
     if (ctx.profile) {

@@ -78,6 +78,9 @@ struct Workload {
   std::vector<std::pair<std::string, CommandTemplate>> env;  // extra environment, templated
   std::string cwd;                                            // working directory ("" = runner's)
   WorkloadProfile profile;                                    // external only
+  // Parameters that only label a preset ([presets.NAME] of the spec): a native trial does not
+  // pass them as flags (their presets' parameters are). External commands may still use {NAME}.
+  std::set<std::string> label_params;
 
   // A native workload.
   static Workload native();

@@ -7,35 +7,15 @@
 #include <set>
 #include <string>
 
+#include "report/chart_util.h"
+
 namespace scalelab::report {
 namespace {
 
-// Small helpers of the same shape as charts.cpp's (kept local: that file belongs to the page's
-// layout, this one only adds cards).
-std::string fmt(double v, int sig = 3) {
-  if (!std::isfinite(v)) return "—";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*g", sig, v);
-  return buf;
-}
-double d(const Json& v, double fallback = NAN) { return v.is_number() ? v.get<double>() : fallback; }
-
-Json spec(int width, int height) {
-  return {{"$schema", "https://vega.github.io/schema/vega/v5.json"},
-          {"width", width},
-          {"height", height},
-          {"padding", 8},
-          {"autosize", {{"type", "pad"}}},
-          {"config", {{"axis", {{"labelFontSize", 11}, {"titleFontSize", 12}, {"labelLimit", 220}, {"labelOverlap", true}}},
-                      {"legend", {{"labelFontSize", 11}, {"titleFontSize", 11}}},
-                      {"text", {{"fontSize", 11}}}}}};
-}
-
-Json tooltip(const std::vector<std::pair<std::string, std::string>>& fields) {
-  std::string s = "{";
-  for (std::size_t k = 0; k < fields.size(); ++k) s += (k ? ", " : "") + std::string("'") + fields[k].first + "': " + fields[k].second;
-  return {{"signal", s + "}"}};
-}
+using util::d;
+using util::fmt;
+Json spec(int width, int height) { return util::base_spec(width, height); }
+Json tooltip(const std::vector<std::pair<std::string, std::string>>& fields) { return util::tooltip_signal(fields); }
 
 std::string model_title(const Json& r) { return r["model"] == "random_forest" ? "random forest" : "gradient boosting"; }
 

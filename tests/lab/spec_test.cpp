@@ -106,6 +106,40 @@ TEST(Spec, OomSearchTable) {
   EXPECT_THAT(error_of(std::string(base) + "[oom_search]\nstart = 1\n"), HasSubstr("unknown key 'start'"));
 }
 
+// [presets.NAME]: each value of a parameter stands for parameters that join the combination; a
+// native trial gets those as flags and not NAME itself.
+TEST(Spec, PresetsExpandIntoTheirParameters) {
+  SweepSpec s = parse_sweep_spec(R"(
+[parameters]
+model = "llama-small"
+method = ["full", "lora", "qlora"]
+[presets.method]
+full = {}
+lora = { lora_rank = 16, lora-alpha = 32 }
+qlora = { lora_rank = 16, lora_alpha = 32, quantize_base = "nf4-bnb" }
+)", "m.toml");
+  const auto combos = s.expand();
+  ASSERT_EQ(combos.size(), 3u);
+  EXPECT_FALSE(combos[0].count("lora_rank"));
+  EXPECT_EQ(combos[1].at("lora_rank"), 16);
+  EXPECT_EQ(combos[1].at("lora_alpha"), 32);  // kebab case normalized
+  EXPECT_EQ(combos[2].at("quantize_base"), "nf4-bnb");
+  EXPECT_EQ(combos[2].at("method"), "qlora");
+  TrialContext ctx;
+  ctx.record_path = "r.json";
+  const Launch l = build_launch(s.workload, "scalelab", combos[2], ctx);
+  EXPECT_EQ(std::count(l.argv.begin(), l.argv.end(), "--method"), 0);
+  EXPECT_EQ(std::count(l.argv.begin(), l.argv.end(), "--quantize-base"), 1);
+  EXPECT_EQ(s.to_json()["presets"]["method"]["lora"]["lora_rank"], 16);
+  // Errors name the place and the fix.
+  const std::string head = "[parameters]\nmethod = [\"a\", \"b\"]\nseq_len = 8\n";
+  EXPECT_THAT(error_of(head + "[presets.method]\na = {}\n"), HasSubstr("no entry for method = b"));
+  EXPECT_THAT(error_of(head + "[presets.other]\na = {}\n"), HasSubstr("names no parameter"));
+  EXPECT_THAT(error_of(head + "[presets.method]\na = {}\nb = { seq_len = 4 }\n"), HasSubstr("also a parameter"));
+  EXPECT_THAT(error_of(head + "[presets.method]\na = {}\nb = 3\n"), HasSubstr("must be a table of parameters"));
+  EXPECT_THAT(error_of(head + "[presets.method]\na = {}\nb = { x = [1, 2] }\n"), HasSubstr("a value is a string"));
+}
+
 // A native trial's engine subcommand: train (default) or dpo, not a flag.
 TEST(Spec, NativeSubcommandParameter) {
   SweepSpec s = parse_sweep_spec("[parameters]\nsubcommand = [\"train\", \"dpo\"]\nlora_rank = 8\n", "s.toml");
