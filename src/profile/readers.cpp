@@ -56,9 +56,28 @@ double figure(const json& e, const char* key, const std::string& source) {
   return v;
 }
 
-std::string str(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return "";
+std::string str(const json& j, const char* key, const std::string& fallback = "") {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
   return j[key].get<std::string>();
+}
+
+// The integer field `key` of `j` when it is an integer that fits an int, else `fallback`. Other
+// tools write strings where scalelab writes numbers ("tid": "main"), and json::value<int> would
+// throw on those and cast a float such as 1e300 to int (undefined behaviour).
+int int_or(const json& j, const char* key, int fallback) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return fallback;
+  const json& v = j[key];
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    return u <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()) ? static_cast<int>(u) : fallback;
+  }
+  const auto x = v.get<std::int64_t>();
+  return x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max() ? static_cast<int>(x) : fallback;
+}
+
+bool bool_or(const json& j, const char* key, bool fallback) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_boolean()) return fallback;
+  return j[key].get<bool>();
 }
 
 int pid_of(const json& e) {
@@ -164,17 +183,19 @@ struct GpuActivity {
 Report summarize_scalelab_trace(const json& trace, bool all_steps, const std::string& source) {
   Report r;
   r.source = "scalelab";
-  const json other = trace.is_object() ? trace.value("otherData", json::object()) : json::object();
+  const json other = trace.is_object() && trace.contains("otherData") && trace["otherData"].is_object()
+                         ? trace["otherData"]
+                         : json::object();
   // Where each rank's measured steps begin (microseconds on the file's time base).
   std::map<int, double> from;
   if (!all_steps) {
     if (other.contains("inputs")) {
       for (const auto& in : other["inputs"]) {
         if (in.contains("measured_from_us"))
-          from[in.value("rank", 0)] = num(in, "measured_from_us") + num(in, "shift_us");
+          from[int_or(in, "rank", 0)] = num(in, "measured_from_us") + num(in, "shift_us");
       }
     } else if (other.contains("measured_from_us")) {
-      from[other.value("rank", 0)] = num(other, "measured_from_us");
+      from[int_or(other, "rank", 0)] = num(other, "measured_from_us");
     }
   }
   Samples ops, op_phases, regions, layers, comm;
@@ -197,7 +218,7 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps, const std::st
     if (cat == "op") {
       ops[name].push_back(ns);
       op_phases[phase.empty() ? name : name + " (" + phase + ")"].push_back(ns);
-      op_spans[{pid, e.value("tid", 0)}].push_back({ts, ts + dur});
+      op_spans[{pid, int_or(e, "tid", 0)}].push_back({ts, ts + dur});
     } else if (cat == "step") {
       regions["step"].push_back(ns);
       steps.push_back(dur * 1e-6);
@@ -214,7 +235,7 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps, const std::st
       if (name == "ddp wait" || name == "zero wait") waits[pid].push_back({ts, ts + dur});
     }
   }
-  const std::string op_timing = other.value("op_timing", std::string());
+  const std::string op_timing = str(other, "op_timing");
   const std::string op_title = op_timing.rfind("device queue", 0) == 0
                                    ? "Op families (device time between each op front's first and last kernel, CUDA events)"
                                : op_timing.empty() ? "Op families (host time of each op front)"
@@ -249,13 +270,13 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps, const std::st
   const bool have_gpu = !gpu.kernels.empty() || !gpu.api.empty();
   gpu.finish(r);
   if (have_gpu) {
-    r.notes.push_back("GPU tables from CUPTI: " + other.value("gpu_activity", std::string("activity records")) +
+    r.notes.push_back("GPU tables from CUPTI: " + str(other, "gpu_activity", "activity records") +
                       "; device_idle_fraction is the time between the first and last GPU activity with no "
                       "kernel or copy running (launch-bound when high)");
   } else if (other.contains("gpu_activity")) {
-    r.notes.push_back("no GPU activity tables: " + other.value("gpu_activity", std::string("")));
+    r.notes.push_back("no GPU activity tables: " + str(other, "gpu_activity"));
   }
-  if (other.value("world_size", 1) > 1 || other.value("merged", false)) {
+  if (int_or(other, "world_size", 1) > 1 || bool_or(other, "merged", false)) {
     r.notes.push_back("tables sum over every rank in the file");
   }
   if (!all_steps && !from.empty()) r.notes.push_back("measured steps only (after --bench-warmup-steps)");
@@ -538,7 +559,7 @@ Report summarize_file(const std::string& path, bool all_steps) {
                          "[profile-summary] " + path +
                              " is JSON but not a Chrome trace (no traceEvents) — pass a scalelab or PyTorch trace");
     const bool ours = j.is_object() && j.contains("otherData") && j["otherData"].is_object() &&
-                      j["otherData"].value("generator", std::string()) == "scalelab";
+                      str(j["otherData"], "generator") == "scalelab";
     r = ours ? summarize_scalelab_trace(j, all_steps, path) : summarize_torch_trace(j, path);
   } else {
     r = summarize_nsys_csv(text, path);

@@ -86,6 +86,16 @@ TEST(FuzzFindings, ProfileWithOnlyZeroDurationActivityOnADevice) {
   EXPECT_EQ(target("profile_summary").run(bytes.data(), bytes.size()), Outcome::kAccepted) << last_rejection();
 }
 
+TEST(FuzzFindings, ProfileTraceFieldsOfAnotherTypeAreReadAsAbsent) {
+  // "tid": "main", "rank": "0", "generator": 1, ...: json::value<int> / <string> threw type_error
+  // (exit 1), and "world_size": 1e300 was cast to int (undefined behaviour). Fields of another
+  // type than scalelab writes now read as absent.
+  for (const char* file : {"found-trace-tid-string", "found-generator-number"}) {
+    const auto bytes = corpus_input("profile_summary", file);
+    EXPECT_EQ(target("profile_summary").run(bytes.data(), bytes.size()), Outcome::kAccepted) << file << ": " << last_rejection();
+  }
+}
+
 TEST(FuzzFindings, TraceMergeChecksWhatItReadsOfEachFile) {
   // Origins of -2^63 and 2^63-1 µs: their difference overflowed (UBSan). A rank or a ts that is a
   // string: nlohmann's type_error escaped (exit 1, a library message, no file named).
