@@ -94,6 +94,9 @@ TEST(FuzzFindings, ProfileTraceFieldsOfAnotherTypeAreReadAsAbsent) {
     const auto bytes = corpus_input("profile_summary", file);
     EXPECT_EQ(target("profile_summary").run(bytes.data(), bytes.size()), Outcome::kAccepted) << file << ": " << last_rejection();
   }
+  // libFuzzer reached the same through trace-merge: an op event with "tid": "cuda_runtime".
+  const auto merged = corpus_input("trace_merge", "crash-field-of-another-type");
+  EXPECT_EQ(target("trace_merge").run(merged.data(), merged.size()), Outcome::kAccepted) << last_rejection();
 }
 
 TEST(FuzzFindings, TraceMergeChecksWhatItReadsOfEachFile) {
