@@ -46,7 +46,7 @@ clean:
 
 # Hardening (docs/reliability.md), with clang, each in its own build directory. `make sanitize`
 # builds everything with the sanitizers (most of an hour on 2 cores): by hand only. The fuzz
-# build compiles only the parsers and the harnesses (about 20 files): `make test` (CI) runs
+# build compiles only the parsers and the harnesses (about 30 files): `make test` (CI) runs
 # fuzz-smoke.
 SANITIZE_DIR ?= build-asan
 FUZZ_DIR ?= build-fuzz
