@@ -51,13 +51,13 @@ clean:
 
 # Hardening (docs/reliability.md), with clang, each in its own build directory. `make sanitize`
 # builds everything with the sanitizers (most of an hour on 2 cores): by hand only. The fuzz
-# build compiles only the parsers and the harnesses (about 20 files): `make test` (CI) runs
+# build compiles only the parsers and the harnesses (about 30 files): `make test` (CI) runs
 # fuzz-smoke.
 SANITIZE_DIR ?= build-asan
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
-FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file tokenizer_json gguf
+FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file tokenizer_json gguf jsonl profile_summary trace_merge
 HARDEN_CMAKE = -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCALELAB_WITH_CUDA=OFF -DSCALELAB_WITH_NCCL=OFF -DSCALELAB_WERROR=OFF
 
 # ASan + UBSan over the whole suite; OpenMPI's own leaks are suppressed (tests/sanitize/lsan.supp).

@@ -98,7 +98,10 @@ Json agreement_section(const lab::ResultsStore& store, const std::string& sweep_
     for (auto& [k, p] : m) {
       std::vector<std::size_t> idx(p.t_s.size());
       for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = i;
-      std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) { return p.t_s[x] < p.t_s[y]; });
+      // A named reference, not the binding: clang before 16 (make sanitize) cannot capture a
+      // structured binding in a lambda.
+      const std::vector<double>& t_s = p.t_s;
+      std::stable_sort(idx.begin(), idx.end(), [&](std::size_t x, std::size_t y) { return t_s[x] < t_s[y]; });
       SeriesPoints q;
       for (auto i : idx) { q.t_s.push_back(p.t_s[i]); q.value.push_back(p.value[i]); }
       p = q;

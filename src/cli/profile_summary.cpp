@@ -1,7 +1,9 @@
 // `scalelab profile-summary FILE`: nsys-shaped tables of a scalelab trace, a PyTorch profiler
 // trace or `nsys stats --format csv` output; `scalelab trace-merge`: one timeline from the files
 // of every rank.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -14,6 +16,29 @@
 #include "profile/readers.h"
 
 namespace scalelab::cli {
+namespace {
+
+// Writes `text` to `<path>.tmp` and renames it over `path`: a reader never sees half a file, and a
+// write that fails (the disk full) leaves the earlier file in place and says so.
+void write_whole(const std::string& path, const std::string& text, const char* what) {
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) throw InvalidInput(std::string(what) + " cannot write '" + tmp + "' — check that the directory exists and is writable");
+  out << text;
+  out.close();
+  if (!out) {
+    std::remove(tmp.c_str());
+    throw RuntimeError(std::string(what) + " writing '" + tmp +
+                       "' failed — check free disk space and file-size limits (ulimit -f); '" + path + "' was not replaced");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw RuntimeError(std::string(what) + " cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(err));
+  }
+}
+
+}  // namespace
 
 Subcommand add_profile_summary_command(CLI::App& root) {
   struct Opts {
@@ -39,9 +64,7 @@ Subcommand add_profile_summary_command(CLI::App& root) {
             if (o->output.empty()) {
               std::fwrite(text.data(), 1, text.size(), stdout);
             } else {
-              std::ofstream out(o->output);
-              if (!out) throw InvalidInput("[--output] cannot write '" + o->output + "'");
-              out << text;
+              write_whole(o->output, text, "[--output]");
             }
             return 0;
           }};
@@ -69,11 +92,8 @@ Subcommand add_trace_merge_command(CLI::App& root) {
                 throw InvalidInput("[trace-merge] " + path + " is not valid JSON (" + e.what() + ")");
               }
             }
-            const nlohmann::json merged = merge_traces(traces);
-            std::ofstream out(o->output);
-            if (!out) throw InvalidInput("[trace-merge] cannot write '" + o->output + "'");
-            out << merged.dump() << "\n";
-            if (!out) throw RuntimeError("[trace-merge] writing '" + o->output + "' failed (disk full?)");
+            const nlohmann::json merged = merge_traces(traces, o->inputs);
+            write_whole(o->output, merged.dump() + "\n", "[trace-merge]");
             std::printf("Merged %zu traces (%zu events) into %s\n", traces.size(), merged["traceEvents"].size(),
                         o->output.c_str());
             return 0;

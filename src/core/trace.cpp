@@ -203,23 +203,45 @@ std::string trace_path_for_rank(const std::string& path, int rank, int world_siz
   return path.substr(0, dot) + tag + path.substr(dot);
 }
 
-nlohmann::json merge_traces(const std::vector<nlohmann::json>& traces) {
+nlohmann::json merge_traces(const std::vector<nlohmann::json>& traces, const std::vector<std::string>& names) {
   using nlohmann::json;
   SCALELAB_CHECK_INPUT(!traces.empty(), "[trace merge] no traces to merge — pass the files of every rank");
+  const auto name_of = [&](std::size_t i) {
+    return i < names.size() ? names[i] : "input " + std::to_string(i + 1);
+  };
+  // What this reads of a file, checked (each file comes from outside: a type error or an
+  // overflowing origin would otherwise end in a library exception or undefined behaviour).
+  // Origins are microseconds on the wall clock: at most 2^53 (285 years) either side of 1970.
+  constexpr std::int64_t kMaxOrigin = std::int64_t{1} << 53;
   std::int64_t origin = 0;
   bool first = true;
   std::set<int> ranks;
-  for (const auto& t : traces) {
-    SCALELAB_CHECK_INPUT(t.is_object() && t.contains("traceEvents") && t.contains("otherData") &&
-                             t["otherData"].value("generator", std::string()) == "scalelab",
-                         "[trace merge] an input is not a scalelab trace (no otherData.generator \"scalelab\") — "
-                         "merge the files `scalelab train --trace` wrote");
-    const int rank = t["otherData"].value("rank", 0);
-    SCALELAB_CHECK_INPUT(ranks.insert(rank).second,
-                         "[trace merge] two inputs are rank " + std::to_string(rank) +
-                             " — pass each rank's file once (run.trace.rank0.json, run.trace.rank1.json, ...)");
-    const std::int64_t o = t["otherData"].value("origin_unix_us", std::int64_t{0});
-    origin = first ? o : std::min(origin, o);
+  for (std::size_t i = 0; i < traces.size(); ++i) {
+    const json& t = traces[i];
+    const std::string where = "[trace merge] " + name_of(i);
+    SCALELAB_CHECK_INPUT(t.is_object() && t.contains("traceEvents") && t["traceEvents"].is_array() &&
+                             t.contains("otherData") && t["otherData"].is_object() &&
+                             t["otherData"].value("generator", json()) == "scalelab",
+                         where + " is not a scalelab trace (no traceEvents array and otherData.generator \"scalelab\") — "
+                                 "merge the files `scalelab train --trace` wrote");
+    const json& other = t["otherData"];
+    const auto integer_in = [](const json& v, double lo, double hi) {
+      return v.is_number_integer() && v.get<double>() >= lo && v.get<double>() <= hi;
+    };
+    const json rank = other.value("rank", json(0));
+    SCALELAB_CHECK_INPUT(integer_in(rank, 0, 1 << 24),
+                         where + ": otherData.rank is " + rank.dump() + ", not a rank — merge the per-rank files, not a merged one");
+    const json o = other.value("origin_unix_us", json(0));
+    SCALELAB_CHECK_INPUT(integer_in(o, -static_cast<double>(kMaxOrigin), static_cast<double>(kMaxOrigin)),
+                         where + ": otherData.origin_unix_us is " + o.dump() + ", not microseconds on the wall clock");
+    for (const auto& e : t["traceEvents"]) {
+      SCALELAB_CHECK_INPUT(e.is_object() && (!e.contains("ts") || e["ts"].is_number()),
+                           where + ": an event is not an object with a numeric ts: " + e.dump().substr(0, 200));
+    }
+    SCALELAB_CHECK_INPUT(ranks.insert(rank.get<int>()).second,
+                         where + " is rank " + rank.dump() +
+                             " like an earlier input — pass each rank's file once (run.trace.rank0.json, run.trace.rank1.json, ...)");
+    origin = first ? o.get<std::int64_t>() : std::min(origin, o.get<std::int64_t>());
     first = false;
   }
   json events = json::array();
@@ -229,7 +251,7 @@ nlohmann::json merge_traces(const std::vector<nlohmann::json>& traces) {
     const double shift = static_cast<double>(other.value("origin_unix_us", std::int64_t{0}) - origin);
     for (const auto& e : t["traceEvents"]) {
       json c = e;
-      if (c.contains("ts") && c.value("ph", std::string()) != "M") c["ts"] = c["ts"].get<double>() + shift;
+      if (c.contains("ts") && c.value("ph", json()) != "M") c["ts"] = c["ts"].get<double>() + shift;
       events.push_back(std::move(c));
     }
     json in = other;

@@ -121,7 +121,8 @@ std::string trace_path_for_rank(const std::string& path, int rank, int world_siz
 // Merges the traces of several ranks (each as written by Tracer::write) into one: every event
 // keeps its pid (the rank), timestamps are shifted so that all files share the earliest origin on
 // the wall clock, otherData lists each input's. Throws InvalidInput for an input that is not a
-// scalelab trace or for two inputs of the same rank.
-nlohmann::json merge_traces(const std::vector<nlohmann::json>& traces);
+// scalelab trace (or whose rank, origin or event timestamps are not numbers of the right kind)
+// and for two inputs of the same rank, naming the input by `names` (the files) where given.
+nlohmann::json merge_traces(const std::vector<nlohmann::json>& traces, const std::vector<std::string>& names = {});
 
 }  // namespace scalelab

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <map>
 #include <sstream>
 
 #include "core/error.h"
+#include "model/tokenizer/utf8.h"
 
 namespace scalelab::profile {
 namespace {
@@ -36,9 +38,46 @@ double num(const json& j, const char* key, double fallback = 0) {
   return fallback;
 }
 
-std::string str(const json& j, const char* key) {
-  if (!j.contains(key) || !j[key].is_string()) return "";
+// What a trace or CSV figure may be: finite and at most 1e18 in magnitude (31 years in
+// nanoseconds, 11,574 days in microseconds; 1 EB as bytes). Larger values, "inf" or "nan" only
+// come from a corrupt file, and would make sums infinite, which JSON (a run record's
+// profile.summary, --format json) cannot hold.
+constexpr double kMaxFigure = 1e18;
+
+// The numeric field `key` of event `e` (see num), refused with InvalidInput naming `source` and
+// the event when it is not finite or beyond kMaxFigure.
+double figure(const json& e, const char* key, const std::string& source) {
+  const double v = num(e, key);
+  if (!(std::fabs(v) <= kMaxFigure)) {
+    throw InvalidInput("[profile-summary] " + source + ": event '" + (e.contains("name") ? e["name"].dump() : "?") +
+                       "' has " + key + " = " + (e[key].is_string() ? e[key].get<std::string>() : e[key].dump()) +
+                       ", not a finite figure of at most 1e18 — the trace is corrupt; re-export it");
+  }
+  return v;
+}
+
+std::string str(const json& j, const char* key, const std::string& fallback = "") {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_string()) return fallback;
   return j[key].get<std::string>();
+}
+
+// The integer field `key` of `j` when it is an integer that fits an int, else `fallback`. Other
+// tools write strings where scalelab writes numbers ("tid": "main"), and json::value<int> would
+// throw on those and cast a float such as 1e300 to int (undefined behaviour).
+int int_or(const json& j, const char* key, int fallback) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_number_integer()) return fallback;
+  const json& v = j[key];
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    return u <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()) ? static_cast<int>(u) : fallback;
+  }
+  const auto x = v.get<std::int64_t>();
+  return x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max() ? static_cast<int>(x) : fallback;
+}
+
+bool bool_or(const json& j, const char* key, bool fallback) {
+  if (!j.is_object() || !j.contains(key) || !j[key].is_boolean()) return fallback;
+  return j[key].get<bool>();
 }
 
 int pid_of(const json& e) {
@@ -72,7 +111,8 @@ struct GpuActivity {
   double launch_us = 0, sync_us = 0;
 
   // Takes the event when its category is GPU activity; returns whether it did.
-  bool add(const std::string& cat, const std::string& name, const json& e, int pid, double ts, double dur) {
+  bool add(const std::string& cat, const std::string& name, const json& e, int pid, double ts, double dur,
+           const std::string& source) {
     const double ns = dur * 1e3;
     if (cat == "kernel") {
       kernels[name].push_back(ns);
@@ -95,7 +135,7 @@ struct GpuActivity {
       memops[name].push_back(ns);
       busy[pid].push_back({ts, ts + dur});
       const json args = e.value("args", json::object());
-      if (args.contains("bytes")) bytes[name] += num(args, "bytes");
+      if (args.contains("bytes")) bytes[name] += figure(args, "bytes", source);
       return true;
     }
     return false;
@@ -110,6 +150,7 @@ struct GpuActivity {
       double span = 0, covered_us = 0;
       for (auto& [pid, v] : busy) {
         const auto m = merge_intervals(v);
+        if (m.empty()) continue;  // only activity of zero duration (a trace in whole µs has them)
         span += m.back().end - m.front().start;
         covered_us += covered(m);
       }
@@ -139,20 +180,22 @@ struct GpuActivity {
 
 }  // namespace
 
-Report summarize_scalelab_trace(const json& trace, bool all_steps) {
+Report summarize_scalelab_trace(const json& trace, bool all_steps, const std::string& source) {
   Report r;
   r.source = "scalelab";
-  const json other = trace.is_object() ? trace.value("otherData", json::object()) : json::object();
+  const json other = trace.is_object() && trace.contains("otherData") && trace["otherData"].is_object()
+                         ? trace["otherData"]
+                         : json::object();
   // Where each rank's measured steps begin (microseconds on the file's time base).
   std::map<int, double> from;
   if (!all_steps) {
     if (other.contains("inputs")) {
       for (const auto& in : other["inputs"]) {
         if (in.contains("measured_from_us"))
-          from[in.value("rank", 0)] = num(in, "measured_from_us") + num(in, "shift_us");
+          from[int_or(in, "rank", 0)] = num(in, "measured_from_us") + num(in, "shift_us");
       }
     } else if (other.contains("measured_from_us")) {
-      from[other.value("rank", 0)] = num(other, "measured_from_us");
+      from[int_or(other, "rank", 0)] = num(other, "measured_from_us");
     }
   }
   Samples ops, op_phases, regions, layers, comm;
@@ -165,17 +208,17 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
   for (const auto& e : events_of(trace)) {
     if (str(e, "ph") != "X") continue;
     const int pid = pid_of(e);
-    const double ts = num(e, "ts"), dur = num(e, "dur");
+    const double ts = figure(e, "ts", source), dur = figure(e, "dur", source);
     if (auto it = from.find(pid); it != from.end() && ts + 1e-3 < it->second) continue;
     const std::string cat = str(e, "cat"), name = str(e, "name");
     const json args = e.value("args", json::object());
     const std::string phase = str(args, "phase");
     const double ns = dur * 1e3;
-    if (gpu.add(cat, name, e, pid, ts, dur)) continue;
+    if (gpu.add(cat, name, e, pid, ts, dur, source)) continue;
     if (cat == "op") {
       ops[name].push_back(ns);
       op_phases[phase.empty() ? name : name + " (" + phase + ")"].push_back(ns);
-      op_spans[{pid, e.value("tid", 0)}].push_back({ts, ts + dur});
+      op_spans[{pid, int_or(e, "tid", 0)}].push_back({ts, ts + dur});
     } else if (cat == "step") {
       regions["step"].push_back(ns);
       steps.push_back(dur * 1e-6);
@@ -192,7 +235,7 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
       if (name == "ddp wait" || name == "zero wait") waits[pid].push_back({ts, ts + dur});
     }
   }
-  const std::string op_timing = other.value("op_timing", std::string());
+  const std::string op_timing = str(other, "op_timing");
   const std::string op_title = op_timing.rfind("device queue", 0) == 0
                                    ? "Op families (device time between each op front's first and last kernel, CUDA events)"
                                : op_timing.empty() ? "Op families (host time of each op front)"
@@ -227,20 +270,20 @@ Report summarize_scalelab_trace(const json& trace, bool all_steps) {
   const bool have_gpu = !gpu.kernels.empty() || !gpu.api.empty();
   gpu.finish(r);
   if (have_gpu) {
-    r.notes.push_back("GPU tables from CUPTI: " + other.value("gpu_activity", std::string("activity records")) +
+    r.notes.push_back("GPU tables from CUPTI: " + str(other, "gpu_activity", "activity records") +
                       "; device_idle_fraction is the time between the first and last GPU activity with no "
                       "kernel or copy running (launch-bound when high)");
   } else if (other.contains("gpu_activity")) {
-    r.notes.push_back("no GPU activity tables: " + other.value("gpu_activity", std::string("")));
+    r.notes.push_back("no GPU activity tables: " + str(other, "gpu_activity"));
   }
-  if (other.value("world_size", 1) > 1 || other.value("merged", false)) {
+  if (int_or(other, "world_size", 1) > 1 || bool_or(other, "merged", false)) {
     r.notes.push_back("tables sum over every rank in the file");
   }
   if (!all_steps && !from.empty()) r.notes.push_back("measured steps only (after --bench-warmup-steps)");
   return r;
 }
 
-Report summarize_torch_trace(const json& trace) {
+Report summarize_torch_trace(const json& trace, const std::string& source) {
   Report r;
   r.source = "pytorch";
   Samples cpu, annotations;
@@ -255,7 +298,7 @@ Report summarize_torch_trace(const json& trace) {
     else if (cat == "memcpy") cat = "gpu_memcpy";
     else if (cat == "memset") cat = "gpu_memset";
     std::string name = str(e, "name");
-    const double ts = num(e, "ts"), dur = num(e, "dur"), ns = dur * 1e3;
+    const double ts = figure(e, "ts", source), dur = figure(e, "dur", source), ns = dur * 1e3;
     const int pid = pid_of(e);
     if (cat == "cpu_op") {
       cpu[name].push_back(ns);
@@ -263,7 +306,7 @@ Report summarize_torch_trace(const json& trace) {
       if (name.rfind("ProfilerStep#", 0) == 0) name = "ProfilerStep#*";
       annotations[name].push_back(ns);
     } else {
-      gpu.add(cat, name, e, pid, ts, dur);
+      gpu.add(cat, name, e, pid, ts, dur, source);
     }
   }
   add_table(r, "cpu_ops", "CPU ops (aten, nested ops counted in each)", cpu, true);
@@ -379,14 +422,20 @@ bool section_header(const std::string& line, std::string& title, std::string& id
 
 }  // namespace
 
-Report summarize_nsys_csv(const std::string& text, const std::string& name_hint) {
+Report summarize_nsys_csv(const std::string& raw_text, const std::string& name_hint) {
+  // Names, titles and ids go into JSON (--format json, a run record's profile.summary), which
+  // holds only UTF-8: a byte that is not (a Latin-1 kernel name) reads as U+FFFD, as Python reads
+  // the file with errors="replace".
+  const std::string text = tok::sanitize_utf8(raw_text);
   Report r;
   r.source = "nsys";
   std::string pending_id, pending_title;
-  // nsys --output writes "<base>_<report>.csv": the report from the file name.
+  // nsys --output writes "<base>_<report>.csv": the report from the file name (not its directory).
+  const auto slash = name_hint.find_last_of('/');
+  const std::string file_name = slash == std::string::npos ? name_hint : name_hint.substr(slash + 1);
   for (const char* id : {"cuda_gpu_kern_sum", "cuda_api_sum", "cuda_gpu_mem_time_sum", "cuda_gpu_mem_size_sum",
                          "nvtx_sum", "osrt_sum", "nccl_sum"}) {
-    if (contains(name_hint, id)) pending_id = id;
+    if (contains(file_name, id)) pending_id = id;
   }
   Columns cols;
   Table* cur = nullptr;
@@ -397,7 +446,9 @@ Report summarize_nsys_csv(const std::string& text, const std::string& name_hint)
     if (cur) finalize_table(*cur, cols.pct < 0);
     cur = nullptr;
   };
+  std::size_t line_no = 0;
   while (std::getline(in, line)) {
+    ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::string title, id;
     if (section_header(line, title, id)) {
@@ -424,7 +475,15 @@ Report summarize_nsys_csv(const std::string& text, const std::string& name_hint)
       pending_title.clear();
       continue;
     }
-    auto at = [&](int i) { return i >= 0 && i < static_cast<int>(f.size()) ? to_double(f[static_cast<std::size_t>(i)]) : 0.0; };
+    auto at = [&](int i) {
+      if (i < 0 || i >= static_cast<int>(f.size())) return 0.0;
+      const double v = to_double(f[static_cast<std::size_t>(i)]);
+      SCALELAB_CHECK_INPUT(std::fabs(v) <= kMaxFigure,
+                           "[profile-summary] " + name_hint + " line " + std::to_string(line_no) + ": '" +
+                               f[static_cast<std::size_t>(i)] +
+                               "' is not a finite figure of at most 1e18 — the CSV is corrupt; rerun nsys stats");
+      return v;
+    };
     StatRow row;
     row.name = cols.name < static_cast<int>(f.size()) ? f[static_cast<std::size_t>(cols.name)] : "";
     row.percent = at(cols.pct);
@@ -500,13 +559,12 @@ Report summarize_file(const std::string& path, bool all_steps) {
                          "[profile-summary] " + path +
                              " is JSON but not a Chrome trace (no traceEvents) — pass a scalelab or PyTorch trace");
     const bool ours = j.is_object() && j.contains("otherData") && j["otherData"].is_object() &&
-                      j["otherData"].value("generator", std::string()) == "scalelab";
-    r = ours ? summarize_scalelab_trace(j, all_steps) : summarize_torch_trace(j);
+                      str(j["otherData"], "generator") == "scalelab";
+    r = ours ? summarize_scalelab_trace(j, all_steps, path) : summarize_torch_trace(j, path);
   } else {
-    const auto slash = path.find_last_of('/');
-    r = summarize_nsys_csv(text, slash == std::string::npos ? path : path.substr(slash + 1));
+    r = summarize_nsys_csv(text, path);
   }
-  r.file = path;
+  r.file = tok::sanitize_utf8(path);  // JSON holds only UTF-8; a path need not be
   return r;
 }
 

@@ -26,9 +26,13 @@
 
 namespace scalelab::profile {
 
-Report summarize_scalelab_trace(const nlohmann::json& trace, bool all_steps = false);
-Report summarize_torch_trace(const nlohmann::json& trace);
-// `name_hint`: the file name (nsys names its files "<report>_<name>.csv" with --output).
+// `source` names the trace in errors: an event whose ts, dur or bytes is not a finite figure of at
+// most 1e18 is refused with InvalidInput (a corrupt file; sums of such would not fit in JSON).
+Report summarize_scalelab_trace(const nlohmann::json& trace, bool all_steps = false,
+                                const std::string& source = "the trace");
+Report summarize_torch_trace(const nlohmann::json& trace, const std::string& source = "the trace");
+// `name_hint`: the file (named in errors; nsys names its files "<name>_<report>.csv" with --output,
+// so the report of a file without a title line comes from the file name).
 Report summarize_nsys_csv(const std::string& text, const std::string& name_hint = "");
 
 // Reads `path` and picks the reader: a JSON object with otherData.generator "scalelab", another

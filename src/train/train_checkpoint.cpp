@@ -1,8 +1,10 @@
 #include "train/train_checkpoint.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -59,38 +61,88 @@ std::vector<std::string> copy_model_side_files(const std::string& from, const st
     if (!fs::is_regular_file(src, ec)) continue;
     if (fs::exists(dst, ec) && fs::equivalent(src, dst, ec)) continue;  // saving over the source
     fs::copy_file(src, dst, fs::copy_options::overwrite_existing, ec);
-    if (ec) throw InvalidInput("[--save] cannot copy '" + src.string() + "' to '" + dst.string() + "': " + ec.message());
+    if (ec) {
+      throw RuntimeError("[--save] cannot copy '" + src.string() + "' to '" + dst.string() + "': " + ec.message() +
+                         " — check free disk space and file-size limits (ulimit -f)");
+    }
     copied.push_back(name);
   }
   return copied;
 }
 
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "host";
+  std::string h(buf);
+  for (char& c : h)
+    if (c == '/' || c == '.') c = '_';
+  return h;
+}
+
+// ".tmp.<host>.<pid>": the process that writes a checkpoint's temporary directory.
+std::string temp_suffix(pid_t pid) { return ".tmp." + host_name() + "." + std::to_string(pid); }
+
+// A run killed while saving (SIGKILL, SIGXFSZ at a file-size limit, a power cut) leaves its
+// temporary directory: the next save into the same --save removes those of this host's dead
+// processes (another host's, on a shared file system, are left alone: their processes are not
+// visible here).
+void remove_dead_runs_temporaries(const std::string& root) {
+  static const std::regex name("\\.checkpoint-[0-9]+\\.tmp\\.(.+)\\.([0-9]{1,9})");
+  const std::string host = host_name();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    std::smatch m;
+    const std::string n = e.path().filename().string();
+    if (!std::regex_match(n, m, name) || m[1].str() != host) continue;
+    const auto pid = static_cast<pid_t>(std::stol(m[2].str()));
+    if (pid == ::getpid() || (::kill(pid, 0) == 0 || errno != ESRCH)) continue;
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+}
+
+}  // namespace
+
 void save_train_checkpoint(const std::string& root, const ModelConfig& config, const ParamLayout& layout,
                            const Tensor& params, DType param_dtype, const Tensor& m, const Tensor& v,
                            const TrainCheckpointState& state, const std::string& source_model) {
   const std::string final_dir = checkpoint_dir_name(root, state.global_step);
-  const std::string tmp = (fs::path(root) / (".checkpoint-" + std::to_string(state.global_step) + ".tmp." +
-                                             std::to_string(::getpid())))
+  const std::string tmp = (fs::path(root) / (".checkpoint-" + std::to_string(state.global_step) + temp_suffix(::getpid())))
                               .string();
   std::error_code ec;
+  remove_dead_runs_temporaries(root);
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) throw InvalidInput("[--save] cannot create '" + tmp + "': " + ec.message() + " — check that --save is writable");
-  SaveOptions so;
-  so.dtype = param_dtype;
-  save_checkpoint(tmp, config, layout, params, so);
-  copy_model_side_files(source_model, tmp);
-  const std::vector<std::int64_t> shape = {m.numel()};
-  write_safetensors((fs::path(tmp) / "optimizer.safetensors").string(),
-                    {{"exp_avg", shape, m.raw(), m.dtype(), m.dtype()}, {"exp_avg_sq", shape, v.raw(), v.dtype(), v.dtype()}});
-  {
-    std::ofstream out(fs::path(tmp) / "trainer_state.json");
-    out << state.to_json().dump(1) << "\n";
-    if (!out) throw InvalidInput("[--save] writing trainer_state.json into '" + tmp + "' failed (disk full?)");
+  // A failure on the way (the disk full, a file-size limit) leaves no half checkpoint behind:
+  // the temporary directory goes, the earlier checkpoints stay as they were.
+  try {
+    SaveOptions so;
+    so.dtype = param_dtype;
+    save_checkpoint(tmp, config, layout, params, so);
+    copy_model_side_files(source_model, tmp);
+    const std::vector<std::int64_t> shape = {m.numel()};
+    write_safetensors((fs::path(tmp) / "optimizer.safetensors").string(),
+                      {{"exp_avg", shape, m.raw(), m.dtype(), m.dtype()}, {"exp_avg_sq", shape, v.raw(), v.dtype(), v.dtype()}});
+    {
+      const fs::path state_path = fs::path(tmp) / "trainer_state.json";
+      std::ofstream out(state_path);
+      out << state.to_json().dump(1) << "\n";
+      out.close();
+      if (!out) {
+        throw RuntimeError("[--save] writing " + state_path.string() +
+                           " failed — check free disk space and file-size limits (ulimit -f)");
+      }
+    }
+    fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier run
+    fs::rename(tmp, final_dir, ec);
+    if (ec) throw RuntimeError("[--save] cannot move the checkpoint into '" + final_dir + "': " + ec.message());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  fs::remove_all(final_dir, ec);  // a checkpoint of the same step from an earlier run
-  fs::rename(tmp, final_dir, ec);
-  if (ec) throw InvalidInput("[--save] cannot move the checkpoint into '" + final_dir + "': " + ec.message());
 }
 
 std::vector<std::string> rotate_checkpoints(const std::string& root, std::int64_t limit, std::int64_t current) {

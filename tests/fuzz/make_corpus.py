@@ -130,6 +130,59 @@ micro_batch_size = [2, 4]
     put("token_file", "seq8", bytes([7, 1, 100, 0]) + b"".join(struct.pack("<I", i % 100) for i in range(40)))
     put("token_file", "two-ranks", bytes([3, 2, 16, 0x80]) + b"".join(struct.pack("<I", i % 16) for i in range(64)))
 
+    # jsonl: 2 option bytes (seq-len / micro-batch, then pad 1, shuffle 2, split 4|8, no-eos 16,
+    # two ranks 32), then the file; field "text"
+    docs = ["Hello world, it's 2024!", "abc abc abcabc", "caf\u00e9 \u00fcber \u65e5\u672c", "line one\nline two\ttab",
+            "  leading spaces and a \"quote\"", "emoji \U0001F44D and <|endoftext|> inside"]
+    lines = "\n".join(json.dumps({"text": d, "id": i}) for i, d in enumerate(docs)) + "\n"
+    put("jsonl", "packed", bytes([3, 0]) + lines.encode())
+    put("jsonl", "pad-shuffle", bytes([7 | (1 << 5), 1 | 2]) + lines.encode())
+    put("jsonl", "split-train-no-eos", bytes([2, 4 | 16]) + lines.encode())
+    put("jsonl", "split-val-two-ranks", bytes([1, 8 | 32]) + (lines * 3).encode())
+    put("jsonl", "blank-lines-crlf-ascii", bytes([4, 0]) + ("\r\n\r\n".join(json.dumps({"meta": {"n": i}, "text": d}, ensure_ascii=True)
+                                                             for i, d in enumerate(docs)) + "\r\n").encode())
+    # profile_summary: scalelab traces (one rank; merged), PyTorch traces (current and older
+    # category names, a bare event array) and nsys stats CSV
+    def x(cat, name, ts, dur, pid=0, tid=0, **args):
+        e = {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur}
+        if args:
+            e["args"] = args
+        return e
+    ev = [{"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
+          x("step", "step 0", 0, 100), x("step", "step 1", 100, 90), x("step", "step 2", 190, 95),
+          x("phase", "forward", 100, 40), x("phase", "backward", 140, 40),
+          x("op", "matmul", 101, 10, phase="forward"), x("op", "rmsnorm", 112, 3, phase="forward"),
+          x("op", "matmul", 141, 20, phase="backward"), x("layer", "layer 0", 100, 30, phase="forward"),
+          x("comm", "all_reduce", 150, 25, tid=1), x("comm", "ddp wait", 180, 8),
+          x("kernel", "gemm_kernel", 102, 8, tid=7), x("kernel", "ncclKernel_AllReduce", 151, 20, tid=8),
+          x("cuda_runtime", "cudaLaunchKernel", 101, 1), x("cuda_runtime", "cudaStreamSynchronize", 185, 4),
+          x("gpu_memcpy", "Memcpy HtoD", 99, 2, tid=7, bytes=4096), x("gpu_memset", "Memset", 98, 1, tid=7, bytes=64)]
+    put("profile_summary", "scalelab-rank", json.dumps({"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {
+        "generator": "scalelab", "rank": 0, "world_size": 1, "measured_from_us": 100.0,
+        "op_timing": "device queue (CUDA events)", "gpu_activity": "CUPTI activity records"}}, indent=1))
+    ev1 = [dict(e, pid=1) for e in ev]
+    put("profile_summary", "scalelab-merged", json.dumps({"traceEvents": ev + ev1, "otherData": {
+        "generator": "scalelab", "rank": None, "merged": True, "ranks": 2, "origin_unix_us": 1000,
+        "inputs": [{"rank": 0, "measured_from_us": 100.0, "shift_us": 0.0}, {"rank": 1, "measured_from_us": 90, "shift_us": 10}]}}))
+    # trace_merge: rank files cut apart by NUL bytes
+    def rank_trace(rank, origin):
+        return json.dumps({"traceEvents": [dict(e, pid=rank) for e in ev], "otherData": {
+            "generator": "scalelab", "rank": rank, "world_size": 2, "measured_from_us": 100.0,
+            "origin_unix_us": origin}})
+    put("trace_merge", "two-ranks", rank_trace(0, 1764000000000000) + "\0" + rank_trace(1, 1764000000000250))
+    put("trace_merge", "one-rank", rank_trace(0, 0))
+    with open(os.path.join(HERE, "..", "profile", "data", "torch_gpu_trace.json"), "rb") as src:
+        put("profile_summary", "torch-gpu", src.read())
+    put("profile_summary", "torch-old-names-array", json.dumps([
+        x("Operator", "aten::add", 0, 5, pid="host", tid="main"), x("Kernel", "add_kernel", 2, 3, pid=1, tid=7),
+        x("Runtime", "cudaLaunchKernel", 1, 1, pid="host"), x("Driver", "cuLaunchKernel", 1, 1),
+        x("Memcpy", "Memcpy DtoH", 6, 2, pid=1, bytes="128"), x("Memset", "Memset", 9, 1, pid=1),
+        x("user_annotation", "ProfilerStep#7", 0, 10, pid="host"), {"ph": "i", "name": "marker", "ts": 3}]))
+    with open(os.path.join(HERE, "..", "profile", "data", "nsys_stats.csv"), "rb") as src:
+        put("profile_summary", "nsys-stats", src.read())
+    put("profile_summary", "nsys-one-report", "Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name\r\n"
+        "60.0,\"1,200\",3,400.0,400.0,300,500,100.0,\"void k<float, 2>(int)\"\r\n40.0,800,1,800.0,800.0,800,800,0.0,ncclKernel\r\n")
+
 
 if __name__ == "__main__":
     main()

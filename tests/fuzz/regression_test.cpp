@@ -62,6 +62,51 @@ TEST(FuzzFindings, RegexWithAHugeBackReferenceIsRefused) {
   EXPECT_THAT(rejection("sweep_spec", "crash-regex-repeat-count-overflow"), HasSubstr("at most 5 digits"));
 }
 
+TEST(FuzzFindings, ProfileCsvWithNamesThatAreNotUtf8IsSummarized) {
+  // A kernel name with the byte 0xFE: --format json (and a run record's profile.summary) threw
+  // nlohmann's type_error 316. Now such bytes read as U+FFFD.
+  const auto bytes = corpus_input("profile_summary", "crash-csv-name-not-utf8");
+  EXPECT_EQ(target("profile_summary").run(bytes.data(), bytes.size()), Outcome::kAccepted) << last_rejection();
+}
+
+TEST(FuzzFindings, ProfileFiguresThatAreNotFiniteAreRefused) {
+  // "inf" in an nsys CSV, and durations whose sums overflow a double, became JSON null, which
+  // reading the summary back (a run record) refused with a type_error.
+  EXPECT_THAT(rejection("profile_summary", "crash-csv-inf-figure"), HasSubstr("not a finite figure of at most 1e18"));
+  EXPECT_THAT(rejection("profile_summary", "found-trace-dur-1e308"), HasSubstr("has dur = 1e+308"));
+  EXPECT_THAT(rejection("profile_summary", "found-trace-dur-string-inf"), HasSubstr("has dur = inf"));
+  // An instance count of 1e30 was cast to int64 (undefined behaviour).
+  EXPECT_THAT(rejection("profile_summary", "found-csv-count-1e30"), HasSubstr("line 2: '1e30'"));
+}
+
+TEST(FuzzFindings, ProfileWithOnlyZeroDurationActivityOnADevice) {
+  // A memcpy without a duration on a device with no other activity: the device's busy intervals
+  // merged to none, and the idle-fraction figure read back() of the empty list (UBSan).
+  const auto bytes = corpus_input("profile_summary", "crash-zero-duration-activity-only");
+  EXPECT_EQ(target("profile_summary").run(bytes.data(), bytes.size()), Outcome::kAccepted) << last_rejection();
+}
+
+TEST(FuzzFindings, ProfileTraceFieldsOfAnotherTypeAreReadAsAbsent) {
+  // "tid": "main", "rank": "0", "generator": 1, ...: json::value<int> / <string> threw type_error
+  // (exit 1), and "world_size": 1e300 was cast to int (undefined behaviour). Fields of another
+  // type than scalelab writes now read as absent.
+  for (const char* file : {"found-trace-tid-string", "found-generator-number"}) {
+    const auto bytes = corpus_input("profile_summary", file);
+    EXPECT_EQ(target("profile_summary").run(bytes.data(), bytes.size()), Outcome::kAccepted) << file << ": " << last_rejection();
+  }
+  // libFuzzer reached the same through trace-merge: an op event with "tid": "cuda_runtime".
+  const auto merged = corpus_input("trace_merge", "crash-field-of-another-type");
+  EXPECT_EQ(target("trace_merge").run(merged.data(), merged.size()), Outcome::kAccepted) << last_rejection();
+}
+
+TEST(FuzzFindings, TraceMergeChecksWhatItReadsOfEachFile) {
+  // Origins of -2^63 and 2^63-1 µs: their difference overflowed (UBSan). A rank or a ts that is a
+  // string: nlohmann's type_error escaped (exit 1, a library message, no file named).
+  EXPECT_THAT(rejection("trace_merge", "found-origin-overflow"), HasSubstr("rank0.json: otherData.origin_unix_us is"));
+  EXPECT_THAT(rejection("trace_merge", "found-rank-string"), HasSubstr("rank0.json: otherData.rank is \"0\""));
+  EXPECT_THAT(rejection("trace_merge", "found-ts-string"), HasSubstr("rank0.json: an event is not an object with a numeric ts"));
+}
+
 // Through the binary: exit 2, the file named on stderr.
 struct Cli {
   int code;
@@ -96,6 +141,35 @@ TEST(FuzzFindings, TheCommandsExitTwoNamingTheFile) {
                          dir.string());
   EXPECT_EQ(r.code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr((dir / "big.toml").string()));
+  // profile-summary: figures that are not finite; a CSV without a table (named by its path, not
+  // only its file name, since the harness's first input).
+  for (const char* file : {"crash-csv-inf-figure", "found-trace-dur-1e308", "found-csv-count-1e30"}) {
+    SCOPED_TRACE(file);
+    const auto bytes = corpus_input("profile_summary", file);
+    std::ofstream(dir / "trace.csv", std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
+                                                            static_cast<std::streamsize>(bytes.size()));
+    const Cli p = scalelab("profile-summary " + (dir / "trace.csv").string() + " --format json", dir.string());
+    EXPECT_EQ(p.code, 2) << p.err;
+    EXPECT_THAT(p.err, HasSubstr((dir / "trace.csv").string()));
+  }
+  std::ofstream(dir / "empty.csv").close();
+  const Cli e = scalelab("profile-summary " + (dir / "empty.csv").string(), dir.string());
+  EXPECT_EQ(e.code, 2) << e.err;
+  EXPECT_THAT(e.err, HasSubstr((dir / "empty.csv").string()));
+  // trace-merge: each input checked, named.
+  const auto ts = corpus_input("trace_merge", "found-ts-string");
+  std::ofstream(dir / "rank0.json", std::ios::binary).write(reinterpret_cast<const char*>(ts.data()),
+                                                           static_cast<std::streamsize>(ts.size()));
+  const Cli m = scalelab("trace-merge " + (dir / "rank0.json").string() + " -o " + (dir / "merged.json").string(), dir.string());
+  EXPECT_EQ(m.code, 2) << m.err;
+  EXPECT_THAT(m.err, HasSubstr((dir / "rank0.json").string()));
+  EXPECT_FALSE(fs::exists(dir / "merged.json"));
+  // Names that are not UTF-8 print as JSON (U+FFFD).
+  const auto latin = corpus_input("profile_summary", "crash-csv-name-not-utf8");
+  std::ofstream(dir / "latin.csv", std::ios::binary).write(reinterpret_cast<const char*>(latin.data()),
+                                                          static_cast<std::streamsize>(latin.size()));
+  const Cli l = scalelab("profile-summary " + (dir / "latin.csv").string() + " --format json", dir.string());
+  EXPECT_EQ(l.code, 0) << l.err;
   fs::remove_all(dir);
 }
 

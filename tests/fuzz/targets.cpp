@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "core/trace.h"
 #include "lab/spec.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
@@ -18,6 +20,8 @@
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/tokenizer/tokenizer.h"
+#include "profile/readers.h"
+#include "profile/summary.h"
 #include "train/data.h"
 
 namespace scalelab::fuzz {
@@ -224,13 +228,127 @@ Outcome run_gguf(const std::uint8_t* data, std::size_t size) {
   });
 }
 
+
+// --- JSONL records (`--data jsonl:FILE`): the first 2 bytes choose seq-len, micro-batch and the
+// spec's options; the rest is the file, read, split, tokenized, packed and batched as training does
+const std::string& jsonl_tokenizer() {
+  // The ignore_merges golden tokenizer (261 byte-level tokens, 4 merges) with an EOS added, so
+  // that tokenizing costs little next to the parsing being fuzzed.
+  static const std::string path = [] {
+    const fs::path dir = scratch() / "jsonl-tokenizer";
+    fs::create_directories(dir);
+    std::ifstream in(fs::path(SCALELAB_SOURCE_DIR) / "tests/golden/data/tokenizer/ignore_merges/tokenizer.json");
+    nlohmann::json t = nlohmann::json::parse(in);
+    t["added_tokens"] = nlohmann::json::array({{{"id", 261}, {"content", "<|endoftext|>"}, {"single_word", false},
+                                                {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                                {"special", true}}});
+    std::ofstream(dir / "tokenizer.json") << t.dump();
+    std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|endoftext|>"})";
+    return (dir / "tokenizer.json").string();
+  }();
+  return path;
+}
+
+Outcome run_jsonl(const std::uint8_t* data, std::size_t size) {
+  if (size < 2) return Outcome::kRejected;
+  const std::uint8_t a = data[0], b = data[1];
+  const fs::path path = scratch() / "data.jsonl";
+  write_file(path, data + 2, size - 2);
+  DataOptions o;
+  o.seq_len = 1 + a % 32;
+  o.micro_batch = 1 + (a >> 5) % 4;
+  o.vocab_size = 300;
+  o.world = 1 + ((b >> 5) & 1);
+  o.rank = o.world - 1;
+  o.seed = 7;
+  o.spec = "jsonl:" + path.string();
+  if (b & 1) o.spec += ",pad";
+  if (b & 2) o.spec += ",shuffle";
+  if (((b >> 2) & 3) == 1) o.spec += ",split=train";
+  if (((b >> 2) & 3) == 2) o.spec += ",split=val,val-fraction=0.3";
+  if (b & 16) o.spec += ",no-eos";
+  return guarded(path.string(), [&] {
+    auto src = make_data_source(o, TextSourceOptions{jsonl_tokenizer(), "", "--data"});
+    Batch batch = make_batch(o.micro_batch, o.seq_len, host());
+    for (int i = 0; i < 3; ++i) {
+      src->next(batch);
+      for (std::int64_t k = 0; k < o.micro_batch * o.seq_len; ++k) {
+        const auto v = batch.inputs.data<std::int32_t>()[k];
+        const auto t = batch.targets.data<std::int32_t>()[k];
+        if (v < 0 || v >= o.vocab_size || t < -100 || t >= o.vocab_size || (t < 0 && t != -100)) {
+          throw ContractViolation("a batch holds a token outside the vocabulary");
+        }
+      }
+    }
+    (void)src->describe();
+  });
+}
+
+// --- `scalelab profile-summary FILE`: a scalelab or PyTorch trace (JSON) or nsys stats CSV, summarized,
+// rendered in every format, and read back from its JSON as a run record's profile.summary is
+Outcome run_profile_summary(const std::uint8_t* data, std::size_t size) {
+  const fs::path path = scratch() / "profile_cuda_api_sum.csv";  // the name hints nsys's report
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    for (bool all_steps : {false, true}) {
+      const profile::Report r = profile::summarize_file(path.string(), all_steps);
+      (void)profile::render_markdown(r, 2);
+      (void)profile::render(r, profile::Format::kMarkdown);
+      (void)profile::render(r, profile::Format::kCsv);
+      const std::string text = profile::render(r, profile::Format::kJson);
+      const profile::Report back = profile::report_from_json(nlohmann::json::parse(text));
+      if (back.tables.size() != r.tables.size()) throw ContractViolation("the summary's JSON reads back with other tables");
+      for (std::size_t i = 0; i < r.tables.size(); ++i) {
+        if (back.tables[i].rows.size() != r.tables[i].rows.size() || back.tables[i].id != r.tables[i].id) {
+          throw ContractViolation("table '" + r.tables[i].id + "' reads back from JSON with other rows");
+        }
+      }
+      if (r.source != "scalelab") break;  // --all-steps changes only scalelab traces
+    }
+  });
+}
+
+// --- `scalelab trace-merge`: the input cut at each NUL byte into up to four rank files, each parsed as
+// the command does, merged, written, and the merged trace summarized as profile-summary would
+Outcome run_trace_merge(const std::uint8_t* data, std::size_t size) {
+  const fs::path dir = scratch() / "merge";
+  fs::create_directories(dir);
+  std::vector<std::string> names;
+  std::vector<nlohmann::json> traces;
+  return guarded(dir.string(), [&] {
+    std::size_t begin = 0;
+    for (int k = 0; k < 4 && begin <= size; ++k) {
+      const std::uint8_t* nul = static_cast<const std::uint8_t*>(std::memchr(data + begin, 0, size - begin));
+      const std::size_t end = nul && k < 3 ? static_cast<std::size_t>(nul - data) : size;
+      const fs::path path = dir / ("run.trace.rank" + std::to_string(k) + ".json");
+      write_file(path, data + begin, end - begin);
+      names.push_back(path.string());
+      std::ifstream in(path);
+      try {  // as src/cli/profile_summary.cpp reads each input
+        traces.push_back(nlohmann::json::parse(in));
+      } catch (const nlohmann::json::exception& e) {
+        throw InvalidInput("[trace-merge] " + path.string() + " is not valid JSON (" + e.what() + ")");
+      }
+      begin = end + 1;
+    }
+    const nlohmann::json merged = merge_traces(traces, names);
+    const fs::path out = dir / "merged.json";
+    const std::string text = merged.dump();
+    write_file(out, reinterpret_cast<const std::uint8_t*>(text.data()), text.size());
+    const profile::Report r = profile::summarize_file(out.string());
+    if (r.source != "scalelab") throw ContractViolation("a merged trace does not read as a scalelab trace");
+    (void)profile::render(r, profile::Format::kJson);
+  });
+}
+
 }  // namespace
 
 const std::vector<Target>& targets() {
   static const std::vector<Target> t = {
       {"safetensors", run_safetensors}, {"checkpoint", run_checkpoint}, {"checkpoint_index", run_checkpoint_index},
       {"config", run_config},           {"sweep_spec", run_sweep_spec}, {"token_file", run_token_file},
-      {"tokenizer_json", run_tokenizer_json}, {"gguf", run_gguf}};
+      {"tokenizer_json", run_tokenizer_json}, {"gguf", run_gguf},
+      {"jsonl", run_jsonl},             {"profile_summary", run_profile_summary}, {"trace_merge", run_trace_merge}};
   return t;
 }
 
