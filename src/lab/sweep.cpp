@@ -64,6 +64,7 @@ SweepRunSummary run_sweep(const SweepSpec& spec, ResultsStore& store, const LabO
     result["oom_limits"] = Json::array();
     std::set<std::string> seen;
     const PlanFn plan = spec.workload.is_native() && spec.oom_search.use_plan ? native_plan(exec) : PlanFn{};
+    progress.set_total(0);  // a search's trial count is not known ahead: count them without a total
     for (const auto& p : combos) {
       const std::string key = oom_search_key(p);
       if (!seen.insert(key).second) continue;

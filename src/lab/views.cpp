@@ -625,9 +625,16 @@ Table memory_table(const std::vector<TrialRow>& rows_in, const std::vector<Filte
       auto it = o.find("plan_" + p + "_bytes");
       if (it != o.end() && it->is_number()) o["plan_" + p + "_gib"] = it->get<double>() / kGiB;
     }
+    // A trial that did not finish (out of memory, ...) has no step time or throughput; its plan
+    // and what it held when it stopped still say why.
+    if (o.value("status", std::string()) != "ok") {
+      o.erase("step_time_s");
+      o.erase("tokens_per_s_per_device");
+    }
     if (o.contains("plan_total_bytes") && o["plan_total_bytes"].is_number()) {
       o["plan_gib"] = o["plan_total_bytes"].get<double>() / kGiB;
-      if (o.contains("max_reserved_bytes") && o["max_reserved_bytes"].is_number()) {
+      if (o.value("status", std::string()) == "ok" && o.contains("max_reserved_bytes") &&
+          o["max_reserved_bytes"].is_number()) {
         ++with_plan;
         if (o["plan_total_bytes"].get<double>() == o["max_reserved_bytes"].get<double>()) ++matching;
       }
@@ -656,7 +663,7 @@ Table memory_table(const std::vector<TrialRow>& rows_in, const std::vector<Filte
   } else {
     t.notes.push_back("The parts are what each held at the planned peak (the engine's plan on the meta device). "
                       "Planned peak equals the measured one in " + std::to_string(matching) + " of " +
-                      std::to_string(with_plan) + " trials.");
+                      std::to_string(with_plan) + " trials that finished.");
   }
   return t;
 }
