@@ -330,6 +330,9 @@ Frame build_frame_from_sweep(const lab::ResultsStore& store, const std::string& 
     for (const auto* t : g) {
       for (auto it = t->metrics.begin(); it != t->metrics.end(); ++it) {
         if (!it.value().is_number()) continue;
+        // The memory plan's parts (plan_<part>_bytes: `results --view memory`) are a breakdown of
+        // one outcome, not outcomes of their own: only the planned total joins the analysis.
+        if (it.key().rfind("plan_", 0) == 0 && it.key() != "plan_total_bytes") continue;
         double d = it.value().get<double>();
         if (!std::isfinite(d)) continue;
         rd.metrics[it.key()].push_back(d);

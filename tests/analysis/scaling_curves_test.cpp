@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <tuple>
 
 #include "analysis/analyze.h"
@@ -45,6 +46,37 @@ ScalingGolden run_golden(std::optional<double> price, const std::string& tag) {
 }
 
 using Key = std::tuple<std::string, int, int, int>;  // model, micro-batch, seq len, devices
+
+// The memory plan's parts stored per trial (plan_<part>_bytes) stay out of the analysis; the
+// planned total is an outcome like the measured peak.
+TEST(FrameFromSweep, PlanPartsAreNotOutcomes) {
+  const fs::path dir = fs::temp_directory_path() / ("scalelab-plan-parts-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  {
+    lab::ResultsStore store((dir / "r.db").string(), lab::ResultsStore::Mode::kReadWrite);
+    const std::int64_t sw = store.ensure_sweep("parts", "sweep", {});
+    for (int mbs : {1, 2, 4}) {
+      lab::TrialRecord r;
+      r.config_hash = lab::fnv1a_hex(std::to_string(mbs));
+      r.config = {{"params", {{"micro_batch_size", mbs}}}};
+      r.status = lab::TrialStatus::kOk;
+      r.metrics = {{"tokens_per_s", 100.0 * mbs + mbs * mbs},
+                   {"plan_total_bytes", 1000.0 * mbs},
+                   {"plan_activations_bytes", 600.0 * mbs},
+                   {"plan_weights_bytes", 400.0}};
+      r.started_at = r.ended_at = lab::utc_now_iso();
+      store.insert_trial(sw, r);
+    }
+    Frame f = build_frame_from_sweep(store, "parts");
+    std::set<std::string> names;
+    for (const auto& c : f.columns) names.insert(c.name);
+    EXPECT_TRUE(names.count("plan_total_bytes"));
+    EXPECT_TRUE(names.count("tokens_per_s"));
+    EXPECT_FALSE(names.count("plan_activations_bytes"));
+    EXPECT_FALSE(names.count("plan_weights_bytes"));
+  }
+  fs::remove_all(dir);
+}
 
 TEST(ScalingCurves, RowsMatchTheGoldenFormulas) {
   auto g = run_golden(2.5, "rows");
