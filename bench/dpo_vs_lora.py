@@ -14,8 +14,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
+
+from scalelab_run import run
 
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
@@ -33,16 +34,6 @@ def make_pairs(path, n, words_per_text):
             text = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))
             f.write(json.dumps({"prompt": text(words_per_text // 4), "chosen": " " + text(words_per_text),
                                 "rejected": " " + text(words_per_text)}) + "\n")
-
-
-def run(build, cmd, args, common):
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    subprocess.run([os.path.join(build, "scalelab"), cmd] + common + args + ["--quiet", "--json", path],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = json.load(open(path))
-    os.unlink(path)
-    return r
 
 
 def main():
@@ -71,7 +62,7 @@ def main():
     res = {k: [] for k in arms}
     for rnd in range(a.rounds):
         for name, (cmd, extra) in (arms.items() if rnd % 2 == 0 else reversed(list(arms.items()))):
-            res[name].append(run(a.build, cmd, extra, common))
+            res[name].append(run(a.build, extra, common, cmd))
         s, d = res["sft"][-1]["step_time_s"], res["dpo"][-1]["step_time_s"]
         print(f"round {rnd + 1}: LoRA SFT {s:.3f} s/step, DPO {d:.3f} s/step, dpo/sft {d / s:.3f}")
     gib = 1 << 30

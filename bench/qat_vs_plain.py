@@ -7,21 +7,9 @@ shared; read the per-round ratios), and the time QAT's fake quantization takes (
   python3 bench/qat_vs_plain.py --build build [--model llama-small] [--group-size 32] [--rounds 3]
 """
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import tempfile
 
-
-def run(build, args, common):
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    subprocess.run([os.path.join(build, "scalelab"), "train"] + common + args + ["--quiet", "--json", path],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = json.load(open(path))
-    os.unlink(path)
-    return r
+from scalelab_run import run
 
 
 def qat_seconds(r):

@@ -6,30 +6,11 @@ by round (the VM is shared; read the per-round ratios). Uses python3 only.
   python3 bench/qlora_vs_lora.py --build build [--model llama-small] [--rounds 3] [--flavor nf4]
 """
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import tempfile
+
+from scalelab_run import run, part
 
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-
-
-def run(build, args, common):
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        path = f.name
-    subprocess.run([os.path.join(build, "scalelab"), "train"] + common + args + ["--quiet", "--json", path],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    r = json.load(open(path))
-    os.unlink(path)
-    return r
-
-
-def part(r, name):
-    for it in r["memory_plan"]["items"]:
-        if it["name"] == name:
-            return it["bytes"]
-    return 0
 
 
 def main():
