@@ -18,6 +18,10 @@
 
 namespace scalelab {
 
+namespace tok {
+class Tokenizer;
+}
+
 class DataSource {
  public:
   virtual ~DataSource() = default;
@@ -50,6 +54,9 @@ struct TextSourceOptions {
   std::string tokenizer;        // a tokenizer.json; empty: the one in the `model` directory
   std::string model;            // --model (a directory, when it holds the tokenizer)
   std::string flag = "--data";  // names the flag in error messages (--val-data reuses all this)
+  // A tokenizer the caller already loaded (one tokenizer read for many files); when set, `tokenizer`
+  // and `model` are not read again.
+  std::shared_ptr<const tok::Tokenizer> loaded;
 };
 
 // Throws InvalidInput for an unreadable, empty, short or malformed file, or ids >= vocab_size.

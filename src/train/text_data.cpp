@@ -402,6 +402,7 @@ class TextData final : public DataSource {
 std::unique_ptr<DataSource> make_text_data_source(const DataOptions& o, const TextSourceOptions& text) {
   const TextSpec spec = parse_text_spec(o.spec);
   tok::Tokenizer tok = [&] {
+    if (text.loaded) return *text.loaded;  // shares the loaded tables (a Tokenizer is a handle)
     if (!text.tokenizer.empty()) return tok::find_tokenizer(text.tokenizer);
     try {
       return tok::find_tokenizer(text.model);
