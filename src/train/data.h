@@ -56,7 +56,7 @@ struct TextSourceOptions {
   std::string flag = "--data";  // names the flag in error messages (--val-data reuses all this)
   // A tokenizer the caller already loaded (one tokenizer read for many files); when set, `tokenizer`
   // and `model` are not read again.
-  std::shared_ptr<const tok::Tokenizer> loaded;
+  std::shared_ptr<const tok::Tokenizer> loaded = nullptr;
 };
 
 // Throws InvalidInput for an unreadable, empty, short or malformed file, or ids >= vocab_size.
