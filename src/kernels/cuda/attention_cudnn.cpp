@@ -1,6 +1,12 @@
 // Flash attention through cuDNN's fused SDPA (see attention_cudnn.h). Compiled by the host
 // compiler: the cuDNN frontend is host C++ (header-only, fetched by scripts/cudnn-frontend.sh);
 // without it, or without cuDNN, this file only says why (SCALELAB_WITH_CUDNN is 0).
+//
+// cuDNN is opened on first use, not linked: the frontend's own dynamic loading
+// (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING, set by src/CMakeLists.txt for this file) resolves every
+// cuDNN, CUDA runtime and NVRTC call through dlsym, and cudnn() below opens libcudnn.so.<major>.
+// Linked, the frontend's NVRTC references alone mapped libnvrtc into every process (29 MB of
+// resident memory in each CPU run); a machine without cuDNN now runs scalelab's own kernels.
 #include "kernels/cuda/attention_cudnn.h"
 
 #include <cstdio>
@@ -11,8 +17,10 @@
 #include "core/error.h"
 
 #if SCALELAB_WITH_CUDNN
+#include <cuda_runtime_api.h>
 #include <cudnn.h>
 #include <cudnn_frontend.h>
+#include <dlfcn.h>
 
 #include <map>
 #include <memory>
@@ -21,6 +29,11 @@
 #include <unordered_map>
 
 #include "kernels/cuda/runtime.h"
+
+// The handle the frontend's shims read (cudnn_frontend_shim.h declares it extern).
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
 #endif
 
 namespace scalelab::kernels::cuda {
@@ -57,6 +70,11 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
+#define SCALELAB_CUDNN_STR2(x) #x
+#define SCALELAB_CUDNN_STR(x) SCALELAB_CUDNN_STR2(x)
+// The soname of the cuDNN major version this was compiled against (another major is another ABI).
+constexpr const char* kCudnnSoname = "libcudnn.so." SCALELAB_CUDNN_STR(CUDNN_MAJOR);
+
 // Tensor uids of the variant packs.
 enum : std::int64_t { kQ = 1, kK, kV, kO, kStats, kdO, kdQ, kdK, kdV };
 
@@ -88,9 +106,23 @@ Cudnn& cudnn() {
   static Cudnn c;
   static std::once_flag once;
   std::call_once(once, [] {
-    const cudnnStatus_t st = cudnnCreate(&c.handle);
-    if (st != CUDNN_STATUS_SUCCESS) {
-      c.error = std::string("cudnnCreate failed: ") + cudnnGetErrorString(st);
+    // The frontend would pick libcudart.so.12 over .13 when both are on the search path: name ours
+    // (a user's own setting wins).
+    setenv("CUDNN_FRONTEND_CUDART_LIB_NAME", ("libcudart.so." + std::to_string(CUDART_VERSION / 1000)).c_str(), 0);
+    fe::cudnn_dlhandle = dlopen(kCudnnSoname, RTLD_NOW | RTLD_LOCAL);  // kept for the process
+    if (fe::cudnn_dlhandle == nullptr) {
+      const char* why = dlerror();
+      c.error = std::string("cuDNN could not be loaded: ") + (why ? why : kCudnnSoname);
+      return;
+    }
+    try {
+      const cudnnStatus_t st = fe::detail::create_handle(&c.handle);
+      if (st != CUDNN_STATUS_SUCCESS) {
+        c.error = std::string("cudnnCreate failed: ") + fe::detail::get_error_string(st);
+        c.handle = nullptr;
+      }
+    } catch (const std::exception& e) {  // a symbol the shims could not resolve
+      c.error = e.what();
       c.handle = nullptr;
     }
   });
@@ -208,8 +240,10 @@ void run(const Entry& e, std::unordered_map<std::int64_t, void*>& pack, ExecCont
   if (e.workspace > 0) {
     ws = Tensor::empty({(e.workspace + 3) / 4}, DType::kF32, *ctx.alloc, "attention workspace");
   }
-  const cudnnStatus_t st = cudnnSetStream(c.handle, stream());
-  if (st != CUDNN_STATUS_SUCCESS) throw RuntimeError(std::string("[") + op + "] cudnnSetStream: " + cudnnGetErrorString(st));
+  const cudnnStatus_t st = fe::detail::set_stream(c.handle, stream());
+  if (st != CUDNN_STATUS_SUCCESS) {
+    throw RuntimeError(std::string("[") + op + "] cudnnSetStream: " + fe::detail::get_error_string(st));
+  }
   auto r = e.graph->execute(c.handle, pack, ws.defined() ? ws.raw() : nullptr);
   if (!r.is_good()) throw RuntimeError(std::string("[") + op + "] cuDNN SDPA failed: " + r.get_message());
   check(cudaGetLastError(), op);
@@ -250,7 +284,7 @@ std::string cudnn_flash_status() {
   if (!cudnn_wanted()) return "scalelab's kernel (SCALELAB_CUDA_FLASH=own)";
   Cudnn& c = cudnn();
   if (c.handle == nullptr) return "scalelab's kernel (" + c.error + ")";
-  const std::size_t v = cudnnGetVersion();
+  const std::size_t v = fe::detail::get_backend_version();
   return "cuDNN " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100) +
          " SDPA for bf16/fp16 (SCALELAB_CUDA_FLASH=own: scalelab's kernel)";
 }

@@ -4,7 +4,7 @@
 //
 // One process drives one GPU (the launcher's local rank picks it); all kernels run on one stream,
 // so the host never waits except where a value must be read (losses, norms).
-#include <cublasLt.h>
+#include <cublasLt.h>  // types only: the functions are called through cublaslt_dynload.h
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "kernels/cuda/cublaslt_dynload.h"
 #include "kernels/cuda/runtime.h"
 
 namespace scalelab::kernels::cuda {

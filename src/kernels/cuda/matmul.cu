@@ -191,10 +191,10 @@ struct Plan {
   Plan& operator=(const Plan&) = delete;
   ~Plan() {
     // Host objects only; errors at teardown are not actionable.
-    if (desc) cublasLtMatmulDescDestroy(desc);
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (desc) lt::MatmulDescDestroy(desc);
+    if (a) lt::MatrixLayoutDestroy(a);
+    if (b) lt::MatrixLayoutDestroy(b);
+    if (c) lt::MatrixLayoutDestroy(c);
   }
 };
 
@@ -215,16 +215,16 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, const void* bias) {
   auto p = std::make_unique<Plan>();
   const char* op = "gemm_ex (cuBLASLt plan)";
   const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-  check_cublas(cublasLtMatmulDescCreate(&p->desc, compute, CUDA_R_32F), op);
+  check_cublas(lt::MatmulDescCreate(&p->desc, compute, CUDA_R_32F), op);
   const cublasOperation_t op_a = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A is our B
   const cublasOperation_t op_b = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B is our A
-  check_cublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), op);
-  check_cublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), op);
+  check_cublas(lt::MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a), op);
+  check_cublas(lt::MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b), op);
   if (key.align_bias != 0) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    check_cublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), op);
+    check_cublas(lt::MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), op);
     // The heuristic reads the pointer's value for its alignment; each call sets the real one.
-    check_cublas(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), op);
+    check_cublas(lt::MatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), op);
   }
   const cudaDataType_t tab = cuda_type(key.ab), tc = cuda_type(key.c);
   // Column-major views of the row-major operands: rows = the row-major column count.
@@ -232,33 +232,33 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, const void* bias) {
   const std::uint64_t a_cols = static_cast<std::uint64_t>(key.tb ? key.n : key.k);
   const std::uint64_t b_rows = static_cast<std::uint64_t>(key.ta ? key.m : key.k);
   const std::uint64_t b_cols = static_cast<std::uint64_t>(key.ta ? key.k : key.m);
-  check_cublas(cublasLtMatrixLayoutCreate(&p->a, tab, a_rows, a_cols, key.ldb), op);
-  check_cublas(cublasLtMatrixLayoutCreate(&p->b, tab, b_rows, b_cols, key.lda), op);
-  check_cublas(cublasLtMatrixLayoutCreate(&p->c, tc, static_cast<std::uint64_t>(key.n),
+  check_cublas(lt::MatrixLayoutCreate(&p->a, tab, a_rows, a_cols, key.ldb), op);
+  check_cublas(lt::MatrixLayoutCreate(&p->b, tab, b_rows, b_cols, key.lda), op);
+  check_cublas(lt::MatrixLayoutCreate(&p->c, tc, static_cast<std::uint64_t>(key.n),
                                           static_cast<std::uint64_t>(key.m), key.ldc),
                op);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  check_cublas(cublasLtMatmulPreferenceCreate(&pref), op);
+  check_cublas(lt::MatmulPreferenceCreate(&pref), op);
   struct PrefGuard {
     cublasLtMatmulPreference_t p;
-    ~PrefGuard() { cublasLtMatmulPreferenceDestroy(p); }
+    ~PrefGuard() { lt::MatmulPreferenceDestroy(p); }
   } guard{pref};
   std::size_t ws_bytes = 0;
   cublaslt_workspace(&ws_bytes);
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+  check_cublas(lt::MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                     sizeof ws_bytes),
                op);
   const std::uint32_t al_a = key.align_b, al_b = key.align_a, al_c = key.align_c;
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a), op);
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b), op);
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c), op);
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c), op);
+  check_cublas(lt::MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a), op);
+  check_cublas(lt::MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b), op);
+  check_cublas(lt::MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c), op);
+  check_cublas(lt::MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c), op);
 
   cublasLtMatmulHeuristicResult_t result{};
   int count = 0;
   const cublasStatus_t s =
-      cublasLtMatmulAlgoGetHeuristic(cublaslt(), p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &count);
+      lt::MatmulAlgoGetHeuristic(cublaslt(), p->desc, p->a, p->b, p->c, p->c, pref, 1, &result, &count);
   // NOT_SUPPORTED (or no result) means no algorithm for this case: the caller falls back.
   if (s == CUBLAS_STATUS_SUCCESS && count > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     p->algo = result.algo;
@@ -286,11 +286,11 @@ bool run_lt(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, fl
   Plan& p = *it->second;
   if (!p.found) return false;
   if (bias)
-    check_cublas(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+    check_cublas(lt::MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
                  "gemm_ex (bias)");
   std::size_t ws_bytes = 0;
   void* ws = cublaslt_workspace(&ws_bytes);
-  check_cublas(cublasLtMatmul(cublaslt(), p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, ws, ws_bytes,
+  check_cublas(lt::Matmul(cublaslt(), p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &p.algo, ws, ws_bytes,
                               stream()),
                "gemm_ex (cublasLtMatmul)");
   return true;

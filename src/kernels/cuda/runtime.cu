@@ -80,7 +80,7 @@ State& state() {
       check(cudaSetDevice(st.device), "cuda");
       check(cudaGetDeviceProperties(&st.props, st.device), "cuda");
       check(cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking), "cuda");
-      check_cublas(cublasLtCreate(&st.lt), "cuda");
+      check_cublas(lt::Create(&st.lt), "cuda");
       st.lt_ws_bytes = std::size_t{32} << 20;  // cuBLASLt's recommended workspace on Hopper
       check(cudaMalloc(&st.lt_ws, st.lt_ws_bytes), "cuda");
     } catch (const std::exception& ex) {
