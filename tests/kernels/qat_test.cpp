@@ -149,7 +149,7 @@ TEST(QatKernels, VectorPathEqualsScalarSteps) {
     }
     return per_token ? kernels::qat::per_token_params(lo, hi) : kernels::qat::group_params(lo, hi);
   };
-  for (const std::int64_t rows : {3, 2048}) {
+  for (const std::int64_t rows : {3, 8192}) {  // 8192 x 64 crosses the parallel grain (2^18 elements)
     for (std::int64_t n = 1; n <= 80; ++n) {
       if (rows > 3 && n != 64 && n != 37) continue;  // the tall case: one vector length, one with a tail
       Tensor x = c.zeros({rows, n}), w = c.zeros({rows, n}), g = c.zeros({rows, n});

@@ -18,6 +18,8 @@
 // and the tie / clamp / zero cases against qat_math.h element by element.
 #include "kernels/qat.h"
 
+#include <algorithm>
+
 #include "core/parallel.h"
 #include "kernels/cpu/backend.h"
 #include "kernels/cpu/stage.h"
@@ -43,17 +45,13 @@ void min_max(const float* x, std::int64_t n, float& lo_out, float& hi_out) {
       lo1 = _mm256_min_ps(b, lo1);
       hi1 = _mm256_max_ps(b, hi1);
     }
-    lo0 = _mm256_min_ps(lo1, lo0);
-    hi0 = _mm256_max_ps(hi1, hi0);
-    alignas(32) float l[8], h[8];
-    _mm256_store_ps(l, lo0);
-    _mm256_store_ps(h, hi0);
-    lo = l[0];
-    hi = h[0];
-    for (int k = 1; k < 8; ++k) {
-      lo = l[k] < lo ? l[k] : lo;
-      hi = h[k] > hi ? h[k] : hi;
-    }
+    // Across the lanes by halving (exact: min and max of non-NaN values in any order).
+    __m128 l = _mm_min_ps(_mm256_castps256_ps128(_mm256_min_ps(lo1, lo0)), _mm256_extractf128_ps(_mm256_min_ps(lo1, lo0), 1));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(_mm256_max_ps(hi1, hi0)), _mm256_extractf128_ps(_mm256_max_ps(hi1, hi0), 1));
+    l = _mm_min_ps(l, _mm_movehl_ps(l, l));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    lo = _mm_cvtss_f32(_mm_min_ss(l, _mm_shuffle_ps(l, l, 1)));
+    hi = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
   }
 #endif
   for (; i < n; ++i) {
@@ -100,6 +98,16 @@ void ste_run(float* d, const float* g, const float* x, std::int64_t n, const qat
   }
 }
 
+// Rows per thread chunk: at least 2^18 elements. A row or group costs about a nanosecond per
+// element here, so a smaller loop finishes before a parallel region pays for itself — and on a
+// shared machine every region waits for its slowest thread to be scheduled (measured on this
+// project's loaded 2-core VM: at the default 2^16 grain the ~200 regions per llama-small step cost
+// more than the kernels). Activations of a few hundred tokens run on one thread; the large
+// weights split.
+std::int64_t qat_grain(std::int64_t row_elements) {
+  return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, row_elements));
+}
+
 qat::Affine row_params(const float* x, std::int64_t n) {
   float lo, hi;
   min_max(x, n, lo, hi);
@@ -116,7 +124,7 @@ qat::Affine group_params(const float* w, std::int64_t n) {
 
 void CpuBackend::fake_quant_per_token_forward(Tensor& y, const Tensor& x, ExecContext&) {
   const std::int64_t n = x.dim(x.rank() - 1), rows = x.numel() / n;
-  parallel_for(rows, row_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = load_row(elem(x.raw(), x.dtype(), r * n), x.dtype(), n, 0);
       void* yp = elem(y.raw(), y.dtype(), r * n);
@@ -130,7 +138,7 @@ void CpuBackend::fake_quant_per_token_forward(Tensor& y, const Tensor& x, ExecCo
 void CpuBackend::fake_quant_per_token_backward(Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate,
                                                ExecContext&) {
   const std::int64_t n = x.dim(x.rank() - 1), rows = x.numel() / n;
-  parallel_for(rows, row_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* xr = load_row(elem(x.raw(), x.dtype(), r * n), x.dtype(), n, 0);
       const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * n), dy.dtype(), n, 1);
@@ -144,7 +152,7 @@ void CpuBackend::fake_quant_per_token_backward(Tensor& dx, const Tensor& dy, con
 
 void CpuBackend::fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int64_t group, ExecContext&) {
   const std::int64_t n = w.dim(w.rank() - 1), rows = w.numel() / n;
-  parallel_for(rows, row_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
       void* qp = elem(wq.raw(), wq.dtype(), r * n);
@@ -158,7 +166,7 @@ void CpuBackend::fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int6
 void CpuBackend::fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std::int64_t group,
                                            ExecContext&) {
   const std::int64_t n = w.dim(w.rank() - 1), rows = w.numel() / n;
-  parallel_for(rows, row_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
     for (std::int64_t r = r0; r < r1; ++r) {
       const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
       const float* gr = load_row(elem(g.raw(), g.dtype(), r * n), g.dtype(), n, 1);
