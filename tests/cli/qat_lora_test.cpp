@@ -102,6 +102,20 @@ TEST(QatLoraCli, MeasuredPeakEqualsThePlan) {
   }
 }
 
+// DPO over QAT + LoRA (the reference = the same fake-quantized network with its adapters off):
+// it runs, and the measured peak equals the plan.
+TEST(QatLoraCli, DpoRunsAndItsPeakEqualsThePlan) {
+  const std::string dir = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/dpo/full_accum2";
+  const std::string json = testing::TempDir() + "qat_lora_dpo.json";
+  const auto r = run("dpo --model " + dir + " --pairs " + dir + "/pairs.jsonl --seq-len 32 --micro-batch-size 2 "
+                     "--max-steps 2 --lora-rank 4 --qat 8da4w --qat-group-size 32 --threads 1 --quiet --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto rec = read_json(json);
+  EXPECT_EQ(rec["status"], "ok");
+  EXPECT_EQ(rec["config"]["qat"], "8da4w");
+  EXPECT_EQ(rec["max_reserved_bytes"], rec["memory_plan"]["total_bytes"]);
+}
+
 // The recipe's end: merge the adapters into the base, then convert the merged model to int4.
 TEST(QatLoraCli, MergedResultQuantizesToInt4) {
   const nlohmann::json e = read_json(kGolden + "/expected.json");
