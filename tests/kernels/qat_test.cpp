@@ -204,6 +204,42 @@ TEST(QatKernels, VectorPathEqualsScalarSteps) {
   }
 }
 
+// Several groups per row (as every real weight has): group sizes with and without a vector tail,
+// groups of ties and clamped values next to random ones, against qat_math.h group by group.
+TEST(QatKernels, VectorPathEqualsScalarStepsOverManyGroupsPerRow) {
+  test::Cpu c;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (const std::int64_t group : {2, 7, 8, 16, 24, 32, 40, 256}) {
+    const std::int64_t rows = 5, cols = 4 * group;
+    Tensor w = c.zeros({rows, cols}), g = c.randn({rows, cols}, 1.0f, 2);
+    for (std::int64_t i = 0; i < w.numel(); ++i) {
+      const std::int64_t grp = i / group;
+      w.f32()[i] = grp % 3 == 1 ? static_cast<float>(static_cast<int>(rng() % 16) - 8) + 0.5f  // ties, ±7.5 clamps
+                                : normal(rng);
+    }
+    Tensor fw = c.zeros(w.shape()), sw = c.zeros(w.shape());
+    kernels::fake_quant_group_forward(fw, w, group, c.ctx);
+    kernels::fake_quant_group_backward(sw, g, w, group, c.ctx);
+    for (std::int64_t grp = 0; grp < w.numel() / group; ++grp) {
+      const float* v = w.f32() + grp * group;
+      float lo = v[0], hi = v[0];
+      for (std::int64_t i = 1; i < group; ++i) {
+        lo = v[i] < lo ? v[i] : lo;
+        hi = v[i] > hi ? v[i] : hi;
+      }
+      const auto a = kernels::qat::group_params(lo, hi);
+      for (std::int64_t i = 0; i < group; ++i) {
+        const std::int64_t k = grp * group + i;
+        const float want_f = kernels::qat::fake_quant(w.f32()[k], a);
+        const float want_s = 0.0f + kernels::qat::ste(g.f32()[k], w.f32()[k], a);
+        ASSERT_EQ(std::memcmp(&fw.f32()[k], &want_f, 4), 0) << "group " << group << " element " << k;
+        ASSERT_EQ(std::memcmp(&sw.f32()[k], &want_s, 4), 0) << "group " << group << " element " << k;
+      }
+    }
+  }
+}
+
 TEST(QatKernels, BadGroupSizeIsRefused) {
   test::Cpu c;
   Tensor w = c.randn({4, 48}, 1.0f, 1), wq = c.zeros({4, 48});
