@@ -5,6 +5,7 @@ shared; read the per-round ratios), and the time QAT's fake quantization takes (
 "qat" op family). Uses python3 only.
 
   python3 bench/qat_vs_plain.py --build build [--model llama-small] [--group-size 32] [--rounds 3]
+  python3 bench/qat_vs_plain.py --build build --lora-rank 8   # QAT + LoRA vs LoRA (r 8, all 7 projections)
 """
 import argparse
 import statistics
@@ -27,9 +28,13 @@ def main():
     ap.add_argument("--steps", default="6")
     ap.add_argument("--group-size", default="32")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--lora-rank", default="0", help="> 0: both arms train LoRA adapters (QAT + LoRA vs LoRA)")
     a = ap.parse_args()
     common = ["--model", a.model, "--seq-len", a.seq_len, "--micro-batch-size", a.micro_batch_size, "--threads",
               a.threads, "--max-steps", a.steps, "--bench-warmup-steps", "2", "--profile"]
+    lora = int(a.lora_rank) > 0
+    if lora:
+        common += ["--lora-rank", a.lora_rank, "--lora-targets", "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"]
     arms = {"plain": [], "qat": ["--qat", "8da4w", "--qat-group-size", a.group_size]}
     res = {k: [] for k in arms}
     for rnd in range(a.rounds):
@@ -39,7 +44,8 @@ def main():
         print(f"round {rnd + 1}: plain {p:.3f} s/step, qat {q:.3f} s/step, qat/plain {q / p:.3f}")
     gib = 1 << 30
     print(f"\n{a.model}, seq {a.seq_len}, micro-batch {a.micro_batch_size}, fp32, {a.threads} threads, "
-          f"QAT 8da4w group {a.group_size} on every decoder linear module")
+          f"QAT 8da4w group {a.group_size} on every decoder linear module"
+          + (f"; both arms LoRA r {a.lora_rank} on all 7 projections (plain = LoRA, qat = QAT + LoRA)" if lora else ""))
     print(f"{'':30}{'plain':>12}{'qat':>12}{'qat/plain':>11}")
     rows = []
     for key, label in (("step_time_s", "median step time (s)"), ("tokens_per_s", "tokens/s")):

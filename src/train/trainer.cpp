@@ -239,6 +239,15 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
   if (ec) throw RuntimeError("[json] cannot move the run record into '" + path + "': " + ec.message());
 }
 
+namespace {
+
+[[noreturn]] void refuse_qat_over_nf4() {
+  throw InvalidInput("[--qat] QAT fake-quantizes a dense base to int4; with --quantize-base the base is stored in "
+                     "NF4 instead — use --qat with --lora-rank (QAT + LoRA) or --quantize-base (QLoRA), not both");
+}
+
+}  // namespace
+
 void validate_train_options(const TrainOptions& o) {
   auto positive = [](std::int64_t v, const char* flag) {
     if (v <= 0) throw InvalidInput(std::string("[") + flag + "] must be positive, got " + std::to_string(v));
@@ -295,10 +304,10 @@ void validate_train_options(const TrainOptions& o) {
   if (o.qat_group_size <= 1) {
     throw InvalidInput("[--qat-group-size] must be > 1, got " + std::to_string(o.qat_group_size));
   }
-  if (!o.qat.empty() && o.lora_rank > 0) {
-    throw InvalidInput("[--qat] QAT with LoRA is not implemented — train the full model with --qat, or LoRA without "
-                       "it");
-  }
+  // QAT with LoRA is torchtune's QAT + LoRA: the frozen base fake-quantized, the adapters in full
+  // precision on top. QAT over a QLoRA base is not: the NF4 base is already quantized (another
+  // format), and nothing would turn it into int4.
+  if (!o.qat.empty() && !o.quantize_base.empty()) refuse_qat_over_nf4();
 
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
@@ -376,11 +385,7 @@ PlanInput make_plan_input(const TrainOptions& o) {
                        "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
   }
   in.qat = o.qat_config();
-  if (in.qat.enabled() && o.fused_kernels) {
-    throw InvalidInput("[--fused-kernels] the fused linear + cross-entropy and SwiGLU/down_proj backward read the "
-                       "weights inside the kernel and have no fake-quantized form yet — run --qat without "
-                       "--fused-kernels");
-  }
+  if (in.qat.enabled() && !in.lora.quantize_base.empty()) refuse_qat_over_nf4();
   in.device = o.device == "cuda" ? DeviceType::kCUDA : DeviceType::kCPU;  // meta plans as the CPU
   in.dpo = o.dpo.enabled;
   if (o.dpo.enabled) {

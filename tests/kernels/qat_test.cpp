@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "kernels/qat.h"
+#include "kernels/qat_math.h"
 #include "kernels/test_util.h"
 #include "model/decoder/qat.h"
 #include "model/safetensors.h"
@@ -120,6 +123,120 @@ TEST(QatKernels, Int4QuantizationMultipliesBackToTheFakeQuantizedWeights) {
     ASSERT_LE(q[static_cast<std::size_t>(i)], 7);
     ASSERT_EQ(static_cast<float>(q[static_cast<std::size_t>(i)]) * s[static_cast<std::size_t>(i / 32)], fq.f32()[i])
         << i;
+  }
+}
+
+// The CPU kernel runs 8 lanes at a time with a scalar tail and splits rows over threads; it must
+// give the bits of qat_math.h's scalar steps (which the golden tests tie to torchao) for every
+// length and alignment: rows and groups of 1..80 elements (all tails, the 16-wide unroll and
+// none) holding exact ties (scale 1, values on halves), the clamp bounds, signed zeros and random
+// values; and a tall tensor that crosses the parallel grain.
+TEST(QatKernels, VectorPathEqualsScalarSteps) {
+  test::Cpu c;
+  std::mt19937 rng(20261126);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto bits_equal = [](float a, float b) {
+    std::uint32_t x, y;
+    std::memcpy(&x, &a, 4);
+    std::memcpy(&y, &b, 4);
+    return x == y;
+  };
+  auto ref_params = [](const float* v, std::int64_t n, bool per_token) {
+    float lo = v[0], hi = v[0];
+    for (std::int64_t i = 1; i < n; ++i) {
+      lo = v[i] < lo ? v[i] : lo;
+      hi = v[i] > hi ? v[i] : hi;
+    }
+    return per_token ? kernels::qat::per_token_params(lo, hi) : kernels::qat::group_params(lo, hi);
+  };
+  for (const std::int64_t rows : {3, 8192}) {  // 8192 x 64 crosses the parallel grain (2^18 elements)
+    for (std::int64_t n = 1; n <= 80; ++n) {
+      if (rows > 3 && n != 64 && n != 37) continue;  // the tall case: one vector length, one with a tail
+      Tensor x = c.zeros({rows, n}), w = c.zeros({rows, n}), g = c.zeros({rows, n});
+      for (std::int64_t r = 0; r < rows; ++r) {
+        float* xr = x.f32() + r * n;
+        float* wr = w.f32() + r * n;
+        for (std::int64_t i = 0; i < n; ++i) {
+          switch ((r + i) % 4) {
+            case 0: xr[i] = normal(rng) * 3.0f; wr[i] = normal(rng) * 0.05f; break;
+            case 1: xr[i] = static_cast<float>(static_cast<int>(rng() % 256) - 64) + 0.5f;
+                    wr[i] = static_cast<float>(static_cast<int>(rng() % 16) - 8) + 0.5f; break;
+            case 2: xr[i] = (rng() & 1) ? -0.0f : 0.0f; wr[i] = (rng() & 1) ? -0.0f : 0.0f; break;
+            default: xr[i] = normal(rng) * 1e-3f; wr[i] = (rng() & 1) ? 7.5f : -7.5f; break;
+          }
+          g.f32()[r * n + i] = normal(rng);
+        }
+        if (n >= 2 && r % 2 == 0) {  // scale exactly 1: the halves are ties
+          xr[0] = -64.0f;
+          xr[n - 1] = 191.0f;
+        }
+      }
+      const std::int64_t group = n;  // one group per row (group_forward needs group > 1)
+      Tensor fx = c.zeros({rows, n}), sx = c.randn({rows, n}, 1.0f, 5), fw = c.zeros({rows, n}),
+             sw = c.randn({rows, n}, 1.0f, 6);
+      Tensor sx0 = test::clone(c, sx), sw0 = test::clone(c, sw);
+      kernels::fake_quant_per_token_forward(fx, x, c.ctx);
+      kernels::fake_quant_per_token_backward(sx, g, x, /*accumulate=*/(n % 2) == 1, c.ctx);
+      if (group > 1) {
+        kernels::fake_quant_group_forward(fw, w, group, c.ctx);
+        kernels::fake_quant_group_backward(sw, g, w, group, c.ctx);
+      }
+      int bad = 0;
+      for (std::int64_t r = 0; r < rows && bad < 5; ++r) {
+        const std::int64_t o = r * n;
+        const auto ax = ref_params(x.f32() + o, n, true);
+        const auto aw = ref_params(w.f32() + o, n, false);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float gi = g.f32()[o + i];
+          const float want_fx = kernels::qat::fake_quant(x.f32()[o + i], ax);
+          const float ste_x = kernels::qat::ste(gi, x.f32()[o + i], ax);
+          const float want_sx = (n % 2) == 1 ? sx0.f32()[o + i] + ste_x : ste_x;
+          bool ok = bits_equal(fx.f32()[o + i], want_fx) && bits_equal(sx.f32()[o + i], want_sx);
+          if (group > 1) {
+            ok = ok && bits_equal(fw.f32()[o + i], kernels::qat::fake_quant(w.f32()[o + i], aw)) &&
+                 bits_equal(sw.f32()[o + i], sw0.f32()[o + i] + kernels::qat::ste(gi, w.f32()[o + i], aw));
+          }
+          if (!ok && ++bad <= 5) ADD_FAILURE() << "rows " << rows << " n " << n << " row " << r << " col " << i;
+        }
+      }
+      ASSERT_EQ(bad, 0) << "rows " << rows << " n " << n;
+    }
+  }
+}
+
+// Several groups per row (as every real weight has): group sizes with and without a vector tail,
+// groups of ties and clamped values next to random ones, against qat_math.h group by group.
+TEST(QatKernels, VectorPathEqualsScalarStepsOverManyGroupsPerRow) {
+  test::Cpu c;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  for (const std::int64_t group : {2, 7, 8, 16, 24, 32, 40, 256}) {
+    const std::int64_t rows = 5, cols = 4 * group;
+    Tensor w = c.zeros({rows, cols}), g = c.randn({rows, cols}, 1.0f, 2);
+    for (std::int64_t i = 0; i < w.numel(); ++i) {
+      const std::int64_t grp = i / group;
+      w.f32()[i] = grp % 3 == 1 ? static_cast<float>(static_cast<int>(rng() % 16) - 8) + 0.5f  // ties, ±7.5 clamps
+                                : normal(rng);
+    }
+    Tensor fw = c.zeros(w.shape()), sw = c.zeros(w.shape());
+    kernels::fake_quant_group_forward(fw, w, group, c.ctx);
+    kernels::fake_quant_group_backward(sw, g, w, group, c.ctx);
+    for (std::int64_t grp = 0; grp < w.numel() / group; ++grp) {
+      const float* v = w.f32() + grp * group;
+      float lo = v[0], hi = v[0];
+      for (std::int64_t i = 1; i < group; ++i) {
+        lo = v[i] < lo ? v[i] : lo;
+        hi = v[i] > hi ? v[i] : hi;
+      }
+      const auto a = kernels::qat::group_params(lo, hi);
+      for (std::int64_t i = 0; i < group; ++i) {
+        const std::int64_t k = grp * group + i;
+        const float want_f = kernels::qat::fake_quant(w.f32()[k], a);
+        const float want_s = 0.0f + kernels::qat::ste(g.f32()[k], w.f32()[k], a);
+        ASSERT_EQ(std::memcmp(&fw.f32()[k], &want_f, 4), 0) << "group " << group << " element " << k;
+        ASSERT_EQ(std::memcmp(&sw.f32()[k], &want_s, 4), 0) << "group " << group << " element " << k;
+      }
+    }
   }
 }
 

@@ -288,16 +288,22 @@ class LlamaModel final : public Model {
     a.act = act_.act({T, I_}, "mlp activation");
     swiglu_forward(a.act, a.gu, ctx);
     w.down.forward(out, a.act, ctx);
-    // Recomputed in backward by the fused SwiGLU/down_proj kernel; kept when down_proj carries a
-    // LoRA adapter, whose gradients need it, or an NF4 base the kernel cannot read (that layer's
-    // MLP backward then runs unfused).
-    if (fused && fused_mlp_backward(w.down)) a.act = Tensor();
+    // Recomputed in backward by the fused SwiGLU/down_proj kernel, or (QAT) by swiglu_forward
+    // before an unfused MLP backward; kept when down_proj carries a LoRA adapter, whose gradients
+    // need it, or an NF4 base the kernel cannot read (that layer's MLP backward then runs unfused).
+    if (fused && (fused_mlp_backward(w.down) || recompute_mlp_activation(w.down))) a.act = Tensor();
     add_(out, a.h, ctx);
   }
 
   // Whether --fused-kernels' SwiGLU/down_proj backward kernel can serve this layer: a dense
-  // down_proj without an adapter.
-  static bool fused_mlp_backward(const Linear& down) { return !down.adapter && !down.quantized; }
+  // down_proj without an adapter and without QAT's fake quantization.
+  static bool fused_mlp_backward(const Linear& down) { return !down.adapter && !down.quantized && !down.quant; }
+  // QAT's down_proj (no adapter): the fused kernel cannot take it — the straight-through gradient
+  // of dact = ste(dout·fq(W); act) needs the activation's per-token scale before the kernel would
+  // rebuild the activation, and dW needs fq(act) — so the activation is not kept either: backward
+  // rebuilds it with swiglu_forward (bit for bit what forward computed) and runs the MLP unfused.
+  // The fused rung's memory saving (no [T, I] activation kept per layer) stays.
+  static bool recompute_mlp_activation(const Linear& down) { return down.quant && !down.adapter && !down.quantized; }
 
   // dx holds the gradient of the layer's output on entry and of its input on return.
   void layer_backward(std::int64_t l, Tensor& dx, Acts& a, const Batch& b, ExecContext& ctx) {
@@ -313,8 +319,13 @@ class LlamaModel final : public Model {
       dgu = a.gu;
     } else {
       // Unfused; also under --fused-kernels when down_proj has a LoRA adapter (the kernel has no
-      // adapter term: the adapter's input gradient and its A/B gradients need the activation) or
-      // an NF4 base (QLoRA: the kernel reads a dense weight).
+      // adapter term: the adapter's input gradient and its A/B gradients need the activation), an
+      // NF4 base (QLoRA: the kernel reads a dense weight) or QAT (the kernel multiplies by the
+      // weight as it is and has no straight-through mask).
+      if (fused && recompute_mlp_activation(w.down)) {
+        a.act = act_.act({T, I_}, "mlp activation (recomputed)");
+        swiglu_forward(a.act, a.gu, ctx);
+      }
       Tensor dact = act_.act({T, I_}, "mlp activation gradient");
       w.down.backward(&dact, dx, a.act, ctx);
       a.act = Tensor();
