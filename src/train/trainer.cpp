@@ -188,7 +188,17 @@ nlohmann::json TrainResult::to_json() const {
   j["final_loss"] = steps.empty() ? nlohmann::json(nullptr) : nlohmann::json(steps.back().loss);
   j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
   j["val_loss"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().loss);
-  j["val_perplexity"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().perplexity);
+  j["val_perplexity"] = evals.empty() || evals.back().dpo ? nlohmann::json(nullptr)
+                                                          : nlohmann::json(evals.back().perplexity);
+  if (!evals.empty() && evals.back().dpo) {
+    // DPO: the last evaluation's held-out metrics at the top, where the lab reads a run's figures
+    // (val_loss above is its DPO loss).
+    const DpoStats& d = *evals.back().dpo;
+    j["val_rewards_chosen"] = d.rewards_chosen;
+    j["val_rewards_rejected"] = d.rewards_rejected;
+    j["val_reward_margin"] = d.margin;
+    j["val_reward_accuracy"] = d.accuracy;
+  }
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& e : evals) ev.push_back(e.to_json());
   j["evals"] = ev;
@@ -496,6 +506,7 @@ class TrainSession {
   std::unique_ptr<DataSource> data_;
   DataOptions val_options_;  // --val-data: a fresh source per evaluation starts at sample 0
   TextSourceOptions val_text_;  // its tokenizer, for text:/jsonl: specs
+  std::optional<PreferenceData> val_pairs_;  // DPO with --val-data: the held-out pairs
   std::optional<StagedBatch> batch_;
   std::vector<kernels::ElementRange> ranges_;
   double loss_scale_ = 1.0;
@@ -567,9 +578,6 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
     }
   }
   if (o.dpo.enabled) {
-    if (!o.val_data.empty()) {
-      throw InvalidInput("[--val-data] evaluation of a DPO run is not implemented yet — drop --val-data");
-    }
     if (!o.resume.empty() || o.save_every > 0) {
       throw InvalidInput(std::string(o.resume.empty() ? "[--save-every]" : "[--resume]") +
                          " resumable checkpoints of a DPO run are not implemented yet — use --save for the result");
@@ -764,7 +772,12 @@ void TrainSession::build() {
   } else {
     data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
   }
-  if (!o.val_data.empty()) {
+  if (!o.val_data.empty() && o.dpo.enabled) {
+    // DPO: held-out preference pairs, read (and checked: exit 2 naming --val-data) before the first step.
+    val_options_ = dopt;
+    val_pairs_ = read_preference_pairs(o.val_data, o.seq_len, cfg.vocab_size,
+                                       TextSourceOptions{o.tokenizer, o.model, "--val-data"});
+  } else if (!o.val_data.empty()) {
     val_options_ = dopt;
     val_options_.spec = o.val_data;
     val_text_ = TextSourceOptions{o.tokenizer, o.model, "--val-data"};
@@ -941,6 +954,33 @@ void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {
   ExecContext ctx = *ctx_;
   ctx.profiler = nullptr;
   ctx.tracer = nullptr;
+  if (o.dpo.enabled) {
+    // Held-out preference pairs: the DPO loss and trl's reward metrics (train/dpo.h).
+    const auto t0 = std::chrono::steady_clock::now();
+    DpoEvalOptions eo;
+    eo.batches = o.eval_batches;
+    eo.rank = val_options_.rank;
+    eo.world = world_;
+    if (dp_) eo.sum_over_ranks = [this](double v) { return dp_->mean(v) * static_cast<double>(world_); };
+    const DpoStats st =
+        evaluate_dpo(*model_, ref_model_.get(), *val_pairs_, *batch_, o.dpo.beta, o.dpo.label_smoothing, eo, ctx);
+    EvalRecord e;
+    e.step = steps_done;
+    e.loss = st.loss;
+    e.dpo = st;
+    const std::int64_t per_batch = o.micro_batch_size * world_, n = static_cast<std::int64_t>(val_pairs_->pairs.size());
+    e.batches = o.eval_batches > 0 ? o.eval_batches : (n + per_batch - 1) / per_batch;
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    res_.evals.push_back(e);
+    if (!o.quiet) {
+      std::fprintf(stderr,
+                   "eval step %lld/%lld | val loss %.4f | rewards chosen %.4f rejected %.4f | margin %.4f | "
+                   "accuracy %.3f | %lld pairs | %.3f s\n",
+                   static_cast<long long>(steps_done), static_cast<long long>(o.max_steps), st.loss, st.rewards_chosen,
+                   st.rewards_rejected, st.margin, st.accuracy, static_cast<long long>(st.pairs), e.seconds);
+    }
+    return;
+  }
   auto data = make_data_source(val_options_, val_text_);
   EvalOptions eo;
   eo.batches = o.eval_batches;
