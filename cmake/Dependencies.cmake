@@ -15,6 +15,8 @@ find_package(SQLite3 REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 # Eigen (header-only; OLS and the special functions of the analysis: betainc, igammac).
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
+# zlib (zlib1g-dev): CRC-32 of what a resumed run rebuilds from --model (core/checksum.h).
+find_package(ZLIB REQUIRED)
 # XGBoost's C API (tree-model importances of the analysis). Debian's xgboost-config.cmake also
 # imports the `xgboost` CLI, which libxgboost-dev does not ship, so the library is found directly.
 find_library(XGBOOST_LIB NAMES xgboost REQUIRED)

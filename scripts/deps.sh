@@ -13,6 +13,7 @@ PKGS=(
   libxgboost-dev                 # gradient-boosted feature importance (analysis)
   libpcre2-dev                   # tokenizer pre-tokenizer regexes (Unicode classes, lookahead, JIT)
   libeigen3-dev                  # OLS and the t/F/chi-square tails of the analysis (header-only, MPL-2.0)
+  zlib1g-dev                     # CRC-32 of what a resumed DPO / QLoRA run rebuilds from --model (core/checksum.h)
   libjs-vega                     # Vega, compiled into `scalelab report` (cmake/vega_bundle.cmake)
   chromium                       # the report's browser test (headless; tests/report/)
   fonts-dejavu-core              # a font for the report's screenshots in headless Chromium

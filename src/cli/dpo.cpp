@@ -1,5 +1,6 @@
 // `scalelab dpo`: Direct Preference Optimization with the native trainer (train/dpo.h): the flags of
-// `scalelab train` (LoRA included) plus --pairs, --beta and --label-smoothing.
+// `scalelab train` (LoRA, QLoRA, --save-every / --resume included; --val-data names held-out
+// preference pairs) plus --pairs, --beta and --label-smoothing.
 #include <cstdio>
 #include <memory>
 
@@ -29,9 +30,9 @@ Subcommand add_dpo_command(CLI::App& root) {
               throw InvalidInput("[--pairs] is required: a JSONL file with one {\"prompt\", \"chosen\", \"rejected\"} "
                                  "object per line");
             }
-            if (app->count("--data") > 0 || app->count("--val-data") > 0) {
-              throw InvalidInput("[--data] dpo reads preference pairs from --pairs; --data / --val-data have no "
-                                 "meaning here — drop them");
+            if (app->count("--data") > 0) {
+              throw InvalidInput("[--data] dpo reads preference pairs from --pairs (and held-out pairs from "
+                                 "--val-data); --data has no meaning here — drop it");
             }
             validate_train_options(o);
             validate_dpo_options(o.dpo);
@@ -72,6 +73,13 @@ Subcommand add_dpo_command(CLI::App& root) {
               std::printf("Final DPO loss: %.4f\n", r.steps.back().loss);
               std::printf("Final rewards: chosen %.4f, rejected %.4f, margin %.4f, accuracy %.3f\n", d.rewards_chosen,
                           d.rewards_rejected, d.margin, d.accuracy);
+            }
+            if (!r.evals.empty() && r.evals.back().dpo) {
+              const DpoStats& d = *r.evals.back().dpo;
+              std::printf("Validation (%lld held-out pairs): loss %.4f, rewards chosen %.4f, rejected %.4f, "
+                          "margin %.4f, accuracy %.3f\n",
+                          static_cast<long long>(d.pairs), d.loss, d.rewards_chosen, d.rewards_rejected, d.margin,
+                          d.accuracy);
             }
             std::printf("Reference: %s\n", r.config.value("dpo_reference", std::string("?")).c_str());
             if (!o.json.empty()) std::printf("Run record: %s\n", o.json.c_str());

@@ -77,7 +77,8 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--tokenizer", o.tokenizer,
                   "tokenizer.json for text:/jsonl: data (default: the one in the --model directory)");
   app->add_option("--val-data", o.val_data,
-                  "Validation data (the same forms as --data, text:/jsonl: included): loss and perplexity every --eval-every steps and at the end");
+                  "Validation data (the same forms as --data, text:/jsonl: included): loss and perplexity every --eval-every steps and at the end; "
+                  "with DPO a JSONL file of held-out {prompt, chosen, rejected} pairs: DPO loss, rewards, margin and accuracy");
   app->add_option("--eval-every", o.eval_every, "Evaluate every N optimizer steps (0: only at the end)")
       ->capture_default_str();
   app->add_option("--eval-batches", o.eval_batches,

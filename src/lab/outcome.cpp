@@ -50,7 +50,10 @@ const char* const kMetricFields[] = {"tokens_per_s",     "tokens_per_s_per_devic
                                      "flops_per_token",
                                      // DPO runs (train --dpo / scalelab dpo): the last step's
                                      "final_reward_accuracy", "final_reward_margin", "final_rewards_chosen",
-                                     "final_rewards_rejected"};
+                                     "final_rewards_rejected",
+                                     // and the last evaluation's on held-out pairs (--val-data)
+                                     "val_reward_accuracy", "val_reward_margin", "val_rewards_chosen",
+                                     "val_rewards_rejected"};
 
 // "optimizer states" -> "optimizer_states": a plan item's name as part of a metric key.
 std::string slug(const std::string& name) {

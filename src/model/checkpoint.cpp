@@ -106,9 +106,12 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   SCALELAB_CHECK(flat.device() == DeviceType::kCPU,
                  "[checkpoint] load_weights fills host memory — load into a CPU buffer and copy it to the device");
   SCALELAB_CHECK(flat.dtype() != DType::kI32, "[checkpoint] the parameter buffer must be a float dtype");
-  SCALELAB_CHECK(flat.numel() == layout.total_numel(),
+  // QLoRA's parameter buffer holds the dense parameters only: the quantized ones are skipped.
+  const bool dense_only = layout.quantized_numel() > 0 && flat.numel() == layout.dense_numel();
+  SCALELAB_CHECK(flat.numel() == layout.total_numel() || dense_only,
                  "[checkpoint] buffer has " + std::to_string(flat.numel()) + " elements, the layout " +
                      std::to_string(layout.total_numel()));
+  auto skipped = [&](const ParamInfo& p) { return dense_only && p.quantized; };
 
   // Which files, and for a sharded checkpoint which tensor is in which file.
   std::vector<std::string> file_names;
@@ -226,7 +229,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
   }
   std::vector<std::string> missing;
   for (const ParamInfo& p : layout.params())
-    if (!p.is_adapter && found.count(p.name) == 0) missing.push_back(p.name);  // adapters: not in a base model
+    if (!p.is_adapter && !skipped(p) && found.count(p.name) == 0) missing.push_back(p.name);  // adapters: not in a base model
   {
     std::int64_t adapters = 0, present = 0;
     for (const ParamInfo& p : layout.params())
@@ -252,7 +255,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
 
   // Shapes.
   for (const ParamInfo& p : layout.params()) {
-    if (p.is_adapter && found.count(p.name) == 0) continue;
+    if ((p.is_adapter || skipped(p)) && found.count(p.name) == 0) continue;
     const Located& loc = found.at(p.name);
     if (!same_shape(loc.tensor->shape, p.shape)) {
       throw InvalidInput("[checkpoint] " + loc.file->path() + ": tensor '" + loc.tensor->name + "' has shape " +
@@ -281,6 +284,7 @@ LoadSummary load_weights(const std::string& dir, const ModelConfig& config, cons
     // LoRA adapters are loaded when the file has them (a resumable checkpoint of a LoRA run);
     // otherwise (a base model) the caller initializes or loads them (init_adapters, load_adapter).
     if (p.is_adapter && found.count(p.name) == 0) continue;
+    if (skipped(p)) continue;  // QLoRA: not in the buffer (quantized from the base model)
     const Located& loc = found.at(p.name);
     loc.file->read(*loc.tensor, base + static_cast<std::size_t>(p.offset) * es, flat.dtype());
     ++summary.tensors;
@@ -293,7 +297,9 @@ void save_checkpoint(const std::string& dir, const ModelConfig& config, const Pa
                      const SaveOptions& options) {
   SCALELAB_CHECK(flat.device() == DeviceType::kCPU,
                  "[checkpoint] save_checkpoint reads host memory — copy the parameters to a CPU buffer first");
-  SCALELAB_CHECK(flat.numel() == layout.total_numel(),
+  // QLoRA's parameter buffer holds the dense parameters only: the quantized ones are left out.
+  const bool dense_only = layout.quantized_numel() > 0 && flat.numel() == layout.dense_numel();
+  SCALELAB_CHECK(flat.numel() == layout.total_numel() || dense_only,
                  "[checkpoint] buffer has " + std::to_string(flat.numel()) + " elements, the layout " +
                      std::to_string(layout.total_numel()));
   SCALELAB_CHECK(flat.dtype() != DType::kI32 && options.dtype != DType::kI32,
@@ -323,6 +329,7 @@ void save_checkpoint(const std::string& dir, const ModelConfig& config, const Pa
   std::vector<SafetensorsSource> all;
   std::uint64_t total = 0;
   for (const ParamInfo& p : layout.params()) {
+    if (dense_only && p.quantized) continue;
     SafetensorsSource s;
     s.name = p.name;
     for (int i = 0; i < p.shape.rank(); ++i) s.shape.push_back(p.shape[i]);

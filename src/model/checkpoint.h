@@ -39,6 +39,8 @@ struct LoadSummary {
 // dir/config.json (or a compatible one); it names the expected shapes in errors. LoRA adapters
 // (ParamInfo::is_adapter) are loaded when the checkpoint holds them all (a resumable checkpoint of
 // a LoRA run) and left untouched when it holds none (a base model).
+// QLoRA: `flat` may instead hold layout.dense_numel() elements (the run's parameter buffer, without
+// the NF4-quantized weights): then the quantized parameters are neither needed nor read.
 // Throws InvalidInput naming the file and the tensor when weights are absent, missing, extra,
 // mis-shaped, of an unreadable dtype, or when a shard index is malformed.
 LoadSummary load_weights(const std::string& dir, const ModelConfig& config, const ParamLayout& layout,
@@ -55,6 +57,9 @@ struct SaveOptions {
 // weights of `flat` to `dir` (created if needed) so that transformers' from_pretrained loads it.
 // Weight files of the other layout left by an earlier save (model.safetensors, the index, shards
 // model-NNNNN-of-NNNNN.safetensors) are removed, so the directory holds exactly one checkpoint.
+// QLoRA: with `flat` of layout.dense_numel() elements, the quantized weights (not in it) are left
+// out: the files hold the dense parameters and the adapters (a resumable checkpoint; the NF4
+// base is re-quantized from the base model on --resume, train/train_checkpoint.h).
 // Throws InvalidInput when `dir` cannot be created or written.
 void save_checkpoint(const std::string& dir, const ModelConfig& config, const ParamLayout& layout, const Tensor& flat,
                      const SaveOptions& options = {});

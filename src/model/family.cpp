@@ -62,11 +62,11 @@ Tensor Model::forward_cached(const Batch&, KvCache&, ExecContext&) {
 }
 
 void Model::forward_logprobs(Tensor&, const Batch&, ExecContext&) {
-  throw InvalidInput("[dpo] this model family has no per-token log-probability path yet (Llama and Qwen2 have one)");
+  throw InvalidInput("[dpo] this model family has no per-token log-probability path yet (Llama, Qwen2 and OPT have one)");
 }
 
 double Model::forward_backward_logprobs(const Batch&, const LogprobLoss&, ExecContext&) {
-  throw InvalidInput("[dpo] this model family has no per-token log-probability path yet (Llama and Qwen2 have one)");
+  throw InvalidInput("[dpo] this model family has no per-token log-probability path yet (Llama, Qwen2 and OPT have one)");
 }
 
 double resolve_dropout(const ModelConfig& c, double dropout_flag) {

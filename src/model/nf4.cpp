@@ -395,6 +395,25 @@ void Nf4Store::quantize(const std::string& name, const float* host_values) {
   upload(e.factors, q.factors.data(), q.factors.size() * sizeof(float));
 }
 
+void Nf4Store::visit_state(
+    const std::function<void(const std::string& name, const void* bytes, std::size_t n)>& f) const {
+  if (!buffer_.defined() || buffer_.device() == DeviceType::kMeta) return;
+  std::vector<std::uint8_t> host;
+  const std::uint8_t* b = base();
+  if (buffer_.device() != DeviceType::kCPU) {
+    host.resize(bytes_);
+    buffer_.copy_to_host(host.data());
+    b = host.data();
+  }
+  for (const auto& [name, e] : entries_) {
+    const std::int64_t numel = e.rows * e.cols, nb = ceil_div(numel, kBlock), ns = ceil_div(nb, kScalerBlock);
+    f(name, b + e.codes, static_cast<std::size_t>(ceil_div(numel, 2)));
+    f(name, b + e.scalers, static_cast<std::size_t>(nb));
+    f(name, b + e.factors, static_cast<std::size_t>(ns) * sizeof(float));
+    f(name, &e.mean, sizeof(float));
+  }
+}
+
 kernels::Nf4View Nf4Store::view(const std::string& name) const {
   auto it = entries_.find(name);
   SCALELAB_CHECK(it != entries_.end(), "[nf4] " + name + " is not a quantized parameter");

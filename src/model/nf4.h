@@ -25,6 +25,7 @@
 //   Both: mean = torch's fp32 mean of the absmaxes (torch_cpu_sum_f32 / n, the reduction order of
 //   PyTorch's CPU sum, so the means are bit-identical too).
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -99,6 +100,11 @@ class Nf4Store {
   kernels::Nf4View view(const std::string& name) const;
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   std::size_t bytes() const { return bytes_; }
+  // Calls f(name, bytes, n) for each quantized parameter in name order, three times: its codes,
+  // its scalers and its factors (the bytes the kernels read, without the sections' padding), then
+  // once with its fp32 mean — the whole quantized state, read back to the host once (a resumed
+  // QLoRA run checks the base it re-quantized against the checkpointed run's). Nothing on meta.
+  void visit_state(const std::function<void(const std::string& name, const void* bytes, std::size_t n)>& f) const;
 
  private:
   struct Entry {

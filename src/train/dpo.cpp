@@ -37,7 +37,8 @@ std::vector<std::int32_t> to_i32(const std::vector<std::uint32_t>& ids) {
 PreferenceData read_preference_pairs(const std::string& path, std::int64_t seq_len, std::int64_t vocab_size,
                                      const TextSourceOptions& text) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw InvalidInput("[--pairs] cannot read '" + path + "' — give a JSONL file of {prompt, chosen, rejected}");
+  const std::string flag = "[" + text.flag + "] ";
+  if (!in) throw InvalidInput(flag + "cannot read '" + path + "' — give a JSONL file of {prompt, chosen, rejected}");
   const tok::Tokenizer tok = tokenizer_for(text);
   const std::optional<std::uint32_t> eos = tok.eos_id();
   PreferenceData out;
@@ -45,7 +46,7 @@ PreferenceData read_preference_pairs(const std::string& path, std::int64_t seq_l
   std::string line;
   std::int64_t n = 0;
   auto fail = [&](const std::string& why) {
-    throw InvalidInput("[--pairs] " + path + " line " + std::to_string(n) + ": " + why);
+    throw InvalidInput(flag + path + " line " + std::to_string(n) + ": " + why);
   };
   while (std::getline(in, line)) {
     ++n;
@@ -106,7 +107,7 @@ PreferenceData read_preference_pairs(const std::string& path, std::int64_t seq_l
     out.truncated += cut;
     out.pairs.push_back(std::move(p));
   }
-  if (out.pairs.empty()) throw InvalidInput("[--pairs] " + path + " has no preference pairs — it is empty");
+  if (out.pairs.empty()) throw InvalidInput(flag + path + " has no preference pairs — it is empty");
   return out;
 }
 
@@ -149,6 +150,8 @@ class PreferenceSource final : public DataSource {
     }
     ++step_;
   }
+  // Every micro-batch is a function of its index (file order, wrapping around): --resume seeks.
+  void skip(std::int64_t micro_batches, Batch&) override { step_ += micro_batches; }
   std::string describe() const override {
     return "pairs " + d_.path + " (" + std::to_string(d_.pairs.size()) + " preference pairs" +
            (d_.truncated ? ", " + std::to_string(d_.truncated) + " with a completion cut to --seq-len" : "") + ")";
@@ -271,6 +274,72 @@ DpoStats dpo_micro_step(Model& policy, Model* reference, const Batch& batch, dou
       },
       ctx);
   return stats;
+}
+
+DpoStats evaluate_dpo(Model& policy, Model* reference, const PreferenceData& data, StagedBatch& batch, double beta,
+                      double label_smoothing, const DpoEvalOptions& o, ExecContext& ctx) {
+  const std::int64_t rows = batch.host.batch, S = batch.host.seq, B = rows / 2, T = rows * S;
+  SCALELAB_CHECK(rows % 2 == 0 && B > 0, "[dpo] the evaluation batch must hold [chosen; rejected] rows");
+  const std::int64_t N = static_cast<std::int64_t>(data.pairs.size());
+  SCALELAB_CHECK(N > 0, "[dpo] no held-out pairs to evaluate");
+  std::int64_t batches = o.batches;
+  if (batches <= 0) batches = (N + B * o.world - 1) / (B * o.world);  // the whole set once
+  // Sums over pairs (weighted by pairs, so the result is the mean over every evaluated pair).
+  double sum[5] = {0, 0, 0, 0, 0}, count = 0;
+  for (std::int64_t m = 0; m < batches; ++m) {
+    std::int64_t valid = 0;
+    for (std::int64_t i = 0; i < B; ++i) {
+      const std::int64_t g = (m * o.world + o.rank) * B + i;  // the pair's index in the set
+      // Past the end of "the whole set": a wrapped pair fills the row but is not counted.
+      if (o.batches > 0 || g < N) ++valid;
+      fill_pair_rows(data.pairs[static_cast<std::size_t>(g % N)], i, B, S, 0, batch.host);
+    }
+    if (valid == 0) continue;
+    batch.upload();
+    std::vector<double> ref, pol;
+    {
+      Tensor logp = Tensor::empty({T}, DType::kF32, *ctx.alloc, "reference log-probabilities");
+      if (reference != nullptr) {
+        reference->forward_logprobs(logp, batch.device, ctx);
+      } else {
+        AdaptersOff off;
+        policy.forward_logprobs(logp, batch.device, ctx);
+      }
+      ref = row_sums(logp, rows, S);
+    }
+    {
+      Tensor logp = Tensor::empty({T}, DType::kF32, *ctx.alloc, "token log-probabilities");
+      policy.forward_logprobs(logp, batch.device, ctx);
+      pol = row_sums(logp, rows, S);
+    }
+    // The counted pairs are the first `valid` of the micro-batch: rows [0, valid) and [B, B + valid).
+    auto counted = [&](const std::vector<double>& v) {
+      std::vector<double> out(v.begin(), v.begin() + valid);
+      out.insert(out.end(), v.begin() + B, v.begin() + B + valid);
+      return out;
+    };
+    const DpoStats st = dpo_loss(counted(pol), counted(ref), beta, label_smoothing, 1.0, nullptr);
+    const double n = static_cast<double>(valid);
+    sum[0] += st.loss * n;
+    sum[1] += st.rewards_chosen * n;
+    sum[2] += st.rewards_rejected * n;
+    sum[3] += st.margin * n;
+    sum[4] += st.accuracy * n;
+    count += n;
+  }
+  if (o.sum_over_ranks) {
+    for (double& v : sum) v = o.sum_over_ranks(v);
+    count = o.sum_over_ranks(count);
+  }
+  SCALELAB_CHECK(count > 0, "[dpo] no held-out pair was evaluated");
+  DpoStats r;
+  r.loss = sum[0] / count;
+  r.rewards_chosen = sum[1] / count;
+  r.rewards_rejected = sum[2] / count;
+  r.margin = sum[3] / count;
+  r.accuracy = sum[4] / count;
+  r.pairs = static_cast<std::int64_t>(count);
+  return r;
 }
 
 }  // namespace scalelab

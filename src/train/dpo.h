@@ -20,6 +20,7 @@
 // Reference: under LoRA the same network with the adapters off (AdaptersOff, model/decoder/lora.h:
 // no second copy); otherwise a frozen copy of the initial weights ("reference model" in the plan).
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "core/context.h"
 #include "model/model.h"
 #include "train/data.h"
+#include "train/device_setup.h"
 
 namespace scalelab {
 
@@ -55,7 +57,7 @@ struct PreferenceData {
 };
 
 // Reads and tokenizes `path` (tokenizer: text.tokenizer, else the --model directory's). Throws
-// InvalidInput naming the file and line: not a JSON object, a missing or non-string field, an
+// InvalidInput naming text.flag (--pairs, --val-data), the file and line: not a JSON object, a missing or non-string field, an
 // empty completion, a prompt that leaves no room for a completion token in seq_len (prompt
 // tokens > seq_len), an empty prompt (nothing to predict the first completion token from),
 // token ids >= vocab_size; and an empty file.
@@ -90,5 +92,21 @@ DpoStats dpo_loss(const std::vector<double>& policy, const std::vector<double>& 
 // back: the same allocations are made and the stats are 0.
 DpoStats dpo_micro_step(Model& policy, Model* reference, const Batch& batch, double beta, double label_smoothing,
                         float grad_scale, ExecContext& ctx);
+
+// Evaluation on held-out pairs (--val-data with DPO; trl's eval_loss and eval_rewards/*): the
+// reference and the policy forward only (no dropout, no gradient, nothing changed), in
+// micro-batches of B pairs as [2B, S] batches (`batch`, reused: its host side is overwritten).
+struct DpoEvalOptions {
+  // Micro-batches per rank; 0: the whole set once (rank r takes pairs [(m·world + r)·B, +B) of
+  // micro-batch m; the pairs past the end of the last global micro-batch are not counted).
+  std::int64_t batches = 0;
+  int rank = 0, world = 1;
+  // Sums a per-rank value over the ranks (collective); null with one rank.
+  std::function<double(double)> sum_over_ranks;
+};
+// The means over every evaluated pair of the loss, the rewards, the margin and the accuracy
+// (trl averages per batch: the same when every batch is full); pairs = the pairs counted.
+DpoStats evaluate_dpo(Model& policy, Model* reference, const PreferenceData& data, StagedBatch& batch, double beta,
+                      double label_smoothing, const DpoEvalOptions& o, ExecContext& ctx);
 
 }  // namespace scalelab

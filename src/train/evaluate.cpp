@@ -9,6 +9,17 @@
 namespace scalelab {
 
 nlohmann::json EvalRecord::to_json() const {
+  if (dpo) {
+    return {{"step", step},
+            {"val_loss", loss},
+            {"val_rewards_chosen", dpo->rewards_chosen},
+            {"val_rewards_rejected", dpo->rewards_rejected},
+            {"val_reward_margin", dpo->margin},
+            {"val_reward_accuracy", dpo->accuracy},
+            {"val_pairs", dpo->pairs},
+            {"val_batches", batches},
+            {"seconds", seconds}};
+  }
   return {{"step", step},       {"val_loss", loss},       {"val_perplexity", perplexity},
           {"val_tokens", tokens}, {"val_batches", batches}, {"seconds", seconds}};
 }

@@ -6,6 +6,7 @@
 // parameter change), so evaluating inside a run leaves its training trajectory bit for bit as it is.
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -13,16 +14,21 @@
 #include "model/model.h"
 #include "train/data.h"
 #include "train/device_setup.h"
+#include "train/dpo.h"
 
 namespace scalelab {
 
+// A DPO run's evaluation (train/dpo.h evaluate_dpo) fills `dpo` and `loss` (its DPO loss) and has
+// no perplexity nor tokens: the record writes val_loss, val_rewards_chosen, val_rewards_rejected,
+// val_reward_margin, val_reward_accuracy and val_pairs (trl's eval_loss and eval_rewards/*).
 struct EvalRecord {
   std::int64_t step = 0;     // optimizer steps done when it ran (0: before training)
-  double loss = 0;           // token-weighted mean cross-entropy
-  double perplexity = 0;     // exp(loss)
+  double loss = 0;           // token-weighted mean cross-entropy (DPO: the mean DPO loss over pairs)
+  double perplexity = 0;     // exp(loss); unused (null in the record) for DPO
   std::int64_t tokens = 0;   // target tokens counted (all ranks)
   std::int64_t batches = 0;  // micro-batches evaluated per rank
   double seconds = 0;
+  std::optional<DpoStats> dpo;  // DPO: the held-out pairs' metrics
   nlohmann::json to_json() const;
 };
 

@@ -21,7 +21,7 @@ namespace scalelab {
 namespace fs = std::filesystem;
 
 nlohmann::json TrainCheckpointState::to_json() const {
-  return {{"global_step", global_step},
+  nlohmann::json j = {{"global_step", global_step},
           {"lr_scheduler_step", global_step},
           {"data", {{"micro_batches_read", micro_batches_read}}},
           {"loss_scale", loss_scale},
@@ -34,6 +34,30 @@ nlohmann::json TrainCheckpointState::to_json() const {
           {"config", config},
           {"version", SCALELAB_VERSION},
           {"git_revision", SCALELAB_GIT_REV}};
+  if (!rebuilt.is_null()) j["rebuilt_from_model"] = rebuilt;
+  return j;
+}
+
+void check_rebuilt(const std::string& dir, const nlohmann::json& saved, const nlohmann::json& now) {
+  if (!now.is_object()) return;
+  for (const auto& [part, want] : now.items()) {
+    const std::string what = want.value("what", part);
+    if (!saved.is_object() || !saved.contains(part)) {
+      throw InvalidInput("[--resume] " + dir + " does not record the checksum of " + what +
+                         " (a checkpoint of an older scalelab or of another kind of run), so this run cannot check "
+                         "that what it rebuilt from --model is what that run trained against — start a new run");
+    }
+    const nlohmann::json& got = saved[part];
+    if (got.value("crc32", std::string()) != want.value("crc32", std::string()) ||
+        got.value("bytes", std::int64_t{-1}) != want.value("bytes", std::int64_t{-2})) {
+      throw InvalidInput("[--resume] " + what + " rebuilt from --model " + want.value("source", std::string("?")) +
+                         " (crc32 " + want.value("crc32", std::string()) + ", " +
+                         std::to_string(want.value("bytes", std::int64_t{0})) + " bytes) differs from the one the "
+                         "run that wrote " + dir + " had (from " + got.value("source", std::string("?")) + ": crc32 " +
+                         got.value("crc32", std::string()) + ", " + std::to_string(got.value("bytes", std::int64_t{0})) +
+                         " bytes) — resume with that run's --model, unchanged");
+    }
+  }
 }
 
 const std::vector<std::string>& resume_checked_keys() {
@@ -187,6 +211,7 @@ TrainCheckpointState read_train_state(const std::string& dir) {
     s.seed = j.at("rng").at("seed").get<std::uint64_t>();
     s.config = j.at("config");
     s.losses = j.at("losses").get<std::vector<double>>();
+    if (j.contains("rebuilt_from_model")) s.rebuilt = j["rebuilt_from_model"];
   } catch (const nlohmann::json::exception& e) {
     throw InvalidInput("[--resume] '" + p.string() + "' is not a scalelab trainer state (" + e.what() + ")");
   }
@@ -199,7 +224,13 @@ TrainCheckpointState read_train_state(const std::string& dir) {
 
 void check_resume_config(const std::string& dir, const nlohmann::json& saved, const nlohmann::json& now) {
   std::string diffs;
-  for (const auto& k : resume_checked_keys()) {
+  std::vector<std::string> keys = resume_checked_keys();
+  // DPO (checked when either run is one, so that checkpoints of versions before these keys resume).
+  auto is_dpo = [](const nlohmann::json& c) { return c.contains("dpo") && c["dpo"] == true; };
+  if (is_dpo(saved) || is_dpo(now)) {
+    for (const char* k : {"dpo", "pairs", "beta", "label_smoothing"}) keys.push_back(k);
+  }
+  for (const auto& k : keys) {
     const nlohmann::json a = saved.contains(k) ? saved[k] : nlohmann::json(nullptr);
     const nlohmann::json b = now.contains(k) ? now[k] : nlohmann::json(nullptr);
     if (a == b) continue;

@@ -16,6 +16,13 @@
 // optimizer-state shards gathered first, so a checkpoint's optimizer.safetensors is the whole flat
 // state whatever the ranks were; resuming needs the same world size (the data is split by rank).
 // A checkpoint is written under a temporary name and renamed: a crash leaves no half checkpoint.
+//
+// What never changes during a run and is rebuilt from --model rather than saved: a DPO run's frozen
+// reference model under full fine-tuning (the initial weights) and a QLoRA run's NF4 base (the
+// base quantized; a QLoRA checkpoint's model.safetensors holds the dense parameters and the
+// adapters only). trainer_state.json records their CRC-32 ("rebuilt_from_model"), and a resumed
+// run checks what it rebuilt against it (check_rebuilt): another --model, or a model directory
+// changed since, exits 2 instead of continuing against another reference or base.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -37,8 +44,15 @@ struct TrainCheckpointState {
   std::uint64_t seed = 0;                 // the counter-based generators' key
   nlohmann::json config;                  // the run's resolved configuration (TrainResult::config)
   std::vector<double> losses;             // the losses of the steps so far
+  // What the run rebuilds from --model on --resume, by part ("dpo_reference", "nf4_base"): each
+  // {"crc32", "bytes", "source", "what"}; null when nothing is.
+  nlohmann::json rebuilt;
   nlohmann::json to_json() const;
 };
+
+// Throws InvalidInput naming --resume when a part of `now` (rebuilt by this run, as
+// TrainCheckpointState::rebuilt) is absent from `saved` or has another CRC-32.
+void check_rebuilt(const std::string& dir, const nlohmann::json& saved, const nlohmann::json& now);
 
 // The configuration entries a resumed run must share with its checkpoint for a bit-identical
 // continuation: model config, sizes, optimizer and schedule, precision, seed, data, freeze, ranks.

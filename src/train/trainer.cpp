@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/allocator.h"
+#include "core/checksum.h"
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/trace.h"
@@ -188,7 +189,17 @@ nlohmann::json TrainResult::to_json() const {
   j["final_loss"] = steps.empty() ? nlohmann::json(nullptr) : nlohmann::json(steps.back().loss);
   j["mfu"] = mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr);
   j["val_loss"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().loss);
-  j["val_perplexity"] = evals.empty() ? nlohmann::json(nullptr) : nlohmann::json(evals.back().perplexity);
+  j["val_perplexity"] = evals.empty() || evals.back().dpo ? nlohmann::json(nullptr)
+                                                          : nlohmann::json(evals.back().perplexity);
+  if (!evals.empty() && evals.back().dpo) {
+    // DPO: the last evaluation's held-out metrics at the top, where the lab reads a run's figures
+    // (val_loss above is its DPO loss).
+    const DpoStats& d = *evals.back().dpo;
+    j["val_rewards_chosen"] = d.rewards_chosen;
+    j["val_rewards_rejected"] = d.rewards_rejected;
+    j["val_reward_margin"] = d.margin;
+    j["val_reward_accuracy"] = d.accuracy;
+  }
   nlohmann::json ev = nlohmann::json::array();
   for (const auto& e : evals) ev.push_back(e.to_json());
   j["evals"] = ev;
@@ -288,11 +299,6 @@ void validate_train_options(const TrainOptions& o) {
     if (o.lora_rank == 0) {
       throw InvalidInput("[--quantize-base] QLoRA quantizes the frozen base under LoRA adapters — add --lora-rank R "
                          "(e.g. --lora-rank 16), or drop --quantize-base to train every weight");
-    }
-    if (o.save_every > 0 || !o.resume.empty()) {
-      throw InvalidInput(std::string("[") + (o.save_every > 0 ? "--save-every" : "--resume") +
-                         "] resumable checkpoints of a QLoRA run (--quantize-base) are not supported yet — use --save "
-                         "for the adapter");
     }
   }
   if (!(o.lora_dropout >= 0 && o.lora_dropout < 1)) throw InvalidInput("[--lora-dropout] must be in [0, 1)");
@@ -501,12 +507,14 @@ class TrainSession {
   std::unique_ptr<DataSource> data_;
   DataOptions val_options_;  // --val-data: a fresh source per evaluation starts at sample 0
   TextSourceOptions val_text_;  // its tokenizer, for text:/jsonl: specs
+  std::optional<PreferenceData> val_pairs_;  // DPO with --val-data: the held-out pairs
   std::optional<StagedBatch> batch_;
   std::vector<kernels::ElementRange> ranges_;
   double loss_scale_ = 1.0;
   std::int64_t good_steps_ = 0;
   std::int64_t start_step_ = 0;          // --resume: the checkpoint's step
   std::int64_t micro_batches_read_ = 0;  // the data position (this rank's micro-batches)
+  nlohmann::json rebuilt_;               // TrainCheckpointState::rebuilt (with --save-every / --resume)
 };
 
 TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
@@ -572,13 +580,6 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
     }
   }
   if (o.dpo.enabled) {
-    if (!o.val_data.empty()) {
-      throw InvalidInput("[--val-data] evaluation of a DPO run is not implemented yet — drop --val-data");
-    }
-    if (!o.resume.empty() || o.save_every > 0) {
-      throw InvalidInput(std::string(o.resume.empty() ? "[--save-every]" : "[--resume]") +
-                         " resumable checkpoints of a DPO run are not implemented yet — use --save for the result");
-    }
     res_.config["dpo_reference"] = layout_.lora().enabled() ? "the policy with its LoRA adapters off"
                                                             : "a frozen copy of the initial weights";
   }
@@ -735,6 +736,46 @@ void TrainSession::build() {
       throw InvalidInput("[--resume] " + o.resume + " is at step " + std::to_string(resumed->global_step) +
                          ", not before --max-steps " + std::to_string(o.max_steps) + " — nothing left to run");
     }
+  }
+  if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
+  model_ = make_model(cfg, layout_, bufs_.compute_weights, bufs_.grads, pin_.options);
+  if (o.dpo.enabled && !layout_.lora().enabled()) {
+    // The reference: the initial weights, frozen (the plan's "reference model"; its model never
+    // runs backward, so the gradient buffer it is bound to is never written). Copied before a
+    // resumed run loads its checkpoint: the initial weights come from --model (or the seed) again.
+    ref_params_ = Tensor::empty({P}, prec_.compute_weights, alloc, "reference model");
+    ref_params_.copy_from(bufs_.compute_weights);
+    ref_model_ = make_model(cfg, layout_, ref_params_, bufs_.grads, pin_.options);
+  }
+  // What a checkpoint does not hold but a resumed run rebuilds from --model: recorded (and on
+  // --resume checked) by CRC-32 (train/train_checkpoint.h).
+  if (o.save_every > 0 || resumed) {
+    auto source = [&] { return is_preset(o.model) ? "preset " + o.model + " (seed " + std::to_string(o.seed) + ")" : o.model; };
+    if (ref_model_) {
+      const Tensor h = host_view_of(ref_params_, dev_);
+      const std::size_t n = static_cast<std::size_t>(h.numel()) * dtype_size(h.dtype());
+      rebuilt_["dpo_reference"] = {{"crc32", crc32_hex(crc32_bytes(h.raw(), n))},
+                                   {"bytes", n},
+                                   {"source", source()},
+                                   {"what", "the DPO reference model (the initial weights)"}};
+    }
+    if (nf4) {
+      std::uint32_t crc = 0;
+      std::size_t n = 0;
+      nf4->visit_state([&](const std::string&, const void* bytes, std::size_t k) {
+        crc = crc32_bytes(bytes, k, crc);
+        n += k;
+      });
+      rebuilt_["nf4_base"] = {{"crc32", crc32_hex(crc)},
+                              {"bytes", n},
+                              {"source", source()},
+                              {"what", std::string("the QLoRA base in ") + nf4_flavor_name(nf4->flavor()) +
+                                           " (codes, scalers, factors, means)"}};
+    }
+  }
+  if (resumed) {
+    check_rebuilt(o.resume, resumed->rebuilt, rebuilt_);
+    // QLoRA: the buffer holds the dense parameters; the NF4 base was quantized from --model above.
     fill_through_host(bufs_.params, dev_, [&](const Tensor& host) { load_weights(o.resume, cfg, layout_, host); });
     // The checkpoint holds the whole flat state; a ZeRO-1 rank keeps its shard of it.
     const std::int64_t begin = dp_ && dp_->zero() ? dp_->state_begin() : 0;
@@ -745,15 +786,7 @@ void TrainSession::build() {
       std::fprintf(stderr, "scalelab train: resuming from %s at step %lld\n", o.resume.c_str(),
                    static_cast<long long>(resumed->global_step));
     }
-  }
-  if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
-  model_ = make_model(cfg, layout_, bufs_.compute_weights, bufs_.grads, pin_.options);
-  if (o.dpo.enabled && !layout_.lora().enabled()) {
-    // The reference: the initial weights, frozen (the plan's "reference model"; its model never
-    // runs backward, so the gradient buffer it is bound to is never written).
-    ref_params_ = Tensor::empty({P}, prec_.compute_weights, alloc, "reference model");
-    ref_params_.copy_from(bufs_.compute_weights);
-    ref_model_ = make_model(cfg, layout_, ref_params_, bufs_.grads, pin_.options);
+    if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
   }
   if (dp_) {
     dp_->attach(bufs_.trainable, bufs_.grads, bufs_.m, bufs_.v, bufs_.zero_recv.defined() ? &bufs_.zero_recv : nullptr,
@@ -769,7 +802,12 @@ void TrainSession::build() {
   } else {
     data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
   }
-  if (!o.val_data.empty()) {
+  if (!o.val_data.empty() && o.dpo.enabled) {
+    // DPO: held-out preference pairs, read (and checked: exit 2 naming --val-data) before the first step.
+    val_options_ = dopt;
+    val_pairs_ = read_preference_pairs(o.val_data, o.seq_len, cfg.vocab_size,
+                                       TextSourceOptions{o.tokenizer, o.model, "--val-data"});
+  } else if (!o.val_data.empty()) {
     val_options_ = dopt;
     val_options_.spec = o.val_data;
     val_text_ = TextSourceOptions{o.tokenizer, o.model, "--val-data"};
@@ -946,6 +984,33 @@ void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {
   ExecContext ctx = *ctx_;
   ctx.profiler = nullptr;
   ctx.tracer = nullptr;
+  if (o.dpo.enabled) {
+    // Held-out preference pairs: the DPO loss and trl's reward metrics (train/dpo.h).
+    const auto t0 = std::chrono::steady_clock::now();
+    DpoEvalOptions eo;
+    eo.batches = o.eval_batches;
+    eo.rank = val_options_.rank;
+    eo.world = world_;
+    if (dp_) eo.sum_over_ranks = [this](double v) { return dp_->mean(v) * static_cast<double>(world_); };
+    const DpoStats st =
+        evaluate_dpo(*model_, ref_model_.get(), *val_pairs_, *batch_, o.dpo.beta, o.dpo.label_smoothing, eo, ctx);
+    EvalRecord e;
+    e.step = steps_done;
+    e.loss = st.loss;
+    e.dpo = st;
+    const std::int64_t per_batch = o.micro_batch_size * world_, n = static_cast<std::int64_t>(val_pairs_->pairs.size());
+    e.batches = o.eval_batches > 0 ? o.eval_batches : (n + per_batch - 1) / per_batch;
+    e.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    res_.evals.push_back(e);
+    if (!o.quiet) {
+      std::fprintf(stderr,
+                   "eval step %lld/%lld | val loss %.4f | rewards chosen %.4f rejected %.4f | margin %.4f | "
+                   "accuracy %.3f | %lld pairs | %.3f s\n",
+                   static_cast<long long>(steps_done), static_cast<long long>(o.max_steps), st.loss, st.rewards_chosen,
+                   st.rewards_rejected, st.margin, st.accuracy, static_cast<long long>(st.pairs), e.seconds);
+    }
+    return;
+  }
   auto data = make_data_source(val_options_, val_text_);
   EvalOptions eo;
   eo.batches = o.eval_batches;
@@ -974,6 +1039,7 @@ void TrainSession::maybe_checkpoint(std::int64_t steps_done) {
   st.skipped_steps = res_.skipped_steps;
   st.seed = o.seed;
   st.config = res_.config;
+  st.rebuilt = rebuilt_;
   for (const auto& r : res_.steps) st.losses.push_back(r.loss);
   Tensor m = host_view_of(bufs_.m, dev_), v = host_view_of(bufs_.v, dev_);
   // ZeRO-1: each rank holds a shard of the optimizer states; they are gathered (on the host, every

@@ -56,6 +56,8 @@ TEST_P(DpoGolden, StepsEqualTheReference) {
   const std::string json = testing::TempDir() + "dpo_" + GetParam() + ".json";
   std::string cmd = "dpo --model " + dir + " --pairs " + dir + "/pairs.jsonl" + dpo_flags(e) + " --json " + json;
   if (!e["lora"].is_null()) cmd += " --adapter " + dir + "/adapter_init";
+  const bool eval = e.contains("evals");
+  if (eval) cmd += " --val-data " + dir + "/pairs_val.jsonl --eval-every " + std::to_string(e["eval_every"].get<int>());
   const auto r = run(cmd);
   ASSERT_EQ(r.code, 0) << r.output;
   // The progress line carries the rewards.
@@ -78,6 +80,32 @@ TEST_P(DpoGolden, StepsEqualTheReference) {
     EXPECT_NEAR(rec["grad_norms"][i].get<double>(), gn, 1e-4 * gn + 1e-7) << "grad norm, step " << i + 1;
   }
   EXPECT_EQ(rec["final_reward_accuracy"], d["reward_accuracies"].back());
+  EXPECT_EQ(rec["config"]["model_family"], e.value("family", std::string("llama")));
+  if (eval) {
+    // trl's evaluation metrics on the held-out pairs after every eval_every steps and the last,
+    // within 1e-5 as the training steps' (the mean over pairs of sums of ~10 log-probabilities).
+    EXPECT_NE(r.output.find("eval step 2/"), std::string::npos) << r.output;
+    const auto& want = e["evals"];
+    const auto& got = rec["evals"];
+    ASSERT_EQ(got.size(), want.size()) << got.dump();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const auto& w = want[i];
+      const auto& g = got[i];
+      EXPECT_EQ(g["step"], w["step"]);
+      EXPECT_EQ(g["val_pairs"], w["pairs"]);
+      EXPECT_NEAR(g["val_loss"].get<double>(), w["loss"].get<double>(), 1e-5) << "eval " << i;
+      EXPECT_NEAR(g["val_rewards_chosen"].get<double>(), w["rewards_chosen"].get<double>(), 1e-5) << "eval " << i;
+      EXPECT_NEAR(g["val_rewards_rejected"].get<double>(), w["rewards_rejected"].get<double>(), 1e-5) << "eval " << i;
+      EXPECT_NEAR(g["val_reward_margin"].get<double>(), w["reward_margin"].get<double>(), 1e-5) << "eval " << i;
+      EXPECT_NEAR(g["val_reward_accuracy"].get<double>(), w["reward_accuracy"].get<double>(), 1e-5) << "eval " << i;
+    }
+    // The last evaluation at the top of the record (where the lab reads it); no perplexity.
+    EXPECT_EQ(rec["val_loss"], got.back()["val_loss"]);
+    EXPECT_EQ(rec["val_reward_accuracy"], got.back()["val_reward_accuracy"]);
+    EXPECT_EQ(rec["val_reward_margin"], got.back()["val_reward_margin"]);
+    EXPECT_TRUE(rec["val_perplexity"].is_null());
+    EXPECT_NE(r.output.find("Validation (5 held-out pairs)"), std::string::npos) << r.output;
+  }
   EXPECT_EQ(rec["config"]["dpo"], true);
   EXPECT_EQ(rec["config"]["dpo_reference"], e["lora"].is_null() ? "a frozen copy of the initial weights"
                                                                   : "the policy with its LoRA adapters off");
@@ -98,9 +126,25 @@ TEST_P(DpoGolden, PairsTokenizeAsTheReference) {
     EXPECT_EQ(d.pairs[i].rejected, w["rejected"].get<std::vector<std::int32_t>>()) << i;
   }
   EXPECT_EQ(d.truncated, 2);  // the rejected answers of pairs 5 and 7 fill the sequence
+  if (e.contains("val_pairs_tokens")) {
+    const PreferenceData v = read_preference_pairs(dir + "/pairs_val.jsonl", e["training"]["seq_len"].get<std::int64_t>(),
+                                                   100000, TextSourceOptions{"", dir, "--val-data"});
+    ASSERT_EQ(v.pairs.size(), e["val_pairs_tokens"].size());
+    for (std::size_t i = 0; i < v.pairs.size(); ++i) {
+      const auto& w = e["val_pairs_tokens"][i];
+      EXPECT_EQ(v.pairs[i].prompt, w["prompt"].get<std::vector<std::int32_t>>()) << i;
+      EXPECT_EQ(v.pairs[i].chosen, w["chosen"].get<std::vector<std::int32_t>>()) << i;
+      EXPECT_EQ(v.pairs[i].rejected, w["rejected"].get<std::vector<std::int32_t>>()) << i;
+    }
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(Reference, DpoGolden, ::testing::Values("full_accum2", "lora_qv_smoothing"));
+// full_accum2 / lora_qv_smoothing: Llama, training steps only. full_eval: Llama with held-out
+// pairs (5 pairs in micro-batches of 2: the last one partial). opt_full_eval / opt_lora_eval: OPT
+// (biases, learned positions, tied head) with a frozen reference copy and with the adapters off.
+INSTANTIATE_TEST_SUITE_P(Reference, DpoGolden,
+                         ::testing::Values("full_accum2", "lora_qv_smoothing", "full_eval", "opt_full_eval",
+                                           "opt_lora_eval"));
 
 std::string write(const std::string& name, const std::string& text) {
   const std::string path = testing::TempDir() + "dpo_cli_" + name;
@@ -124,6 +168,10 @@ TEST(DpoCli, BadInputExitsTwoNamingIt) {
       {ok, " --beta 0", "[--beta]"},
       {ok, " --label-smoothing 0.5", "[--label-smoothing]"},
       {ok, " --data synthetic", "[--data]"},
+      // Held-out pairs are read (and refused) as --pairs are, naming --val-data.
+      {ok, " --val-data " + write("bad_val.jsonl", ok + "\n" + R"({"prompt": "Hi", "chosen": "", "rejected": " no"})"),
+       "[--val-data] "},
+      {ok, " --val-data " + write("bad_val2.jsonl", ok) + " --eval-every -1", "[--eval-every]"},
   };
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const auto r = run(base + " --pairs " + write("bad" + std::to_string(i) + ".jsonl", cases[i].pairs) + cases[i].flags);
@@ -141,10 +189,11 @@ TEST(DpoCli, BadInputExitsTwoNamingIt) {
 // The plan of a DPO step (scalelab plan --dpo) equals the measured peak, with the frozen reference
 // copy counted (full fine-tuning: as large as the weights) or absent (LoRA: the adapters off).
 TEST(DpoCli, MeasuredPeakEqualsThePlan) {
-  const std::string dir = kGolden + "full_accum2";
   const std::string json = testing::TempDir() + "dpo_peak.json", plan = testing::TempDir() + "dpo_plan.json";
+  for (const std::string model : {"full_accum2", "opt_full_eval"})  // Llama; OPT (biases, learned positions)
   for (const std::string sw : {"", " --lora-rank 4 --lora-targets q_proj,v_proj",
                                " --activation-checkpointing --attn flash --mixed-precision bf16"}) {
+    const std::string dir = kGolden + model;
     // Large enough that the activations and logits, not the 2 MiB segment rounding, set the peak.
     const std::string common = " --model " + dir + " --seq-len 64 --micro-batch-size 8 --threads 1" + sw;
     const auto r = run("dpo --pairs " + dir + "/pairs.jsonl --max-steps 2 --quiet --json " + json + common);
@@ -152,8 +201,8 @@ TEST(DpoCli, MeasuredPeakEqualsThePlan) {
     const auto p = run("plan --dpo --device meta --json " + plan + common);
     ASSERT_EQ(p.code, 0) << p.output;
     const auto rec = read_json(json), pl = read_json(plan);
-    EXPECT_EQ(rec["max_reserved_bytes"], rec["memory_plan"]["total_bytes"]) << sw;
-    EXPECT_EQ(pl["total_bytes"], rec["memory_plan"]["total_bytes"]) << sw;
+    EXPECT_EQ(rec["max_reserved_bytes"], rec["memory_plan"]["total_bytes"]) << model << sw;
+    EXPECT_EQ(pl["total_bytes"], rec["memory_plan"]["total_bytes"]) << model << sw;
     std::size_t weights = 0, reference = 0;
     for (const auto& it : pl["items"]) {
       if (it["name"] == "weights") weights = it["bytes"];

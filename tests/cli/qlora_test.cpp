@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
 #include "cli/cli_run.h"
+#include "model/safetensors.h"
 
 namespace scalelab {
 namespace {
@@ -135,12 +138,82 @@ TEST(QloraCli, BadInputExitsTwoNamingTheFlag) {
   r = run(base + " --lora-rank 4 --quantize-base nf4");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("q_proj.weight [64, 64] cannot be stored as nf4"), std::string::npos) << r.output;
-  r = run(base + " --lora-rank 4 --quantize-base nf4-bnb --save-every 1 --save " + testing::TempDir() + "qlora_bad");
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_NE(r.output.find("[--save-every]"), std::string::npos) << r.output;
   r = run("plan --model llama-tiny --device meta --seq-len 16 --quantize-base nf4-bnb");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("add --lora-rank"), std::string::npos) << r.output;
+}
+
+// Overwrites the first element of an F32 tensor of a safetensors file in place.
+void set_first_f32(const std::string& path, const std::string& tensor, float value) {
+  std::uint64_t header = 0;
+  std::size_t begin = 0;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(path);
+    const SafetensorsTensor* t = f.find(tensor);
+    ASSERT_NE(t, nullptr) << tensor;
+    begin = t->begin;
+    std::ifstream in(path, std::ios::binary);
+    in.read(reinterpret_cast<char*>(&header), 8);  // the header's length (little-endian)
+  }
+  std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+  out.seekp(static_cast<std::streamoff>(8 + header + begin));
+  out.write(reinterpret_cast<const char*>(&value), 4);
+}
+
+std::string file_bytes(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+// --save-every / --resume with an NF4 base: the checkpoint holds the dense parameters and the
+// adapters (not the quantized weights), the base is re-quantized from --model on resume and
+// checked by its CRC-32, and the continuation is bit for bit the uninterrupted run's (losses,
+// gradient norms, the saved adapter) for both flavours.
+TEST(QloraCli, ResumeIsBitIdentical) {
+  const nlohmann::json e = read_json(kGolden + "/expected_nf4.json");
+  for (const std::string flavor : {"nf4", "nf4-bnb"}) {
+    const std::string a = testing::TempDir() + "qlora_resume_a_" + flavor, b = testing::TempDir() + "qlora_resume_b_" + flavor;
+    std::filesystem::remove_all(a);
+    std::filesystem::remove_all(b);
+    const std::string base = "train --model " + kGolden + " --data " + kGolden + "/tokens.bin" + train_flags(e["training"]) +
+                             " --lora-rank 8 --lora-alpha 16 --lora-targets " + kAll + " --quantize-base " + flavor +
+                             " --adapter " + kGolden + "/adapter_init";
+    auto r = run(base + " --save " + a + " --save-every 2 --json " + a + ".json");
+    ASSERT_EQ(r.code, 0) << r.output;
+    const std::string ckpt = a + "/checkpoint-2";
+    // The checkpoint: no quantized weight in model.safetensors, the base's checksum recorded.
+    const std::string model = file_bytes(ckpt + "/model.safetensors");
+    EXPECT_EQ(model.find("q_proj.weight\""), std::string::npos) << "the NF4 weights are not saved";
+    EXPECT_NE(model.find("embed_tokens.weight"), std::string::npos);
+    EXPECT_NE(model.find("q_proj.lora_A.weight"), std::string::npos);
+    const auto state = read_json(ckpt + "/trainer_state.json");
+    ASSERT_TRUE(state.contains("rebuilt_from_model")) << state.dump();
+    EXPECT_EQ(state["rebuilt_from_model"]["nf4_base"]["crc32"].get<std::string>().size(), 8u);
+    r = run(base + " --resume " + ckpt + " --save " + b + " --json " + b + ".json");
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto ra = read_json(a + ".json"), rb = read_json(b + ".json");
+    const std::size_t n = ra["losses"].size();
+    ASSERT_EQ(rb["losses"].size(), n - 2);
+    for (std::size_t i = 0; i + 2 < n; ++i) {
+      EXPECT_EQ(rb["losses"][i].get<double>(), ra["losses"][i + 2].get<double>()) << flavor << " step " << i + 3;
+      EXPECT_EQ(rb["grad_norms"][i].get<double>(), ra["grad_norms"][i + 2].get<double>()) << flavor;
+    }
+    EXPECT_EQ(file_bytes(a + "/adapter_model.safetensors"), file_bytes(b + "/adapter_model.safetensors")) << flavor;
+  }
+  // Another base under the same config (one weight changed): its NF4 codes differ — refused.
+  const std::string other = testing::TempDir() + "qlora_other_base";
+  std::filesystem::remove_all(other);
+  std::filesystem::create_directories(other);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors"})
+    std::filesystem::copy_file(kGolden + "/" + f, other + "/" + f);
+  // The first element of a quantized weight made large enough to set its block's absmax: its codes change.
+  set_first_f32(other + "/model.safetensors", "model.layers.0.self_attn.q_proj.weight", 3.0f);
+  const auto r = run("train --model " + other + " --data " + kGolden + "/tokens.bin" + train_flags(e["training"]) +
+                     " --lora-rank 8 --lora-alpha 16 --lora-targets " + kAll + " --quantize-base nf4 --adapter " +
+                     kGolden + "/adapter_init --resume " + testing::TempDir() + "qlora_resume_a_nf4/checkpoint-2");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("the QLoRA base in nf4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resume with that run's --model"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -520,6 +520,43 @@ TEST_F(TrainMpi, ValidationLossOverRanksEqualsOneProcessAndTransformers) {
   EXPECT_EQ(rec[1]["evals"][0]["val_batches"], 2);  // ceil(7 / (2 ranks x 2)) per rank
 }
 
+// DPO under mpirun: 2 ranks x 1 pair take the pairs one rank x 2 pairs takes (disjoint, in file
+// order), average the gradients and the step's rewards, and evaluate the held-out pairs each its
+// share (rank 1's third micro-batch is past the 5 pairs: not counted); the result is the PyTorch
+// reference's (tests/golden/data/dpo/full_eval: micro-batch 2, one process) within 1e-5, DDP and ZeRO-1.
+TEST_F(TrainMpi, DpoOverTwoRanksMatchesTheReference) {
+  const std::string dir = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/dpo/full_eval";
+  std::ifstream ein(dir + "/expected.json");
+  const nlohmann::json e = nlohmann::json::parse(ein);
+  const std::string flags = "dpo --model " + dir + " --pairs " + dir + "/pairs.jsonl --val-data " + dir +
+                            "/pairs_val.jsonl --eval-every 2 --beta 0.1 --micro-batch-size 1 --seq-len 32 "
+                            "--max-steps 5 --warmup-steps 1 --lr 0.002 --weight-decay 0.1 --threads 1 --quiet";
+  for (const std::string zero : {"", " --zero 1"}) {
+    const SubprocessResult r = scalelab(2, flags + zero + " --json " + path("dpo.json"));
+    ASSERT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+    std::ifstream in(path("dpo.json"));
+    const nlohmann::json rec = nlohmann::json::parse(in);
+    EXPECT_EQ(rec["world_size"], 2);
+    ASSERT_EQ(rec["losses"].size(), e["losses"].size());
+    for (std::size_t i = 0; i < rec["losses"].size(); ++i) {
+      EXPECT_NEAR(rec["losses"][i].get<double>(), e["losses"][i].get<double>(), 1e-5) << zero << " step " << i + 1;
+      EXPECT_NEAR(rec["dpo"]["reward_margins"][i].get<double>(), e["reward_margins"][i].get<double>(), 1e-5) << zero;
+      EXPECT_NEAR(rec["dpo"]["reward_accuracies"][i].get<double>(), e["reward_accuracies"][i].get<double>(), 1e-5)
+          << zero;
+    }
+    ASSERT_EQ(rec["evals"].size(), e["evals"].size());
+    for (std::size_t i = 0; i < rec["evals"].size(); ++i) {
+      const auto& g = rec["evals"][i];
+      const auto& w = e["evals"][i];
+      EXPECT_EQ(g["val_pairs"], 5);
+      EXPECT_EQ(g["val_batches"], 3);  // ceil(5 / (2 ranks x 1)) per rank
+      EXPECT_NEAR(g["val_loss"].get<double>(), w["loss"].get<double>(), 1e-5) << zero << " eval " << i;
+      EXPECT_NEAR(g["val_reward_margin"].get<double>(), w["reward_margin"].get<double>(), 1e-5) << zero;
+      EXPECT_NEAR(g["val_reward_accuracy"].get<double>(), w["reward_accuracy"].get<double>(), 1e-5) << zero;
+    }
+  }
+}
+
 #endif  // SCALELAB_MPIRUN
 
 }  // namespace

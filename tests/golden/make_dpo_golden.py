@@ -27,6 +27,15 @@ micro-batches.
 For each case a directory with config.json, model.safetensors, tokenizer.json + tokenizer_config.json,
 pairs.jsonl, (LoRA) adapter_init/, and expected.json: the settings, the token ids of every pair, and
 per step loss, rewards_chosen, rewards_rejected, reward_margin, reward_accuracy, grad_norm.
+
+Cases with "eval" also write pairs_val.jsonl (held-out pairs) and expected.json "evals": after every
+`every` optimizer steps and after the last, trl's evaluation metrics on the held-out pairs with the
+model in eval mode and no gradient (eval_loss, eval_rewards/chosen, /rejected, /margins,
+/accuracies): the means over all held-out pairs (trl averages per batch; equal when batches are full,
+and scalelab averages over pairs, which is what this writes).
+
+OPT cases ("family": "opt"): OPTForCausalLM (learned positions with offset 2, biases, LayerNorm, tied
+head) with dropout 0 (random masks cannot be compared; scalelab's are its own generator's).
 """
 import argparse
 import copy
@@ -38,7 +47,7 @@ import peft
 import torch
 import transformers
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM, PreTrainedTokenizerFast
 
 SEED = 5151
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +65,15 @@ PAIRS = [
     ("Say thanks:", " Thank you very much!", " No."),
 ]
 
+# Held-out pairs for the cases with evaluation (5: with micro-batch 2 the last batch is partial).
+VAL_PAIRS = [
+    ("The capital of Italy is", " Rome.", " a kind of pasta."),
+    ("Three minus one equals", " two.", " seven hundred."),
+    ("Ice is", " frozen water.", " a warm drink served at breakfast."),
+    ("A polite greeting is", " Hello!", " Go away."),
+    ("The sun rises in the", " east.", " basement."),
+]
+
 CASES = [
     {"name": "full_accum2", "description": "full fine-tuning, reference = a frozen copy, micro-batch 2, accumulation 2",
      "lora": None, "beta": 0.1, "label_smoothing": 0.0, "tied": False,
@@ -69,12 +87,32 @@ CASES = [
      "training": {"micro_batch_size": 4, "grad_accum_steps": 1, "seq_len": 32, "max_steps": 5, "warmup_steps": 0,
                   "lr": 2e-2, "lr_scheduler": "linear", "weight_decay": 0.0, "adam_beta1": 0.9,
                   "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0}},
+    {"name": "full_eval", "description": "Llama full fine-tuning (frozen reference copy), evaluation on 5 held-out "
+     "pairs every 2 steps", "lora": None, "beta": 0.1, "label_smoothing": 0.0, "tied": False,
+     "eval": {"every": 2},
+     "training": {"micro_batch_size": 2, "grad_accum_steps": 1, "seq_len": 32, "max_steps": 5, "warmup_steps": 1,
+                  "lr": 2e-3, "lr_scheduler": "linear", "weight_decay": 0.1, "adam_beta1": 0.9,
+                  "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0}},
+    {"name": "opt_full_eval", "description": "OPT (biases, learned positions, tied head) full fine-tuning with a frozen reference copy, accumulation 2, evaluation every 2 steps",
+     "family": "opt", "lora": None, "beta": 0.1, "label_smoothing": 0.0, "tied": True,
+     "eval": {"every": 2},
+     "training": {"micro_batch_size": 2, "grad_accum_steps": 2, "seq_len": 32, "max_steps": 4, "warmup_steps": 1,
+                  "lr": 3e-3, "lr_scheduler": "linear", "weight_decay": 0.1, "adam_beta1": 0.9,
+                  "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0}},
+    {"name": "opt_lora_eval", "description": "OPT LoRA r 4 alpha 8 on q_proj,v_proj,out_proj,fc1,fc2, reference = "
+     "the adapters off, beta 0.5, label smoothing 0.1, evaluation every 2 steps",
+     "family": "opt", "lora": {"r": 4, "alpha": 8.0, "targets": ["q_proj", "v_proj", "out_proj", "fc1", "fc2"]},
+     "beta": 0.5, "label_smoothing": 0.1, "tied": True,
+     "eval": {"every": 2},
+     "training": {"micro_batch_size": 4, "grad_accum_steps": 1, "seq_len": 32, "max_steps": 4, "warmup_steps": 0,
+                  "lr": 2e-2, "lr_scheduler": "linear", "weight_decay": 0.0, "adam_beta1": 0.9,
+                  "adam_beta2": 0.999, "adam_epsilon": 1e-8, "max_grad_norm": 1.0}},
 ]
 
 
-def tokenize(tok, seq_len):
+def tokenize(tok, seq_len, pairs=PAIRS):
     out = []
-    for prompt, chosen, rejected in PAIRS:
+    for prompt, chosen, rejected in pairs:
         p = tok(prompt)["input_ids"]
         c = tok(chosen, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
         r = tok(rejected, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
@@ -119,6 +157,43 @@ def dpo_loss(pi, ref, beta, eps):
     return losses.mean(), chosen, rejected
 
 
+def make_model(case, tok, vocab):
+    if case.get("family", "llama") == "opt":
+        config = OPTConfig(
+            vocab_size=vocab, hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=64, word_embed_proj_dim=32, do_layer_norm_before=True,
+            activation_function="relu", enable_bias=True, layer_norm_elementwise_affine=True, dropout=0.0,
+            attention_dropout=0.0, layerdrop=0.0, init_std=0.02, pad_token_id=1, bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id, tie_word_embeddings=case["tied"], attn_implementation="eager",
+            torch_dtype="float32")
+        return OPTForCausalLM(config).float()
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=case["tied"], initializer_range=0.02, attention_dropout=0.0, hidden_act="silu",
+        attn_implementation="eager", torch_dtype="float32", bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id)
+    return LlamaForCausalLM(config).float()
+
+
+def evaluate(model, ref_model, val, seq, beta, eps):
+    """trl's evaluation metrics over every held-out pair, the model in eval mode, no gradient."""
+    model.eval()
+    inputs, labels = make_batch(val, seq)
+    with torch.no_grad():
+        if ref_model is not None:
+            ref = sequence_logps(ref_model, inputs, labels)
+        else:
+            with model.disable_adapter():
+                ref = sequence_logps(model, inputs, labels)
+        pi = sequence_logps(model, inputs, labels)
+        loss, chosen, rejected = dpo_loss(pi, ref, beta, eps)
+    model.train()
+    return {"loss": loss.item(), "rewards_chosen": chosen.mean().item(), "rewards_rejected": rejected.mean().item(),
+            "reward_margin": (chosen - rejected).mean().item(),
+            "reward_accuracy": (chosen > rejected).float().mean().item(), "pairs": len(val)}
+
+
 def make_case(case, out_root):
     torch.manual_seed(SEED)
     t = case["training"]
@@ -131,18 +206,18 @@ def make_case(case, out_root):
         shutil.copy(os.path.join(TOKENIZER, f), os.path.join(out, f))
     tok = PreTrainedTokenizerFast.from_pretrained(out)
     vocab = (len(tok) + 63) // 64 * 64
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=case["tied"], initializer_range=0.02, attention_dropout=0.0, hidden_act="silu",
-        attn_implementation="eager", torch_dtype="float32", bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id)
-    base = LlamaForCausalLM(config).float()
+    base = make_model(case, tok, vocab)
     base.save_pretrained(out, safe_serialization=True)
     with open(os.path.join(out, "pairs.jsonl"), "w") as f:
         for p, c, r in PAIRS:
             f.write(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n")
     pairs = tokenize(tok, seq)
+    val = None
+    if case.get("eval"):
+        with open(os.path.join(out, "pairs_val.jsonl"), "w") as f:
+            for p, c, r in VAL_PAIRS:
+                f.write(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n")
+        val = tokenize(tok, seq, VAL_PAIRS)
 
     if case["lora"]:
         l = case["lora"]
@@ -167,6 +242,7 @@ def make_case(case, out_root):
     trainable = [p for _, p in named]
     rec = {k: [] for k in ("losses", "rewards_chosen", "rewards_rejected", "reward_margins", "reward_accuracies",
                            "grad_norms")}
+    evals = []
     g = 0
     for step in range(steps):
         optimizer.zero_grad(set_to_none=True)
@@ -197,6 +273,9 @@ def make_case(case, out_root):
         rec["rewards_rejected"].append(sums["r"] / accum)
         rec["reward_margins"].append(sums["m"] / accum)
         rec["reward_accuracies"].append(sums["a"] / accum)
+        if val is not None and ((step + 1) % case["eval"]["every"] == 0 or step + 1 == steps):
+            evals.append({"step": step + 1, **evaluate(model, ref_model, val, seq, case["beta"],
+                                                       case["label_smoothing"])})
     assert rec["losses"][-1] < rec["losses"][0] - 0.01, f"{case['name']}: the loss barely moves ({rec['losses']})"
     expected = {
         "description": case["description"],
@@ -204,10 +283,15 @@ def make_case(case, out_root):
         "label_smoothing": case["label_smoothing"],
         "lora": case["lora"],
         "training": t,
+        "family": case.get("family", "llama"),
         "pairs_tokens": [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in pairs],
         **rec,
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
     }
+    if val is not None:
+        expected["eval_every"] = case["eval"]["every"]
+        expected["val_pairs_tokens"] = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in val]
+        expected["evals"] = evals
     with open(os.path.join(out, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
     print(f"{case['name']}: losses {['%.5f' % x for x in rec['losses']]} accuracies {rec['reward_accuracies']} "

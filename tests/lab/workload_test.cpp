@@ -173,6 +173,19 @@ TEST(Outcome, Native) {
   EXPECT_TRUE(ok.record.contains("losses"));
   EXPECT_FALSE(ok.metrics.contains("plan_total_bytes"));  // no memory plan in this record
 
+  // A DPO run's figures: the last step's rewards and the last held-out evaluation's.
+  testing::write_text(rec, R"({"status":"ok","tokens_per_s_per_device":10.0,"final_loss":0.6,
+    "final_reward_accuracy":0.75,"final_reward_margin":0.2,"val_loss":0.65,"val_perplexity":null,
+    "val_reward_accuracy":0.6,"val_reward_margin":0.1,"val_rewards_chosen":0.05,"val_rewards_rejected":-0.05})");
+  auto dpo = classify_native(exited(0), 10, rec, "");
+  EXPECT_DOUBLE_EQ(dpo.metrics["final_reward_accuracy"].get<double>(), 0.75);
+  EXPECT_DOUBLE_EQ(dpo.metrics["val_loss"].get<double>(), 0.65);
+  EXPECT_DOUBLE_EQ(dpo.metrics["val_reward_accuracy"].get<double>(), 0.6);
+  EXPECT_DOUBLE_EQ(dpo.metrics["val_reward_margin"].get<double>(), 0.1);
+  EXPECT_DOUBLE_EQ(dpo.metrics["val_rewards_chosen"].get<double>(), 0.05);
+  EXPECT_DOUBLE_EQ(dpo.metrics["val_rewards_rejected"].get<double>(), -0.05);
+  EXPECT_FALSE(dpo.metrics.contains("val_perplexity"));
+
   // The memory plan's parts become metrics (what each held at the planned peak), names slugged.
   testing::write_text(rec, R"J({"status":"ok","trainable_params":96,"frozen_params":1000,
     "memory_plan":{"total_bytes":4096,"items":[

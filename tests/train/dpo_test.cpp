@@ -162,8 +162,26 @@ ModelConfig tiny_llama() {
   return c;
 }
 
+// OPT with biases, learned positions, a tied head and project_in/out (word_embed_proj_dim 12 <
+// hidden 16), pre-LN; untied head not needed (the Llama harness has one).
+ModelConfig tiny_opt() {
+  ModelConfig c = preset_config("opt-tiny");
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.vocab_size = 32;
+  c.max_position_embeddings = 16;
+  c.word_embed_proj_dim = 12;
+  c.initializer_range = 0.3;
+  c.validate("tiny_opt");
+  return c;
+}
+
 struct DpoHarness {
-  ModelConfig cfg = tiny_llama();
+  ModelConfig cfg;
   ParamLayout layout;
   ExecContext ctx{&host(), nullptr};
   Tensor params, grads, ref_params;
@@ -171,12 +189,13 @@ struct DpoHarness {
   Batch batch;
   double beta = 1.0, eps = 0.1;
 
-  explicit DpoHarness(bool lora) {
+  explicit DpoHarness(bool lora, ModelConfig c = tiny_llama()) : cfg(std::move(c)) {
     LoraConfig l;
     if (lora) {
       l.rank = 2;
       l.alpha = 4;
-      l.targets = {"q_proj", "v_proj", "down_proj"};
+      l.targets = cfg.family == ModelFamily::kOPT ? std::vector<std::string>{"q_proj", "out_proj", "fc2"}
+                                                  : std::vector<std::string>{"q_proj", "v_proj", "down_proj"};
     }
     layout = ParamLayout::build(cfg, "", l);
     params = Tensor::empty({layout.total_numel()}, DType::kF32, host());
@@ -227,8 +246,8 @@ struct DpoHarness {
   }
 };
 
-void finite_differences(bool lora) {
-  DpoHarness h(lora);
+void finite_differences(bool lora, ModelConfig cfg = tiny_llama()) {
+  DpoHarness h(lora, std::move(cfg));
   const double loss = h.step();
   EXPECT_NEAR(loss, h.eval(), 1e-6);
   EXPECT_GT(std::fabs(loss - std::log(2.0)), 1e-3) << "policy and reference should differ";
@@ -258,6 +277,9 @@ void finite_differences(bool lora) {
 
 TEST(DpoGrad, FiniteDifferencesFullFineTuningWithAFrozenReference) { finite_differences(false); }
 TEST(DpoGrad, FiniteDifferencesLoraWithTheAdaptersOffAsReference) { finite_differences(true); }
+// OPT: biases, learned positions (the rows' positions restart at 0), LayerNorm, project_in/out.
+TEST(DpoGrad, FiniteDifferencesOptFullFineTuning) { finite_differences(false, tiny_opt()); }
+TEST(DpoGrad, FiniteDifferencesOptLora) { finite_differences(true, tiny_opt()); }
 
 TEST(DpoGrad, AdaptersOffIsTheBaseModel) {
   // With the adapters off, the LoRA model's log-probabilities are the base model's exactly.

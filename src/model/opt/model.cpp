@@ -7,8 +7,11 @@
 //
 // Explicit forward and backward per layer over the shared decoder pieces (src/model/decoder/),
 // as src/model/llama/model.cpp; activations are stored in ModelOptions::activation_dtype,
-// LayerNorm statistics and the loss' log-sum-exp in fp32. Every allocation below is mirrored, in
-// order, by opt_step() in src/train/memory_plan.cpp: change one, change the other.
+// LayerNorm statistics and the loss' log-sum-exp in fp32. The memory plan runs this same code on the
+// meta device (src/train/memory_plan.cpp), so every allocation below is planned as it is.
+//
+// DPO (forward_logprobs / forward_backward_logprobs): the loss over each target's log-probability
+// instead of the mean cross-entropy, with the unfused head (train/dpo.h).
 //
 // Dropout masks are never stored: a counter-based generator keyed by (seed, micro-step, layer,
 // site) regenerates them in backward and in a checkpointed layer's recomputation
@@ -30,6 +33,7 @@
 #include "kernels/elementwise.h"
 #include "kernels/embedding.h"
 #include "kernels/fused.h"
+#include "kernels/logprobs.h"
 #include "kernels/loss.h"
 #include "model/decoder/attention.h"
 #include "model/decoder/norm.h"
@@ -104,6 +108,35 @@ class OptModel final : public Model {
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
+    return train_step(b, grad_scale, nullptr, ctx);
+  }
+
+  // DPO (train/dpo.h): the loss over each target's log-probability. The [chosen; rejected] rows
+  // are right-padded, so each row's learned positions are 0, 1, ... as transformers' OPT gives a
+  // row without padding (its positions come from the attention mask's cumulative sum), and the
+  // padding after a row's last token changes nothing before it (causal attention).
+  double forward_backward_logprobs(const Batch& b, const LogprobLoss& loss, ExecContext& ctx) override {
+    SCALELAB_CHECK(!opt_.fused_kernels, "[opt] a loss over token log-probabilities (DPO) needs the unfused head — "
+                                        "run without --fused-kernels");
+    return train_step(b, 0.0f, &loss, ctx);
+  }
+
+  // Forward only (no dropout, as forward_loss): each target's log-probability into logp.
+  void forward_logprobs(Tensor& logp, const Batch& b, ExecContext& ctx) override {
+    SCALELAB_CHECK(!opt_.fused_kernels, "[opt] token log-probabilities (DPO) need the unfused head — run without "
+                                        "--fused-kernels");
+    Tensor logits;
+    forward_loss(b, ctx, &logits);
+    // forward_loss's lse is gone with its scope: recompute it (one pass over the logits).
+    Tensor lse = act_.f32({b.batch * b.seq}, "loss lse");
+    cross_entropy_forward(lse, logits, b.targets, ctx);
+    token_logprobs_forward(logp, logits, lse, b.targets, ctx);
+  }
+
+ private:
+  // forward_backward with the mean cross-entropy (logprob_loss null) or a loss over the token
+  // log-probabilities (DPO).
+  double train_step(const Batch& b, float grad_scale, const LogprobLoss* logprob_loss, ExecContext& ctx) {
     check_batch(b);
     const std::int64_t T = b.batch * b.seq, L = c_.num_hidden_layers;
     std::vector<Acts> acts(static_cast<std::size_t>(L));
@@ -129,7 +162,19 @@ class OptModel final : public Model {
     HeadActs h = head_forward(x, ctx);
     Tensor dxp = act_.act({T, P_}, "head input gradient");
     LossSum ls;
-    if (opt_.fused_kernels) {
+    double custom_loss = 0;
+    if (logprob_loss != nullptr) {
+      Tensor logits = act_.act({T, c_.vocab_size}, "logits");
+      head_.forward(logits, h.xp, ctx);
+      Tensor lse = act_.f32({T}, "loss lse");
+      cross_entropy_forward(lse, logits, b.targets, ctx);
+      Tensor logp = act_.f32({T}, "token log-probabilities");
+      token_logprobs_forward(logp, logits, lse, b.targets, ctx);
+      Tensor dlogp = act_.f32({T}, "token log-probability gradients");
+      custom_loss = (*logprob_loss)(logp, dlogp, ctx);
+      token_logprobs_backward(logits, logits, lse, b.targets, dlogp, ctx);
+      head_.backward(&dxp, logits, h.xp, ctx);
+    } else if (opt_.fused_kernels) {
       const std::int64_t count = count_target_tokens(b.targets, ctx);
       SCALELAB_CHECK(count > 0, "[opt] the batch has no target tokens to train on");
       ls = fused_linear_cross_entropy(dxp, head_.dw, h.xp, head_.w, b.targets, grad_scale / static_cast<float>(count),
@@ -166,9 +211,10 @@ class OptModel final : public Model {
     }
     embed_backward(b, emb_in, dx, ctx);
     if (hook_ && embed_range_.second > embed_range_.first) hook_(embed_range_.first, embed_range_.second);
-    return ls.sum / static_cast<double>(ls.count);
+    return logprob_loss != nullptr ? custom_loss : ls.sum / static_cast<double>(ls.count);
   }
 
+ public:
   double forward_loss(const Batch& b, ExecContext& ctx, Tensor* logits_out) override {
     check_batch(b);
     const std::int64_t T = b.batch * b.seq;
