@@ -45,9 +45,10 @@ void validate_job(const HfJob& j) {
   if (j.versions.transformers != kSupportedTransformers)
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers);
-  if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT)
+  if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT &&
+      j.model.family != ModelFamily::kQwen2)
     bad(std::string("model family '") + family_name(j.model.family) +
-        "' has no hf-trainer schedule yet — supported: llama, opt (Qwen2 is not modelled)");
+        "' has no hf-trainer schedule yet — supported: llama, opt, qwen2");
   if (j.model.family == ModelFamily::kOPT) {
     if (j.model.word_embed_proj_dim != j.model.hidden_size)
       bad("OPT with word_embed_proj_dim != hidden_size (project_in/out, opt-350m) is not modelled");
@@ -77,8 +78,10 @@ void validate_job(const HfJob& j) {
         "master weights) — use --mixed-precision bf16 or no");
   if (j.attn != "eager" && j.attn != "sdpa" && j.attn != "flash")
     bad("--attn " + j.attn + " — use eager, or flash (attn_implementation sdpa)");
-  if (j.fused_kernels && j.model.family != ModelFamily::kLlama)
+  if (j.fused_kernels && j.model.family == ModelFamily::kOPT)
     bad("--fused-kernels (Liger) has no OPT patch (no apply_liger_kernel_to_opt) — drop the flag");
+  if (j.fused_kernels && j.model.family == ModelFamily::kQwen2)
+    bad("--fused-kernels with Qwen2 (apply_liger_kernel_to_qwen2) is not modelled yet — drop the flag");
   if (j.fused_kernels && j.mixed_precision != "no" && j.model_precision == "fp32")
     bad("--fused-kernels with autocast over fp32 weights is not modelled — use --model-precision bf16 "
         "(measured) or no mixed precision");
@@ -116,6 +119,7 @@ Dims dims_of(const HfJob& j) {
   d.eager = j.attn == "eager";
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   d.liger = j.fused_kernels;
+  d.qkv_bias = j.model.qkv_bias;
   return d;
 }
 
@@ -141,15 +145,15 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   Id pad = t.alloc(d.B * (d.T + 1) * 8, Category::kInputs, "labels padded with -100");
   h.shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
   h.ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
-  // nll_loss's total weight and the loss, num_items_in_batch and its device copy (0-d tensors
-  // alive until backward is done: the scalars the CPU trace shows live at backward)
+  // nll_loss's total weight and the loss, num_items_in_batch's device copy (0-d tensors alive
+  // until backward is done: the scalars the CPU trace shows live at backward). The CPU trace's
+  // other 8-byte tensors live at backward are eager attention's wrapped `* scaling` scalars, one
+  // per layer, which stay on the host under CUDA (the Qwen2 sdpa traces, which have none, show it).
   Id* sc = h.scalars;
-  Id init[5] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
+  Id init[3] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
                    t.alloc(4, Category::kLogitsLoss, "loss"),
-                   t.alloc(8, Category::kInputs, "num_items_in_batch"),
-                   t.alloc(8, Category::kInputs, "ignore mask count"),
                    t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
-  for (int i = 0; i < 5; ++i) sc[i] = init[i];
+  for (int i = 0; i < 3; ++i) sc[i] = init[i];
   t.free(lf);
   t.free(pad);
   for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes

@@ -59,6 +59,7 @@ struct Dims {
   bool eager;
   bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
   bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
+  bool qkv_bias = false; // Qwen2: q_proj, k_proj, v_proj have biases (addmm; their gradients)
 };
 
 // One parameter: its tensor ids across steps.
@@ -70,6 +71,7 @@ struct Param {
 
 struct LayerParams {
   Param q, k, v, o, gate, up, down, ln1, ln2;
+  Param qb, kb, vb;  // Qwen2's q/k/v biases (bytes 0 for Llama)
 };
 
 struct Model {
@@ -80,6 +82,9 @@ struct Model {
   bool tied = true;
   Id inv_freq = 0, inv_freq_orig = 0;
   Id ws_main = 0, ws_autograd = 0;
+  // Autocast's casts of the q/k/v biases: cached, not saved by addmm, so they go when autocast's
+  // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
+  std::vector<Id> bias_casts;
   std::vector<Param*> order;  // module order: the optimizer's and zero_grad's
   // OPT
   struct OptLayer {
@@ -126,6 +131,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
 
 // The families (hf_schedule_llama.cpp, hf_schedule_opt.cpp): the model's move to the GPU, and
 // one micro-step's forward and backward.
+// Llama and Qwen2 (d.qkv_bias: the q/k/v biases).
 void load_llama(Tape& t, Model& m, const Dims& d, bool tied);
 void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m);
 void load_opt(Tape& t, Model& m, const Dims& d, const ModelConfig& c);
