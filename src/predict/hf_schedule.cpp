@@ -33,6 +33,7 @@ const char* category_name(Category c) {
     case Category::kOptimizerTemporaries: return "optimizer_temporaries";
     case Category::kWorkspace: return "cublas_workspace";
     case Category::kInputs: return "inputs_masks_rope";
+    case Category::kDdp: return "ddp";
     case Category::kCount: break;
   }
   return "?";
@@ -91,6 +92,9 @@ void validate_job(const HfJob& j) {
   if (j.optimizer != "adamw_torch" && j.optimizer != "adamw_torch_fused")
     bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
   if (j.steps < 1 || j.steps > 100) bad("steps must be in [1, 100]");
+  if (j.ranks < 1 || j.ranks > 65536) bad("--ranks must be in [1, 65536] (got " + std::to_string(j.ranks) + ")");
+  if (j.ddp_bucket_cap_mb < 0 || j.ddp_bucket_cap_mb > (std::int64_t{1} << 20))
+    bad("--ddp-bucket-cap-mb must be in [1, 1048576] MiB (0: DDP's default 25)");
 }
 
 namespace detail {
@@ -120,6 +124,10 @@ Dims dims_of(const HfJob& j) {
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   d.liger = j.fused_kernels;
   d.qkv_bias = j.model.qkv_bias;
+  d.ddp = j.ranks > 1;
+  d.ddp_find_unused = !j.activation_checkpointing;
+  d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
+  d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
   return d;
 }
 
@@ -161,6 +169,19 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                                    : 0;
+  if (out32 != 0) t.free(logits);
+  if (d.ddp && d.ddp_find_unused) {
+    // DDP's _post_forward with find_unused_parameters: _DDPSink clones the outputs (the loss, then
+    // the logits the inner forward returned); the originals go.
+    Id& out = out32 != 0 ? out32 : logits;
+    const u64 out_bytes = out32 != 0 ? d.BT * d.V * 4 : d.BT * d.V * d.e_c;
+    Id loss = t.alloc(4, Category::kLogitsLoss, "DDPSink clone of loss");
+    Id clone = t.alloc(out_bytes, Category::kLogitsLoss, "DDPSink clone of logits");
+    t.free(sc[1]);
+    sc[1] = loss;
+    t.free(out);
+    out = clone;
+  }
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
   t.free(ids);
@@ -279,6 +300,11 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
     load_opt(t, model, d, job.model);
   } else {
     load_llama(t, model, d, job.model.tie_word_embeddings);
+    model.buffer_bytes = d.hd / 2 * 4 * 2;  // rotary inv_freq and original_inv_freq (fp32)
+  }
+  if (d.ddp) {
+    t.phase("ddp_init");
+    ddp_construct(t, model, d);
   }
   for (std::int64_t step = 0; step < job.steps; ++step) {
     for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
@@ -287,6 +313,8 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
       } else {
         llama_forward_backward(t, d, job, model);
       }
+      // find_unused_parameters False: the buckets are rebuilt once, before the second forward
+      if (d.ddp && !d.ddp_find_unused && step == 0 && micro == 0) model.ddp_rebuild = true;
     }
     t.phase("clip_grad_norm");
     if (job.max_grad_norm > 0) clip_grad_norm(t, model);

@@ -43,6 +43,7 @@ enum class Category : int {
   kOptimizerTemporaries,  // foreach norms, AdamW's sqrt buffers
   kWorkspace,      // cuBLAS workspaces
   kInputs,         // the batch, masks, rotary tables
+  kDdp,            // DDP: gradient buckets, the broadcast flat buffers, the used-parameter map
   kCount
 };
 const char* category_name(Category c);
@@ -70,6 +71,8 @@ struct HfJob {
   std::string optimizer = "adamw_torch";  // adamw_torch (foreach) | adamw_torch_fused
   double max_grad_norm = 1.0;             // > 0: clip_grad_norm_ runs
   std::int64_t steps = 3;                 // optimizer steps replayed (the peak is over them)
+  std::int64_t ranks = 1;                 // torchrun DDP ranks (one GPU each); > 1: DDP's memory per rank
+  std::int64_t ddp_bucket_cap_mb = 0;     // TrainingArguments.ddp_bucket_cap_mb; 0: DDP's default (25, first 1 MiB)
   StackVersions versions;
 };
 

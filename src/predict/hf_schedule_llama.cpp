@@ -698,6 +698,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // The batch (input_ids, labels: int64 [B, T]) and the Trainer's num_items_in_batch.
   Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
   Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   Id x = t.alloc(d.BT * d.H * d.e_r, A, "embedding output");
   // position_ids = torch.arange(T, device).unsqueeze(0) (int64): held by LlamaModel.forward, and

@@ -323,6 +323,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
 void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
   Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   const u64 bt = d.BT;
   Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");

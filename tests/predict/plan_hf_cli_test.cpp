@@ -56,6 +56,25 @@ TEST(PlanHfCli, PredictsAQwen2ConfigDirectory) {
   EXPECT_GE(j["breakdown_at_peak_allocated"]["weights"].get<std::uint64_t>(), 494032768ull * 2);
 }
 
+// DDP per rank: the gradient buckets (one more copy of the gradients: gradient_as_bucket_view
+// False) are in the breakdown, NCCL's memory is subtracted like the context, and the largest
+// micro-batch is at most the single GPU's.
+TEST(PlanHfCli, PredictsOneDdpRank) {
+  const std::string one = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_ddp1.json";
+  const std::string eight = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_ddp8.json";
+  ASSERT_EQ(run(kBase + "--micro-batch-size 4 --device-memory 80GiB --json " + one).code, 0);
+  const CmdResult r = run(kBase + "--micro-batch-size 4 --device-memory 80GiB --ranks 8 --nccl-memory 1GiB --json " + eight);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("per rank of 8"), std::string::npos) << r.output;
+  const auto a = read_json(one), b = read_json(eight);
+  EXPECT_EQ(b["ranks"], 8);
+  EXPECT_EQ(b["allocator_limit_bytes"].get<std::uint64_t>() + (1ull << 30), a["allocator_limit_bytes"].get<std::uint64_t>());
+  // llama-3.2-1b: 1,235,814,400 fp32 parameters: the buckets hold them all
+  EXPECT_GE(b["breakdown_at_peak_allocated"]["ddp"].get<std::uint64_t>(), 1235814400ull * 4);
+  EXPECT_GT(b["max_allocated_bytes"].get<std::uint64_t>(), a["max_allocated_bytes"].get<std::uint64_t>());
+  EXPECT_LE(b["largest_micro_batch"].get<int>(), a["largest_micro_batch"].get<int>());
+}
+
 TEST(PlanHfCli, OutOfMemoryIsAPredictionNotAnError) {
   const CmdResult r = run(kBase + "--micro-batch-size 9 --device-memory 64GiB");
   EXPECT_EQ(r.code, 0) << r.output;
@@ -75,8 +94,11 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
        "Qwen2 (apply_liger_kernel_to_qwen2) is not modelled"},
       {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
       {kBase + "--device-memory 64GiB --fused-kernels --mixed-precision bf16", "--fused-kernels"},
-      {kBase + "--device-memory 64GiB --world-size 8", "DDP"},
-      {kBase + "--device-memory 64GiB --ranks 8", "DDP"},
+      {kBase + "--device-memory 64GiB --world-size 8", "--ranks 8"},
+      {kBase + "--device-memory 64GiB --ranks 8 --zero 1", "ZeRO-1 under the Trainer"},
+      {kBase + "--device-memory 64GiB --ranks 0", "--ranks must be at least 1"},
+      {kBase + "--device-memory 64GiB --ddp-bucket-cap-mb 10", "add --ranks N"},
+      {kBase + "--device-memory 64GiB --ranks 2 --ddp-bucket-cap-mb 0", "--ddp-bucket-cap-mb must be at least 1"},
       {kBase + "--device-memory 64GiB --freeze q_proj", "--freeze"},
   };
   for (const auto& c : cases) {

@@ -49,11 +49,16 @@ for _prec, _mixed, _tag in (("fp32", "no", "fp32"), ("fp32", "bf16", "bf16mixed"
 # DDP (torchrun, gloo on the CPU): two ranks each run the same Trainer; rank 0 is traced. The
 # Trainer's DDP arguments (accelerate's DistributedDataParallelKwargs): bucket_cap_mb 25,
 # gradient_as_bucket_view False, find_unused_parameters = not gradient_checkpointing.
-CONFIGS["llama-tiny-fp32-eager-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2)
-CONFIGS["llama-tiny-bf16mixed-eager-ddp2"] = dict(model_precision="fp32", mixed_precision="bf16", attn="eager",
-                                                  ranks=2)
-CONFIGS["llama-tiny-fp32-eager-ckpt-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager",
-                                                  ckpt=True, ranks=2)
+# "llama-ddp": llama-tiny widened (hidden 128, intermediate 512, head_dim 32, vocab 4096: 3.9 MiB of
+# fp32 parameters, the embedding alone 2 MiB) so that DDP's 1 MiB first bucket and a 1 MiB
+# ddp_bucket_cap_mb make several buckets.
+DDP_SHAPE = {"hidden_size": 128, "intermediate_size": 512, "head_dim": 32, "vocab_size": 4096}
+CONFIGS["llama-ddp-fp32-eager-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2)
+CONFIGS["llama-ddp-bf16-eager-ddp2"] = dict(model_precision="bf16", mixed_precision="bf16", attn="eager", ranks=2)
+CONFIGS["llama-ddp-bf16mixed-eager-ckpt-ddp2"] = dict(model_precision="fp32", mixed_precision="bf16", attn="eager",
+                                                      ckpt=True, ranks=2)
+CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
+                                                 bucket_cap_mb=1)
 CONFIGS["qwen2-tiny-untied-fp32-eager"] = dict(family="qwen2", model_precision="fp32", mixed_precision="no",
                                                attn="eager", tied=False)
 SEQ, MB, STEPS = 32, 2, 2
@@ -74,6 +79,8 @@ def run(name, cfg, out_dir):
     else:
         d = json.loads(json.dumps(MODELS["llama-3.2-1b"]))
         d.update(TINY["llama"])
+        if name.startswith("llama-ddp"):
+            d.update(DDP_SHAPE)
     dtype = torch.bfloat16 if cfg["model_precision"] == "bf16" else torch.float32
     model = AutoModelForCausalLM.from_config(CONFIG_MAPPING[d["model_type"]].from_dict(d), attn_implementation=cfg["attn"],
                                              dtype=dtype)
@@ -101,7 +108,8 @@ def run(name, cfg, out_dir):
                              learning_rate=5e-5, optim="adamw_torch", bf16=cfg["mixed_precision"] == "bf16",
                              logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
                              use_cpu=True, dataloader_num_workers=0, seed=0,
-                             gradient_checkpointing=cfg.get("ckpt", False))
+                             gradient_checkpointing=cfg.get("ckpt", False),
+                             ddp_bucket_cap_mb=cfg.get("bucket_cap_mb"))
     trainer = Trainer(model=model, args=args, train_dataset=Ids(), callbacks=[Cb()])
     model.register_forward_pre_hook(lambda *a: mark("forward"))
     inner = trainer.accelerator.backward
@@ -110,6 +118,16 @@ def run(name, cfg, out_dir):
         mark("backward")
         return inner(*a, **k)
     trainer.accelerator.backward = backward
+    if cfg.get("ranks", 1) > 1:
+        # `# ddp_init` when the Trainer (accelerate's prepare_model) wraps the model. What comes
+        # just before it on the CPU, model.to(device) copying every parameter, is a no-op on CUDA
+        # (the Trainer moved the model to its GPU already).
+        ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+
+        def init(self, *a, **k):
+            mark("ddp_init")
+            return ddp_init(self, *a, **k)
+        torch.nn.parallel.DistributedDataParallel.__init__ = init
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     register_optimizer_step_pre_hook(lambda *a: mark("optimizer_step"))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -169,7 +187,7 @@ def main():
             for r in range(cfg["ranks"]):
                 env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(cfg["ranks"]),
                            LOCAL_WORLD_SIZE=str(cfg["ranks"]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--out", a.out, "--only",
+                procs.append(subprocess.Popen([sys.executable, os.environ.get("TRACE_HF_WORKER", os.path.abspath(__file__)), "--out", a.out, "--only",
                                                name, "--ddp-worker"], env=env))
             if any(p.wait() != 0 for p in procs):
                 print(f"{name}: a DDP rank failed", file=sys.stderr)
