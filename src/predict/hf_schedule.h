@@ -6,7 +6,8 @@
 // and max_memory_reserved (predict/hf_predict.h).
 //
 // What is modelled (docs/predict.md has the list and the sources): the versions in
-// kModelledVersions; Llama (transformers' LlamaForCausalLM, eager / sdpa attention, fp32 weights
+// kModelledVersions; Llama and Qwen2 (transformers' LlamaForCausalLM / Qwen2ForCausalLM: the
+// q/k/v biases), OPT, torchrun DDP per rank (hf_schedule_ddp.cpp); Llama (eager / sdpa attention, fp32 weights
 // with or without bf16/fp16 autocast, full bf16), the Trainer step (model moved to the GPU,
 // forward under autocast with the weight-cast cache, ForCausalLMLoss with the fp32 upcast of
 // logits, accelerate's convert_outputs_to_fp32 under mixed precision, backward in reverse layer

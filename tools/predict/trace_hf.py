@@ -13,9 +13,14 @@ NAME.cpu.events: `# PHASE` lines (forward, backward, optimizer_step, step_end, f
 the model, accelerate's backward and the optimizer) and one line per allocation `a BYTES` (in
 order, numbered from 0) or free `f N`, for the CPU allocator's requests (exact sizes, no caching).
 
+Qwen2 configurations use scalelab's qwen2-tiny shapes (QWEN2_TINY below); DDP configurations
+("-ddp2") start two ranks of the same Trainer (RANK / WORLD_SIZE / MASTER_ADDR as torchrun sets
+them; gloo on the CPU) and trace rank 0, with a `# ddp_init` marker when DDP wraps the model.
+
 tests/predict/cpu_trace_test.cpp compares the saved-for-backward tensors (the allocations of
-step 2's forward still live when its backward starts) with scalelab's generated schedule for the
-same job: autograd saves the same tensors on the CPU as on CUDA. What only CUDA does (cuBLAS
+step 2's forward still live when its backward starts), the gradients at the optimizer step and
+the AdamW states with scalelab's generated schedule for the same job: autograd saves the same
+tensors on the CPU as on CUDA; tests/predict/ddp_trace_test.cpp compares what DDP allocates. What only CUDA does (cuBLAS
 workspaces, kernel temporaries such as reduction buffers, flash attention) is not compared here;
 the H200 traces (bench/gpu/hf_memory.py --trace) cover it.
 """
@@ -187,7 +192,7 @@ def main():
             for r in range(cfg["ranks"]):
                 env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(cfg["ranks"]),
                            LOCAL_WORLD_SIZE=str(cfg["ranks"]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-                procs.append(subprocess.Popen([sys.executable, os.environ.get("TRACE_HF_WORKER", os.path.abspath(__file__)), "--out", a.out, "--only",
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--out", a.out, "--only",
                                                name, "--ddp-worker"], env=env))
             if any(p.wait() != 0 for p in procs):
                 print(f"{name}: a DDP rank failed", file=sys.stderr)
