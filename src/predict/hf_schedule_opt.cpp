@@ -95,8 +95,10 @@ struct OptSaved {
 Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f, bool in_is_compute, Id* incast,
               const char* label) {
   if (d.autocast) {
+    // autocast casts right to left: the bias (cached, not saved by addmm: it goes with autocast's
+    // cache when the forward ends, as the CPU trace shows), then the weight (saved)
+    m.bias_casts.push_back(t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast"));
     s.casts[s.ncasts++] = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
-    s.casts[s.ncasts++] = t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast");
     if (!in_is_compute && incast != nullptr) *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
   }
   gemm_workspace(t, m.ws_main);
@@ -338,8 +340,8 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(sub);
   Id mask = d.eager || d.e_c == 4 ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
   Id off = t.alloc(bt * 8, Category::kInputs, "position_ids + offset");
+  // the position embedding's lookup saves its indices (position_ids + offset) for its backward
   Id x_pos = t.alloc(bt * d.H * d.e_r, A, "embed_positions output");
-  t.free(off);
   Id x = t.alloc(bt * d.H * d.e_r, A, "inputs_embeds + pos_embeds");
   std::vector<OptSaved> saved(d.L);
   Id layer_in = x;
@@ -355,9 +357,10 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(pid);
   t.free(x_tok);
   t.free(x_pos);
-  std::vector<Id> none;
+  std::vector<Id> cached = m.bias_casts;  // autocast's cache: cleared when the forward's autocast exits
+  m.bias_casts.clear();
   Param& head = m.tied ? m.embed : m.lm_head;
-  Head hd = head_forward(t, d, none, final_out, ids);
+  Head hd = head_forward(t, d, cached, final_out, ids);
   Id gh = head_backward(t, d, m, head, hd, final_out);
   Id g_res = 0;
   if (m.final_ln) {
@@ -374,6 +377,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     t.free(sorted);
     t.free(orig);
     accumulate(t, *p, g);
+    if (p == &m.pos) t.free(off);
   }
   t.free(g_res);
   t.free(x);

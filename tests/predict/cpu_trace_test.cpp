@@ -135,10 +135,13 @@ TEST_P(CpuTrace, SavedForBackwardMatchesTheRealTrainer) {
   constexpr std::size_t kCpuRngState = 5056;
   std::multiset<std::size_t> traced_saved(traced.saved.begin(), traced.saved.end());
   if (c.ckpt) traced_saved.erase(kCpuRngState);
-  // eager attention's `* scaling` operand: a wrapped Python scalar (8-byte 0-d tensor) that
-  // MulBackward saves, one per layer; a host tensor under CUDA, so not in the schedule
-  if (std::string(c.attn) == "eager") {
-    for (std::int64_t l = 0; l < job_of(c).model.num_hidden_layers; ++l) {
+  // eager attention's `* scaling` operand (and OPT's `q_proj(x) * scaling`): a wrapped Python
+  // scalar (8-byte 0-d tensor) that MulBackward saves, per layer; a host tensor under CUDA, so
+  // not in the schedule
+  const HfJob j = job_of(c);
+  const int per_layer = (std::string(c.attn) == "eager" ? 1 : 0) + (j.model.family == ModelFamily::kOPT ? 1 : 0);
+  for (int k = 0; k < per_layer; ++k) {
+    for (std::int64_t l = 0; l < j.model.num_hidden_layers; ++l) {
       auto it = traced_saved.find(8);
       ASSERT_NE(it, traced_saved.end());
       traced_saved.erase(it);
@@ -202,7 +205,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2-tiny-bf16-sdpa", "qwen2-tiny", "bf16", "bf16", "sdpa", false, false, true},
                       Case{"qwen2-tiny-bf16-sdpa-ckpt", "qwen2-tiny", "bf16", "bf16", "sdpa", true, false, true},
                       Case{"qwen2-tiny-bf16-eager-ckpt", "qwen2-tiny", "bf16", "bf16", "eager", true, false, true},
-                      Case{"qwen2-tiny-untied-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, true, true}),
+                      Case{"qwen2-tiny-untied-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, true, true},
+                      Case{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no", "eager", false, false, true},
+                      Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16", "eager", false, false, true}),
     [](const auto& info) {
       std::string n = info.param.golden;
       for (char& ch : n)

@@ -51,6 +51,10 @@ for _prec, _mixed, _tag in (("fp32", "no", "fp32"), ("fp32", "bf16", "bf16mixed"
         for _ckpt in (False, True):
             CONFIGS[f"qwen2-tiny-{_tag}-{_attn}" + ("-ckpt" if _ckpt else "")] = dict(
                 family="qwen2", model_precision=_prec, mixed_precision=_mixed, attn=_attn, ckpt=_ckpt)
+# OPT: scalelab's opt-tiny (bench/gpu/hf_benchmark.py TINY["opt"], residual dropout 0).
+CONFIGS["opt-tiny-fp32-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="no", attn="eager")
+CONFIGS["opt-tiny-bf16mixed-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16", attn="eager")
+# (full bf16 OPT is not traced: the CPU's layer_norm keeps mean / rstd in bf16, CUDA's in fp32)
 # DDP (torchrun, gloo on the CPU): two ranks each run the same Trainer; rank 0 is traced. The
 # Trainer's DDP arguments (accelerate's DistributedDataParallelKwargs): bucket_cap_mb 25,
 # gradient_as_bucket_view False, find_unused_parameters = not gradient_checkpointing.
@@ -79,7 +83,10 @@ def run(name, cfg, out_dir):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    if cfg.get("family") == "qwen2":
+    if cfg.get("family") == "opt":
+        d = json.loads(json.dumps(MODELS["opt-1.3b"]))
+        d.update(TINY["opt"])
+    elif cfg.get("family") == "qwen2":
         d = dict(QWEN2_TINY, tie_word_embeddings=cfg.get("tied", True))
     else:
         d = json.loads(json.dumps(MODELS["llama-3.2-1b"]))
