@@ -55,7 +55,6 @@ void validate_job(const HfJob& j) {
       bad("OPT with word_embed_proj_dim != hidden_size (project_in/out, opt-350m) is not modelled");
     if (!j.model.do_layer_norm_before) bad("OPT with do_layer_norm_before = false is not modelled");
     if (j.model.activation_function != "relu") bad("OPT with activation " + j.model.activation_function + " is not modelled");
-    if (j.activation_checkpointing) bad("--activation-checkpointing is modelled for llama only");
   }
   if (j.micro_batch < 1) bad("--micro-batch-size must be at least 1 (got " + std::to_string(j.micro_batch) + ")");
   if (j.seq_len < 1) bad("--seq-len must be at least 1 (got " + std::to_string(j.seq_len) + ")");

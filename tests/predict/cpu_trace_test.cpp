@@ -207,7 +207,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"qwen2-tiny-bf16-eager-ckpt", "qwen2-tiny", "bf16", "bf16", "eager", true, false, true},
                       Case{"qwen2-tiny-untied-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, true, true},
                       Case{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no", "eager", false, false, true},
-                      Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16", "eager", false, false, true}),
+                      Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16", "eager", false, false, true},
+                      Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
+                      Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}),
     [](const auto& info) {
       std::string n = info.param.golden;
       for (char& ch : n)

@@ -54,6 +54,10 @@ for _prec, _mixed, _tag in (("fp32", "no", "fp32"), ("fp32", "bf16", "bf16mixed"
 # OPT: scalelab's opt-tiny (bench/gpu/hf_benchmark.py TINY["opt"], residual dropout 0).
 CONFIGS["opt-tiny-fp32-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="no", attn="eager")
 CONFIGS["opt-tiny-bf16mixed-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16", attn="eager")
+CONFIGS["opt-tiny-fp32-eager-ckpt"] = dict(family="opt", model_precision="fp32", mixed_precision="no", attn="eager",
+                                           ckpt=True)
+CONFIGS["opt-tiny-bf16mixed-eager-ckpt"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16",
+                                                attn="eager", ckpt=True)
 # (full bf16 OPT is not traced: the CPU's layer_norm keeps mean / rstd in bf16, CUDA's in fp32)
 # DDP (torchrun, gloo on the CPU): two ranks each run the same Trainer; rank 0 is traced. The
 # Trainer's DDP arguments (accelerate's DistributedDataParallelKwargs): bucket_cap_mb 25,
