@@ -18,7 +18,7 @@ static std::string param_text(const lab::ParamMap& p, const char* key) {
 
 // --predict hf-trainer: the largest micro-batch `plan --stack hf-trainer` predicts for the
 // search's parameters (model, seq_len, device_memory; model_precision, mixed_precision, attn,
-// activation_checkpointing, dropout when given), as the search's first guess: the search then
+// activation_checkpointing, dropout, ranks when given), as the search's first guess: the search then
 // proves it with two trials (b fits, b+1 runs out of memory) when the prediction is right.
 lab::PlanFn hf_trainer_plan() {
   return [](const lab::ParamMap& p, std::string* note) -> std::optional<int> {
@@ -37,6 +37,8 @@ lab::PlanFn hf_trainer_plan() {
       if (auto v = param_text(p, "attn"); !v.empty()) job.attn = v == "flash" ? "sdpa" : v;
       if (auto v = param_text(p, "activation_checkpointing"); v == "true" || v == "1") job.activation_checkpointing = true;
       if (auto v = param_text(p, "dropout"); !v.empty()) job.model.dropout = std::stod(v);
+      // a multi-rank trial (the lab's "ranks"): torchrun DDP, the per-rank prediction
+      if (auto v = param_text(p, "ranks"); !v.empty()) job.ranks = std::stoll(v);
       predict::HfPredictOptions o;
       o.device_memory = parse_bytes(mem, "device_memory");
       predict::validate_job(job);

@@ -27,21 +27,28 @@ struct HfStackFlags {
   std::int64_t steps = 3;
   std::string schedule_out;
   int ranks = 1;
+  std::int64_t ddp_bucket_cap_mb = 0;
+  std::string nccl_memory;
 };
 
 // `plan --stack hf-trainer`: the predicted peak memory of the same job under PyTorch and the
 // Hugging Face Trainer (src/predict/), and the largest micro-batch that fits --device-memory.
 int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const CLI::App& app) {
   auto refuse = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
-  for (const char* flag : {"--dpo", "--freeze", "--lora-rank", "--save", "--trace", "--data", "--optim-state-dtype", "--zero",
+  if (app.count("--zero") > 0)
+    refuse("--zero: ZeRO-1 under the Trainer (DeepSpeed stage 1 or FSDP's SHARD_GRAD_OP) is not modelled — "
+           "drop --zero to predict plain torchrun DDP (--ranks N: each rank holds the full optimizer states)");
+  for (const char* flag : {"--dpo", "--freeze", "--lora-rank", "--save", "--trace", "--data", "--optim-state-dtype",
                            "--rank", "--profile", "--telemetry"}) {
     if (app.count(flag) > 0)
       refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
   }
-  if (world != 1 || f.ranks != 1)
-    refuse("--ranks / --world-size " + std::to_string(std::max(world, f.ranks)) +
-           ": torchrun DDP (gradient buckets per rank) is not modelled yet for hf-trainer — predict one GPU "
-           "(the per-rank peak without DDP's buckets)");
+  if (world != 1)
+    refuse("--world-size is the scalelab engine's flag — for the hf-trainer stack give torchrun's ranks as --ranks " +
+           std::to_string(world));
+  if (f.ranks < 1) refuse("--ranks must be at least 1 (got " + std::to_string(f.ranks) + ")");
+  if (f.ranks == 1 && (app.count("--ddp-bucket-cap-mb") > 0 || app.count("--nccl-memory") > 0))
+    refuse("--ddp-bucket-cap-mb / --nccl-memory apply to DDP — add --ranks N (N > 1)");
   if (o.device_memory.empty())
     refuse("--device-memory is required: the GPU's total memory as torch reports it (e.g. 80GiB, 64GiB, 141GB)");
   predict::HfJob job;
@@ -64,10 +71,15 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
   job.steps = f.steps;
   job.versions.torch = f.torch_version;
   job.versions.transformers = f.transformers_version;
+  job.ranks = f.ranks;
+  job.ddp_bucket_cap_mb = f.ddp_bucket_cap_mb;
+  if (app.count("--ddp-bucket-cap-mb") > 0 && f.ddp_bucket_cap_mb < 1)
+    refuse("--ddp-bucket-cap-mb must be at least 1 (TrainingArguments.ddp_bucket_cap_mb)");
   predict::validate_job(job);
   predict::HfPredictOptions po;
   po.device_memory = parse_bytes(o.device_memory, "--device-memory");
   if (!f.cuda_context.empty()) po.cuda_context = parse_bytes(f.cuda_context, "--cuda-context");
+  if (!f.nccl_memory.empty()) po.nccl_memory = parse_bytes(f.nccl_memory, "--nccl-memory");
   if (!f.alloc_conf.empty()) po.allocator = predict::parse_alloc_conf(f.alloc_conf);
   const predict::HfPrediction p = predict::predict_hf(job, po);
   if (!f.schedule_out.empty()) {
@@ -119,8 +131,15 @@ Subcommand add_plan_command(CLI::App& root) {
                   "hf-trainer: PYTORCH_CUDA_ALLOC_CONF (expandable_segments, max_split_size_mb, ...)");
   app->add_option("--schedule-out", hf->schedule_out,
                   "hf-trainer: write the predicted allocation schedule (one line per request and free) to this file");
-  app->add_option("--ranks", hf->ranks, "hf-trainer: torchrun data-parallel ranks (only 1 is modelled yet)")
+  app->add_option("--ranks", hf->ranks,
+                  "hf-trainer: torchrun DDP ranks, one GPU each (> 1: the per-rank prediction with DDP's buckets)")
       ->capture_default_str();
+  app->add_option("--ddp-bucket-cap-mb", hf->ddp_bucket_cap_mb,
+                  "hf-trainer with --ranks: TrainingArguments.ddp_bucket_cap_mb (default: DDP's 25 MiB, first "
+                  "bucket 1 MiB)");
+  app->add_option("--nccl-memory", hf->nccl_memory,
+                  "hf-trainer with --ranks: device memory NCCL takes outside PyTorch's allocator, subtracted from "
+                  "--device-memory like the CUDA context (default 0: not known here; measure it)");
   app->add_option("--steps", hf->steps, "hf-trainer: optimizer steps replayed (the peak is over them)")
       ->capture_default_str();
   return {app, [opts, world, rank, hf, app] {

@@ -9,12 +9,13 @@
 namespace scalelab::predict {
 
 HfPrediction predict_hf(const HfJob& job, const HfPredictOptions& o) {
-  if (o.device_memory <= o.cuda_context)
+  if (o.device_memory <= o.cuda_context + o.nccl_memory)
     throw InvalidInput("[plan --stack hf-trainer] --device-memory " + format_bytes(o.device_memory) +
-                       " does not exceed the CUDA context (" + format_bytes(o.cuda_context) + ") — give the GPU's total");
+                       " does not exceed the CUDA context (" + format_bytes(o.cuda_context) + ") and NCCL (" +
+                       format_bytes(o.nccl_memory) + ") — give the GPU's total");
   const std::vector<ScheduleEvent> ev = hf_trainer_schedule(job);
   HfPrediction p;
-  p.allocator_limit = o.device_memory - o.cuda_context;
+  p.allocator_limit = o.device_memory - o.cuda_context - o.nccl_memory;
   p.events = ev.size();
   CachingAllocator alloc(p.allocator_limit, o.allocator);
   struct Live {
@@ -134,6 +135,8 @@ nlohmann::json prediction_json(const HfJob& job, const HfPredictOptions& o, cons
   j["max_allocated_bytes"] = p.max_allocated;
   j["device_memory_bytes"] = o.device_memory;
   j["cuda_context_bytes"] = o.cuda_context;
+  j["nccl_memory_bytes"] = o.nccl_memory;
+  j["ranks"] = job.ranks;
   j["allocator_limit_bytes"] = p.allocator_limit;
   j["largest_micro_batch"] = largest;
   j["largest_micro_batch_capped"] = largest >= kMicroBatchSearchCap;  // the search stopped there
@@ -169,6 +172,11 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
                 static_cast<long long>(job.seq_len), static_cast<long long>(job.micro_batch),
                 job.model_precision.c_str(), job.mixed_precision.c_str(), job.attn.c_str(), job.optimizer.c_str());
   s += buf;
+  if (job.ranks > 1) {
+    std::snprintf(buf, sizeof buf, "  per rank of %lld (torchrun DDP: gradient buckets, gradient_as_bucket_view False)\n",
+                  static_cast<long long>(job.ranks));
+    s += buf;
+  }
   if (p.oom) {
     std::snprintf(buf, sizeof buf, "OUT OF MEMORY at %s (a %s request; the allocator may hold %s)\n", p.oom_at.c_str(),
                   format_bytes(p.oom_request).c_str(), format_bytes(p.allocator_limit).c_str());
@@ -180,9 +188,16 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   std::snprintf(buf, sizeof buf, "  max_memory_allocated  %16zu B  %8.2f GiB  %8.2f GB\n", p.max_allocated,
                 gib(p.max_allocated), static_cast<double>(p.max_allocated) / 1e9);
   s += buf;
-  std::snprintf(buf, sizeof buf, "  device %s less CUDA context %s = %s for the allocator\n",
-                format_bytes(o.device_memory).c_str(), format_bytes(o.cuda_context).c_str(),
-                format_bytes(p.allocator_limit).c_str());
+  if (job.ranks > 1) {
+    std::snprintf(buf, sizeof buf, "  device %s less CUDA context %s less NCCL %s%s = %s for the allocator\n",
+                  format_bytes(o.device_memory).c_str(), format_bytes(o.cuda_context).c_str(),
+                  format_bytes(o.nccl_memory).c_str(), o.nccl_memory == 0 ? " (not given: --nccl-memory)" : "",
+                  format_bytes(p.allocator_limit).c_str());
+  } else {
+    std::snprintf(buf, sizeof buf, "  device %s less CUDA context %s = %s for the allocator\n",
+                  format_bytes(o.device_memory).c_str(), format_bytes(o.cuda_context).c_str(),
+                  format_bytes(p.allocator_limit).c_str());
+  }
   s += buf;
   std::snprintf(buf, sizeof buf, "Breakdown at the allocated peak (step %lld, %s):\n",
                 static_cast<long long>(p.peak_step), p.peak_phase.c_str());

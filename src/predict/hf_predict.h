@@ -22,6 +22,9 @@ inline constexpr std::size_t kDefaultCudaContext = 543162368;  // 518 MiB
 struct HfPredictOptions {
   std::size_t device_memory = 0;    // the GPU's total (torch.cuda.get_device_properties().total_memory)
   std::size_t cuda_context = kDefaultCudaContext;
+  // NCCL's communicator buffers (DDP, --ranks > 1): cudaMalloc'd by NCCL itself, outside the
+  // caching allocator; subtracted like the context. Not measured here: 0 unless given.
+  std::size_t nccl_memory = 0;
   AllocatorConfig allocator;
 };
 

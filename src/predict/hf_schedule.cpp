@@ -33,6 +33,7 @@ const char* category_name(Category c) {
     case Category::kOptimizerTemporaries: return "optimizer_temporaries";
     case Category::kWorkspace: return "cublas_workspace";
     case Category::kInputs: return "inputs_masks_rope";
+    case Category::kDdp: return "ddp";
     case Category::kCount: break;
   }
   return "?";
@@ -45,15 +46,15 @@ void validate_job(const HfJob& j) {
   if (j.versions.transformers != kSupportedTransformers)
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers);
-  if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT)
+  if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT &&
+      j.model.family != ModelFamily::kQwen2)
     bad(std::string("model family '") + family_name(j.model.family) +
-        "' has no hf-trainer schedule yet — supported: llama, opt (Qwen2 is not modelled)");
+        "' has no hf-trainer schedule yet — supported: llama, opt, qwen2");
   if (j.model.family == ModelFamily::kOPT) {
     if (j.model.word_embed_proj_dim != j.model.hidden_size)
       bad("OPT with word_embed_proj_dim != hidden_size (project_in/out, opt-350m) is not modelled");
     if (!j.model.do_layer_norm_before) bad("OPT with do_layer_norm_before = false is not modelled");
     if (j.model.activation_function != "relu") bad("OPT with activation " + j.model.activation_function + " is not modelled");
-    if (j.activation_checkpointing) bad("--activation-checkpointing is modelled for llama only");
   }
   if (j.micro_batch < 1) bad("--micro-batch-size must be at least 1 (got " + std::to_string(j.micro_batch) + ")");
   if (j.seq_len < 1) bad("--seq-len must be at least 1 (got " + std::to_string(j.seq_len) + ")");
@@ -77,8 +78,10 @@ void validate_job(const HfJob& j) {
         "master weights) — use --mixed-precision bf16 or no");
   if (j.attn != "eager" && j.attn != "sdpa" && j.attn != "flash")
     bad("--attn " + j.attn + " — use eager, or flash (attn_implementation sdpa)");
-  if (j.fused_kernels && j.model.family != ModelFamily::kLlama)
+  if (j.fused_kernels && j.model.family == ModelFamily::kOPT)
     bad("--fused-kernels (Liger) has no OPT patch (no apply_liger_kernel_to_opt) — drop the flag");
+  if (j.fused_kernels && j.model.family == ModelFamily::kQwen2)
+    bad("--fused-kernels with Qwen2 (apply_liger_kernel_to_qwen2) is not modelled yet — drop the flag");
   if (j.fused_kernels && j.mixed_precision != "no" && j.model_precision == "fp32")
     bad("--fused-kernels with autocast over fp32 weights is not modelled — use --model-precision bf16 "
         "(measured) or no mixed precision");
@@ -88,6 +91,9 @@ void validate_job(const HfJob& j) {
   if (j.optimizer != "adamw_torch" && j.optimizer != "adamw_torch_fused")
     bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
   if (j.steps < 1 || j.steps > 100) bad("steps must be in [1, 100]");
+  if (j.ranks < 1 || j.ranks > 65536) bad("--ranks must be in [1, 65536] (got " + std::to_string(j.ranks) + ")");
+  if (j.ddp_bucket_cap_mb < 0 || j.ddp_bucket_cap_mb > (std::int64_t{1} << 20))
+    bad("--ddp-bucket-cap-mb must be in [1, 1048576] MiB (0: DDP's default 25)");
 }
 
 namespace detail {
@@ -116,6 +122,11 @@ Dims dims_of(const HfJob& j) {
   d.eager = j.attn == "eager";
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   d.liger = j.fused_kernels;
+  d.qkv_bias = j.model.qkv_bias;
+  d.ddp = j.ranks > 1;
+  d.ddp_find_unused = !j.activation_checkpointing;
+  d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
+  d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
   return d;
 }
 
@@ -141,15 +152,15 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   Id pad = t.alloc(d.B * (d.T + 1) * 8, Category::kInputs, "labels padded with -100");
   h.shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
   h.ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
-  // nll_loss's total weight and the loss, num_items_in_batch and its device copy (0-d tensors
-  // alive until backward is done: the scalars the CPU trace shows live at backward)
+  // nll_loss's total weight and the loss, num_items_in_batch's device copy (0-d tensors alive
+  // until backward is done: the scalars the CPU trace shows live at backward). The CPU trace's
+  // other 8-byte tensors live at backward are eager attention's wrapped `* scaling` scalars, one
+  // per layer, which stay on the host under CUDA (the Qwen2 sdpa traces, which have none, show it).
   Id* sc = h.scalars;
-  Id init[5] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
+  Id init[3] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
                    t.alloc(4, Category::kLogitsLoss, "loss"),
-                   t.alloc(8, Category::kInputs, "num_items_in_batch"),
-                   t.alloc(8, Category::kInputs, "ignore mask count"),
                    t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
-  for (int i = 0; i < 5; ++i) sc[i] = init[i];
+  for (int i = 0; i < 3; ++i) sc[i] = init[i];
   t.free(lf);
   t.free(pad);
   for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
@@ -157,6 +168,19 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                                    : 0;
+  if (out32 != 0) t.free(logits);
+  if (d.ddp && d.ddp_find_unused) {
+    // DDP's _post_forward with find_unused_parameters: _DDPSink clones the outputs (the loss, then
+    // the logits the inner forward returned); the originals go.
+    Id& out = out32 != 0 ? out32 : logits;
+    const u64 out_bytes = out32 != 0 ? d.BT * d.V * 4 : d.BT * d.V * d.e_c;
+    Id loss = t.alloc(4, Category::kLogitsLoss, "DDPSink clone of loss");
+    Id clone = t.alloc(out_bytes, Category::kLogitsLoss, "DDPSink clone of logits");
+    t.free(sc[1]);
+    sc[1] = loss;
+    t.free(out);
+    out = clone;
+  }
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
   t.free(ids);
@@ -275,6 +299,11 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
     load_opt(t, model, d, job.model);
   } else {
     load_llama(t, model, d, job.model.tie_word_embeddings);
+    model.buffer_bytes = d.hd / 2 * 4 * 2;  // rotary inv_freq and original_inv_freq (fp32)
+  }
+  if (d.ddp) {
+    t.phase("ddp_init");
+    ddp_construct(t, model, d);
   }
   for (std::int64_t step = 0; step < job.steps; ++step) {
     for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
@@ -283,6 +312,8 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
       } else {
         llama_forward_backward(t, d, job, model);
       }
+      // find_unused_parameters False: the buckets are rebuilt once, before the second forward
+      if (d.ddp && !d.ddp_find_unused && step == 0 && micro == 0) model.ddp_rebuild = true;
     }
     t.phase("clip_grad_norm");
     if (job.max_grad_norm > 0) clip_grad_norm(t, model);

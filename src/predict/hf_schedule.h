@@ -6,7 +6,8 @@
 // and max_memory_reserved (predict/hf_predict.h).
 //
 // What is modelled (docs/predict.md has the list and the sources): the versions in
-// kModelledVersions; Llama (transformers' LlamaForCausalLM, eager / sdpa attention, fp32 weights
+// kModelledVersions; Llama and Qwen2 (transformers' LlamaForCausalLM / Qwen2ForCausalLM: the
+// q/k/v biases), OPT, torchrun DDP per rank (hf_schedule_ddp.cpp); Llama (eager / sdpa attention, fp32 weights
 // with or without bf16/fp16 autocast, full bf16), the Trainer step (model moved to the GPU,
 // forward under autocast with the weight-cast cache, ForCausalLMLoss with the fp32 upcast of
 // logits, accelerate's convert_outputs_to_fp32 under mixed precision, backward in reverse layer
@@ -43,6 +44,7 @@ enum class Category : int {
   kOptimizerTemporaries,  // foreach norms, AdamW's sqrt buffers
   kWorkspace,      // cuBLAS workspaces
   kInputs,         // the batch, masks, rotary tables
+  kDdp,            // DDP: gradient buckets, the broadcast flat buffers, the used-parameter map
   kCount
 };
 const char* category_name(Category c);
@@ -70,6 +72,8 @@ struct HfJob {
   std::string optimizer = "adamw_torch";  // adamw_torch (foreach) | adamw_torch_fused
   double max_grad_norm = 1.0;             // > 0: clip_grad_norm_ runs
   std::int64_t steps = 3;                 // optimizer steps replayed (the peak is over them)
+  std::int64_t ranks = 1;                 // torchrun DDP ranks (one GPU each); > 1: DDP's memory per rank
+  std::int64_t ddp_bucket_cap_mb = 0;     // TrainingArguments.ddp_bucket_cap_mb; 0: DDP's default (25, first 1 MiB)
   StackVersions versions;
 };
 

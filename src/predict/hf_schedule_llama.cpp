@@ -1,5 +1,9 @@
 // The Llama schedule of a Hugging Face Trainer step (transformers' LlamaForCausalLM): the model's
-// move to the GPU and one micro-step's forward and backward. See hf_schedule.cpp for how the
+// move to the GPU and one micro-step's forward and backward. Qwen2ForCausalLM (transformers 5.17)
+// is the same code with biases on q_proj / k_proj / v_proj (Dims::qkv_bias): addmm instead of mm
+// (the same saved tensors), the biases' casts under autocast, their gradients in backward; its
+// eager_attention_forward, rotary embedding and RMSNorm are Llama's; sliding-window attention is
+// refused by the config reader (use_sliding_window true). See hf_schedule.cpp for how the
 // schedule was written and checked.
 #include <algorithm>
 #include <string>
@@ -41,9 +45,13 @@ void load_llama(Tape& t, Model& m, const Dims& d, bool tied) {
   m.layers.resize(d.L);
   add_param(m, m.embed, d.V * d.H * d.e_w, "model.embed_tokens.weight");
   for (auto& l : m.layers) {
+    // nn.Linear registers weight then bias; Qwen2's q/k/v carry a bias each
     add_param(m, l.q, d.qd * d.H * d.e_w, "q_proj.weight");
+    if (d.qkv_bias) add_param(m, l.qb, d.qd * d.e_w, "q_proj.bias");
     add_param(m, l.k, d.kvd * d.H * d.e_w, "k_proj.weight");
+    if (d.qkv_bias) add_param(m, l.kb, d.kvd * d.e_w, "k_proj.bias");
     add_param(m, l.v, d.kvd * d.H * d.e_w, "v_proj.weight");
+    if (d.qkv_bias) add_param(m, l.vb, d.kvd * d.e_w, "v_proj.bias");
     add_param(m, l.o, d.H * d.qd * d.e_w, "o_proj.weight");
     add_param(m, l.gate, d.I * d.H * d.e_w, "gate_proj.weight");
     add_param(m, l.up, d.I * d.H * d.e_w, "up_proj.weight");
@@ -181,10 +189,14 @@ void rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g_in, Id& g
   }
 }
 
-// y = x @ W^T in the compute dtype. Autocast: the weight's cast (cached for the forward, saved by
-// the matmul) and the input's cast (saved) come first.
+// y = x @ W^T (+ b) in the compute dtype. Autocast: the weight's cast (cached for the forward,
+// saved by the matmul) and the input's cast (saved) come first; autocast casts its arguments
+// right to left (GCC's evaluation order of cached_cast(args)...), so a bias's cast (cached, not
+// saved by addmm: it goes with the cache) comes before the weight's.
 Id linear_forward(Tape& t, const Dims& d, Model& m, Param& p, Id in, u64 in_f, u64 out_f, bool in_is_compute,
-                  Id& wcast, Id& incast, const char* label) {
+                  Id& wcast, Id& incast, const char* label, const Param* bias = nullptr) {
+  if (d.autocast && bias != nullptr && bias->bytes != 0)
+    m.bias_casts.push_back(t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast"));
   if (d.autocast) {
     wcast = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
     if (!in_is_compute) incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
@@ -194,10 +206,26 @@ Id linear_forward(Tape& t, const Dims& d, Model& m, Param& p, Id in, u64 in_f, u
   return t.alloc(d.BT * out_f * d.e_c, A, label);
 }
 
-// Its backward: weight grad first (cuBLAS order in mm_mat1/mat2 backward), then the input grad;
-// under autocast the input grad is cast back to fp32 when the input was a cast.
+// A bias's gradient (Qwen2's q/k/v; addmm): the output gradient summed over the rows (sum_to the
+// bias's shape, after AddmmBackward's matmuls); under autocast in bf16, then cast to the fp32
+// parameter's dtype. No-op for a missing bias.
+void bias_backward(Tape& t, const Dims& d, Param* b, u64 out_f) {
+  if (b == nullptr || b->bytes == 0) return;
+  if (d.autocast) {
+    Id g16 = t.alloc(out_f * 2, Tmp, "bias grad (autocast dtype)");
+    Id g = t.alloc(out_f * 4, Category::kGradients, "bias grad");
+    t.free(g16);
+    accumulate(t, *b, g);
+  } else {
+    Id g = t.alloc(out_f * d.e_w, Category::kGradients, "bias grad");
+    accumulate(t, *b, g);
+  }
+}
+
+// Its backward: weight grad first (cuBLAS order in mm_mat1/mat2 backward), then the input grad
+// (and a bias's grad); under autocast the input grad is cast back to fp32 when the input was a cast.
 Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, u64 out_f, Id& wcast,
-                   Id& incast, bool in_was_cast) {
+                   Id& incast, bool in_was_cast, Param* bias = nullptr) {
   gemm_workspace(t, m.ws_autograd);
   Id gw16 = 0;
   if (d.autocast) {
@@ -207,6 +235,7 @@ Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, 
     accumulate(t, p, gw);
   }
   Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  bias_backward(t, d, bias, out_f);
   t.free(g);
   t.free(wcast);
   t.free(incast);
@@ -270,9 +299,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   (void)mask;
   s.n1 = rms_forward(t, d, x);
   const bool ac = d.autocast;
-  Id q = linear_forward(t, d, m, p.q, s.n1.out, d.H, d.qd, false, s.wq, s.in_q, "q_proj output");
-  Id k = linear_forward(t, d, m, p.k, s.n1.out, d.H, d.kvd, false, s.wk, s.in_k, "k_proj output");
-  s.v = linear_forward(t, d, m, p.v, s.n1.out, d.H, d.kvd, false, s.wv, s.in_v, "v_proj output");
+  Id q = linear_forward(t, d, m, p.q, s.n1.out, d.H, d.qd, false, s.wq, s.in_q, "q_proj output", &p.qb);
+  Id k = linear_forward(t, d, m, p.k, s.n1.out, d.H, d.kvd, false, s.wk, s.in_k, "k_proj output", &p.kb);
+  s.v = linear_forward(t, d, m, p.v, s.n1.out, d.H, d.kvd, false, s.wv, s.in_v, "v_proj output", &p.vb);
   Id k_embed;
   if (d.liger) {
     // liger_rotary_pos_emb rotates q and k in place (their [B, T, heads, hd] buffers); k comes
@@ -330,8 +359,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // (aten/src/ATen/native/transformers/cuda/attention.cu, flash_api.cpp), not traced. Under
     // autocast q and k (fp32 after rope) are cast to bf16 and the casts saved.
     if (ac) {
-      s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
+      // autocast casts sdpa's arguments right to left (GCC): the key's cast comes first
       s.kT = t.alloc(d.BT * d.kvd * 2, A, "autocast cast of k");
+      s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       t.free(s.q_embed);
       t.free(k_embed);
     } else {
@@ -433,22 +463,23 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
   Id gk2 = d.liger ? gk : rope_bw(gk, nk);  // Liger: in place
   Id gq2 = d.liger ? gq : rope_bw(gq, nq);
   if (d.liger) gk = gq = 0;
-  auto proj_bw = [&](Param& w, Id& g, u64 out_f) {
+  auto proj_bw = [&](Param& w, Param& b, Id& g, u64 out_f) {
     Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
     t.free(g);
     gemm_workspace(t, m.ws_autograd);
     Id gw = t.alloc(out_f * d.H * d.e_w, Category::kGradients, "weight grad");
     accumulate(t, w, gw);
     Id gin = t.alloc(d.BT * d.H * e, Tmp, "input grad");
+    bias_backward(t, d, &b, out_f);
     t.free(cont);
     return gin;
   };
-  Id gin_v = proj_bw(p.v, gv, d.kvd);
-  Id gin_k = proj_bw(p.k, gk2, d.kvd);
+  Id gin_v = proj_bw(p.v, p.vb, gv, d.kvd);
+  Id gin_k = proj_bw(p.k, p.kb, gk2, d.kvd);
   Id sum = t.alloc(d.BT * d.H * e, Tmp, "input grad sum");
   t.free(gin_v);
   t.free(gin_k);
-  Id gin_q = proj_bw(p.q, gq2, d.qd);
+  Id gin_q = proj_bw(p.q, p.qb, gq2, d.qd);
   t.free(s.n1.out);
   t.free(gin_q);  // added in place into the sum
   t.free(s.v);
@@ -606,10 +637,10 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   Id gk2 = d.liger ? gk : rope_backward(t, d, d.kvd, gk);
   if (d.liger) gq = gk = 0;
   // v_proj, k_proj, q_proj backward (reverse creation order); the input grads sum in place.
-  Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac);
-  Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac);
+  Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac, &p.vb);
+  Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb);
   t.free(gn1k);
-  Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac);
+  Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb);
   t.free(gn1q);
   t.free(s.v);
   if (!ac) t.free(s.n1.out);
@@ -667,8 +698,12 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // The batch (input_ids, labels: int64 [B, T]) and the Trainer's num_items_in_batch.
   Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
   Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   Id x = t.alloc(d.BT * d.H * d.e_r, A, "embedding output");
+  // position_ids = torch.arange(T, device).unsqueeze(0) (int64): held by LlamaModel.forward, and
+  // with checkpointing by every layer's checkpoint frame (a keyword argument) until its backward
+  Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
   // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
   Id mask = d.eager ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
   // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype
@@ -700,8 +735,18 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   if (d.e_r == 2 && !ckpt && !d.liger) {
     t.free(saved[d.L - 1].out);
     t.free(x);
+  } else if (d.e_r == 2 && ckpt) {
+    // the last layer's output is held by no checkpoint frame, and the final norm saved its fp32
+    // upcast: it goes when hidden_states is rebound (the CPU trace of Qwen2 shows it)
+    t.free(saved[d.L - 1].out);
   }
-  if (!ckpt) t.free(mask);  // else the checkpoint frames hold it until their backward
+  if (!ckpt) {  // else the checkpoint frames hold them until their backward
+    t.free(mask);
+    t.free(pos);
+  }
+  // the bias casts are in autocast's cache with the checkpointed weight casts: cleared at its exit
+  for (Id& c : m.bias_casts) cached_casts.push_back(c);
+  m.bias_casts.clear();
   Param& head = m.tied ? m.embed : m.lm_head;
   Id gh;
   if (d.liger) {
@@ -719,6 +764,8 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       // state); early stop: the recomputed output is not needed and goes.
       LayerSaved r;
       layer_forward(t, d, m, m.layers[l], r, x_in, mask);
+      for (Id& c : m.bias_casts) t.free(c);  // the recompute's autocast exits: its cache goes
+      m.bias_casts.clear();
       t.free(r.out);
       if (d.e_r == 2) t.free(r.h1);
       saved[l] = r;
@@ -726,6 +773,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     layer_backward(t, d, m, m.layers[l], saved[l], g_res, x_in);
   }
   t.free(mask);
+  t.free(pos);
   // embedding backward (CUDA embedding_dense_backward: sort-based; the dense [V, H] gradient)
   Id sorted = t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices");
   Id orig = t.alloc(d.BT * 8, Tmp, "embedding backward original indices");

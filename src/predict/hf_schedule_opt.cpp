@@ -95,8 +95,10 @@ struct OptSaved {
 Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f, bool in_is_compute, Id* incast,
               const char* label) {
   if (d.autocast) {
+    // autocast casts right to left: the bias (cached, not saved by addmm: it goes with autocast's
+    // cache when the forward ends, as the CPU trace shows), then the weight (saved)
+    m.bias_casts.push_back(t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast"));
     s.casts[s.ncasts++] = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
-    s.casts[s.ncasts++] = t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast");
     if (!in_is_compute && incast != nullptr) *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
   }
   gemm_workspace(t, m.ws_main);
@@ -323,6 +325,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
 void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
   Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   const u64 bt = d.BT;
   Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");
@@ -337,26 +340,41 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(sub);
   Id mask = d.eager || d.e_c == 4 ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
   Id off = t.alloc(bt * 8, Category::kInputs, "position_ids + offset");
+  // the position embedding's lookup saves its indices (position_ids + offset) for its backward
   Id x_pos = t.alloc(bt * d.H * d.e_r, A, "embed_positions output");
-  t.free(off);
   Id x = t.alloc(bt * d.H * d.e_r, A, "inputs_embeds + pos_embeds");
   std::vector<OptSaved> saved(d.L);
   Id layer_in = x;
+  const bool ckpt = j.activation_checkpointing;
+  std::vector<Id> ckpt_casts;  // checkpointing: the weight casts stay in autocast's cache only
   for (u64 l = 0; l < d.L; ++l) {
     opt_layer_forward(t, d, m, saved[l], mask);
+    if (ckpt) {  // see llama's drop_saved: what the layer saved goes; the frame keeps its inputs
+      OptSaved& s = saved[l];
+      for (Id* id : {&s.ln1.out, &s.ln1.mean, &s.ln1.rstd, &s.ln2.out, &s.ln2.mean, &s.ln2.rstd, &s.in_q, &s.in_k,
+                     &s.in_v, &s.in_fc1, &s.qc, &s.kT, &s.vc, &s.probs32, &s.probs16, &s.ctx, &s.lse, &s.attn_out,
+                     &s.q_s, &s.k, &s.v, &s.h1, &s.relu, &s.mask1, &s.mask2})
+        t.free(*id);
+      for (int i = 0; i < s.ncasts; ++i) ckpt_casts.push_back(s.casts[i]);
+      s.ncasts = 0;
+    }
     layer_in = saved[l].out;
   }
   LnSaved fln;
   if (m.final_ln) fln = ln_forward(t, d);
   Id& final_out = m.final_ln ? fln.out : layer_in;
-  t.free(mask);
+  if (!ckpt) {  // else the checkpoint frames hold the mask and position_ids until their backward
+    t.free(mask);
+    t.free(pid);
+  }
   t.free(am);
-  t.free(pid);
   t.free(x_tok);
   t.free(x_pos);
-  std::vector<Id> none;
+  std::vector<Id> cached = m.bias_casts;  // autocast's cache: cleared when the forward's autocast exits
+  m.bias_casts.clear();
+  cached.insert(cached.end(), ckpt_casts.begin(), ckpt_casts.end());
   Param& head = m.tied ? m.embed : m.lm_head;
-  Head hd = head_forward(t, d, none, final_out, ids);
+  Head hd = head_forward(t, d, cached, final_out, ids);
   Id gh = head_backward(t, d, m, head, hd, final_out);
   Id g_res = 0;
   if (m.final_ln) {
@@ -364,7 +382,22 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   } else {
     g_res = gh;
   }
-  for (u64 l = d.L; l-- > 0;) opt_layer_backward(t, d, m, m.opt_layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
+  for (u64 l = d.L; l-- > 0;) {
+    if (ckpt) {
+      // recomputed before its backward (under the recorded autocast state); early stop: the
+      // recomputed output goes, and the recompute's autocast cache (its bias casts) with it
+      OptSaved r;
+      opt_layer_forward(t, d, m, r, mask);
+      t.free(r.out);
+      for (Id& c : m.bias_casts) t.free(c);
+      m.bias_casts.clear();
+      r.out = saved[l].out;
+      saved[l] = r;
+    }
+    opt_layer_backward(t, d, m, m.opt_layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
+  }
+  t.free(mask);
+  t.free(pid);
   // the embeddings' backward: positions, then tokens (dense gradients, sort buffers)
   for (Param* p : {&m.pos, &m.embed}) {
     Id sorted = t.alloc(bt * 8, Tmp, "embedding backward sorted indices");
@@ -373,11 +406,11 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     t.free(sorted);
     t.free(orig);
     accumulate(t, *p, g);
+    if (p == &m.pos) t.free(off);
   }
   t.free(g_res);
   t.free(x);
   t.free(labels);
-  (void)j;
 }
 
 }  // namespace scalelab::predict::detail

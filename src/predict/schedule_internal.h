@@ -42,6 +42,9 @@ class Tape {
  private:
   std::vector<ScheduleEvent>& ev_;
   std::uint32_t next_ = 1;
+
+ public:
+  std::uint32_t now() const { return next_; }  // a clock: the id the next allocation gets
 };
 
 using Id = std::uint32_t;
@@ -59,6 +62,12 @@ struct Dims {
   bool eager;
   bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
   bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
+  bool qkv_bias = false; // Qwen2: q_proj, k_proj, v_proj have biases (addmm; their gradients)
+  // DDP (--ranks > 1): see hf_schedule_ddp.cpp
+  bool ddp = false;
+  bool ddp_find_unused = false;  // the Trainer: not gradient checkpointing
+  bool ddp_first_bucket = true;  // a 1 MiB first bucket (bucket_cap_mb left at DDP's default)
+  u64 ddp_bucket_cap = u64{25} << 20;
 };
 
 // One parameter: its tensor ids across steps.
@@ -66,10 +75,12 @@ struct Param {
   u64 bytes = 0;
   Id weight = 0, grad = 0, exp_avg = 0, exp_avg_sq = 0;
   const char* name = "";
+  std::uint32_t ready = 0;  // when its gradient was last accumulated (DDP's bucket rebuild order)
 };
 
 struct LayerParams {
   Param q, k, v, o, gate, up, down, ln1, ln2;
+  Param qb, kb, vb;  // Qwen2's q/k/v biases (bytes 0 for Llama)
 };
 
 struct Model {
@@ -80,6 +91,13 @@ struct Model {
   bool tied = true;
   Id inv_freq = 0, inv_freq_orig = 0;
   Id ws_main = 0, ws_autograd = 0;
+  // Autocast's casts of the q/k/v biases: cached, not saved by addmm, so they go when autocast's
+  // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
+  std::vector<Id> bias_casts;
+  u64 buffer_bytes = 0;  // the module's buffers (Llama/Qwen2: rotary inv_freq, original_inv_freq)
+  std::vector<Id> ddp_buckets;
+  Id ddp_used_map = 0;
+  bool ddp_rebuild = false;  // rebuild the buckets before the next forward
   std::vector<Param*> order;  // module order: the optimizer's and zero_grad's
   // OPT
   struct OptLayer {
@@ -100,6 +118,7 @@ inline void gemm_workspace(Tape& t, Id& ws) {
 // AccumulateGrad: the first gradient of a parameter becomes its .grad (stolen, no copy); a later
 // one is added in place and freed.
 inline void accumulate(Tape& t, Param& p, Id& g) {
+  p.ready = t.now();
   if (p.grad == 0) {
     p.grad = g;
     g = 0;
@@ -126,9 +145,15 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
 
 // The families (hf_schedule_llama.cpp, hf_schedule_opt.cpp): the model's move to the GPU, and
 // one micro-step's forward and backward.
+// Llama and Qwen2 (d.qkv_bias: the q/k/v biases).
 void load_llama(Tape& t, Model& m, const Dims& d, bool tied);
 void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m);
 void load_opt(Tape& t, Model& m, const Dims& d, const ModelConfig& c);
 void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m);
+
+// DDP (hf_schedule_ddp.cpp): what DistributedDataParallel allocates when the Trainer wraps the
+// model, and before each forward (bucket rebuild, buffer broadcast).
+void ddp_construct(Tape& t, Model& m, const Dims& d);
+void ddp_pre_forward(Tape& t, Model& m, const Dims& d);
 
 }  // namespace scalelab::predict::detail

@@ -163,6 +163,39 @@ TEST(HfPredict, FusedAdamWHasNoSqrtTemporaries) {
   EXPECT_LT(predict_hf(b, h200()).max_allocated, predict_hf(a, h200()).max_allocated);
 }
 
+// Qwen2's schedule loads, differentiates and steps every parameter, the q/k/v biases included:
+// the weight requests are Qwen2.5-0.5B's 494,032,768 parameters (tied), the step-1 gradients
+// (one embedding more) and AdamW's two states the same again, and the biases are in the no-decay group (their own
+// foreach sqrt buffers): 24 x 3 bias tensors more than a Llama of the same shapes.
+TEST(HfPredict, Qwen2HasEveryParameterWithItsBiases) {
+  HfJob j = job(1, "bf16", "bf16");
+  j.model = preset_config("qwen2.5-0.5b");
+  j.seq_len = 128;
+  j.steps = 1;
+  std::uint64_t weights = 0, grads = 0, states = 0;
+  std::size_t n_weights = 0;
+  for (const auto& e : hf_trainer_schedule(j)) {
+    if (e.kind != ScheduleEvent::kAlloc) continue;
+    if (e.category == Category::kWeights) {
+      weights += e.bytes;
+      ++n_weights;
+    }
+    if (e.category == Category::kGradients) grads += e.bytes;
+    if (e.category == Category::kOptimizerStates) states += e.bytes;
+  }
+  EXPECT_EQ(weights, 494032768ull * 2);
+  // the tied embedding gets two gradients (lm_head's, then the lookup's, added in place)
+  EXPECT_EQ(grads, weights + 151936ull * 896 * 2);
+  EXPECT_EQ(states, 2 * weights);
+  HfJob l = j;
+  l.model.family = ModelFamily::kLlama;
+  l.model.qkv_bias = false;
+  std::size_t n_llama = 0;
+  for (const auto& e : hf_trainer_schedule(l))
+    if (e.kind == ScheduleEvent::kAlloc && e.category == Category::kWeights) ++n_llama;
+  EXPECT_EQ(n_weights, n_llama + 24 * 3);
+}
+
 TEST(HfPredict, RefusesWhatItDoesNotModel) {
   HfJob j = job(1);
   j.versions.transformers = "4.46";
@@ -172,6 +205,8 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   j = job(1);
   j.model = preset_config("qwen2-tiny");
   j.seq_len = 64;
+  EXPECT_NO_THROW(validate_job(j));  // Qwen2 is modelled (cpu_trace_test.cpp checks it)
+  j.fused_kernels = true;             // but not Liger's Qwen2 patch
   EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(1, "fp32", "bf16");
   j.fused_kernels = true;  // Liger under autocast over fp32 weights: not modelled

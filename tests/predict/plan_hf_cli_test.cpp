@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 
 #include "../cli/cli_run.h"
 
@@ -29,6 +31,50 @@ TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
   EXPECT_TRUE(j["breakdown_at_peak_allocated"].contains("saved_activations"));
 }
 
+// A Qwen2 config directory (Qwen2.5-0.5B's shapes, written here): its q/k/v biases are in the
+// schedule, so the weights and gradients have 3 more tensors per layer than Llama's.
+TEST(PlanHfCli, PredictsAQwen2ConfigDirectory) {
+  const std::string dir = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_qwen2";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/config.json");
+    f << R"({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 896,
+      "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+      "vocab_size": 151936, "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06,
+      "tie_word_embeddings": true, "use_sliding_window": false, "sliding_window": 32768, "max_window_layers": 21})";
+  }
+  const std::string path = dir + "/pred.json";
+  const CmdResult r = run("plan --stack hf-trainer --model " + dir +
+                          " --seq-len 1024 --micro-batch-size 4 --model-precision bf16 --mixed-precision bf16 "
+                          "--attn flash --device-memory 80GiB --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = read_json(path);
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_GT(j["largest_micro_batch"].get<int>(), 4);
+  // bf16 weights: 494,032,768 parameters (Qwen2.5-0.5B, tied) x 2 bytes, in allocator blocks
+  // (a block keeps its segment's unsplit remainder: at least the requests)
+  EXPECT_GE(j["breakdown_at_peak_allocated"]["weights"].get<std::uint64_t>(), 494032768ull * 2);
+}
+
+// DDP per rank: the gradient buckets (one more copy of the gradients: gradient_as_bucket_view
+// False) are in the breakdown, NCCL's memory is subtracted like the context, and the largest
+// micro-batch is at most the single GPU's.
+TEST(PlanHfCli, PredictsOneDdpRank) {
+  const std::string one = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_ddp1.json";
+  const std::string eight = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_ddp8.json";
+  ASSERT_EQ(run(kBase + "--micro-batch-size 4 --device-memory 80GiB --json " + one).code, 0);
+  const CmdResult r = run(kBase + "--micro-batch-size 4 --device-memory 80GiB --ranks 8 --nccl-memory 1GiB --json " + eight);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("per rank of 8"), std::string::npos) << r.output;
+  const auto a = read_json(one), b = read_json(eight);
+  EXPECT_EQ(b["ranks"], 8);
+  EXPECT_EQ(b["allocator_limit_bytes"].get<std::uint64_t>() + (1ull << 30), a["allocator_limit_bytes"].get<std::uint64_t>());
+  // llama-3.2-1b: 1,235,814,400 fp32 parameters: the buckets hold them all
+  EXPECT_GE(b["breakdown_at_peak_allocated"]["ddp"].get<std::uint64_t>(), 1235814400ull * 4);
+  EXPECT_GT(b["max_allocated_bytes"].get<std::uint64_t>(), a["max_allocated_bytes"].get<std::uint64_t>());
+  EXPECT_LE(b["largest_micro_batch"].get<int>(), a["largest_micro_batch"].get<int>());
+}
+
 TEST(PlanHfCli, OutOfMemoryIsAPredictionNotAnError) {
   const CmdResult r = run(kBase + "--micro-batch-size 9 --device-memory 64GiB");
   EXPECT_EQ(r.code, 0) << r.output;
@@ -44,11 +90,15 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
       {kBase + "--device-memory 64GiB --torch-version 2.4", "supported: 2.11"},
       {kBase + "--device-memory 64GiB --micro-batch-size 0", "--micro-batch-size"},
       {kBase + "--micro-batch-size 1", "--device-memory is required"},
-      {"plan --stack hf-trainer --model qwen2-tiny --seq-len 64 --device-memory 80GiB", "supported: llama, opt"},
+      {"plan --stack hf-trainer --model qwen2-tiny --seq-len 64 --device-memory 80GiB --fused-kernels",
+       "Qwen2 (apply_liger_kernel_to_qwen2) is not modelled"},
       {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
       {kBase + "--device-memory 64GiB --fused-kernels --mixed-precision bf16", "--fused-kernels"},
-      {kBase + "--device-memory 64GiB --world-size 8", "DDP"},
-      {kBase + "--device-memory 64GiB --ranks 8", "DDP"},
+      {kBase + "--device-memory 64GiB --world-size 8", "--ranks 8"},
+      {kBase + "--device-memory 64GiB --ranks 8 --zero 1", "ZeRO-1 under the Trainer"},
+      {kBase + "--device-memory 64GiB --ranks 0", "--ranks must be at least 1"},
+      {kBase + "--device-memory 64GiB --ddp-bucket-cap-mb 10", "add --ranks N"},
+      {kBase + "--device-memory 64GiB --ranks 2 --ddp-bucket-cap-mb 0", "--ddp-bucket-cap-mb must be at least 1"},
       {kBase + "--device-memory 64GiB --freeze q_proj", "--freeze"},
   };
   for (const auto& c : cases) {

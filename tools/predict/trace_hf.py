@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Traces every CPU allocation and free of a real Hugging Face Trainer run on a tiny Llama (the
+"""Traces every CPU allocation and free of a real Hugging Face Trainer run on a tiny Llama or Qwen2 (the
 hf-trainer predictor's reference without a GPU). Run it in the venv tools/predict/make_venv.sh
 makes (torch 2.11.0, transformers 5.17.0, accelerate 1.13.0, pinned there):
 
@@ -13,9 +13,14 @@ NAME.cpu.events: `# PHASE` lines (forward, backward, optimizer_step, step_end, f
 the model, accelerate's backward and the optimizer) and one line per allocation `a BYTES` (in
 order, numbered from 0) or free `f N`, for the CPU allocator's requests (exact sizes, no caching).
 
+Qwen2 configurations use scalelab's qwen2-tiny shapes (QWEN2_TINY below); DDP configurations
+("-ddp2") start two ranks of the same Trainer (RANK / WORLD_SIZE / MASTER_ADDR as torchrun sets
+them; gloo on the CPU) and trace rank 0, with a `# ddp_init` marker when DDP wraps the model.
+
 tests/predict/cpu_trace_test.cpp compares the saved-for-backward tensors (the allocations of
-step 2's forward still live when its backward starts) with scalelab's generated schedule for the
-same job: autograd saves the same tensors on the CPU as on CUDA. What only CUDA does (cuBLAS
+step 2's forward still live when its backward starts), the gradients at the optimizer step and
+the AdamW states with scalelab's generated schedule for the same job: autograd saves the same
+tensors on the CPU as on CUDA; tests/predict/ddp_trace_test.cpp compares what DDP allocates. What only CUDA does (cuBLAS
 workspaces, kernel temporaries such as reduction buffers, flash attention) is not compared here;
 the H200 traces (bench/gpu/hf_memory.py --trace) cover it.
 """
@@ -31,6 +36,44 @@ CONFIGS = {
     "llama-tiny-bf16mixed-eager": dict(model_precision="fp32", mixed_precision="bf16", attn="eager"),
     "llama-tiny-bf16-eager": dict(model_precision="bf16", mixed_precision="bf16", attn="eager"),
 }
+# Qwen2: scalelab's qwen2-tiny preset (src/model/qwen2/family.cpp: hidden 64, intermediate 128,
+# 2 layers, 4 heads / 2 KV heads, vocab 256, tied embeddings, rope_theta 1e6, rms_norm_eps 1e-6),
+# written here as a Qwen2Config dict (no hub download); "-untied" sets tie_word_embeddings false
+# (Qwen2Config's default), "-ckpt" gradient_checkpointing=True.
+QWEN2_TINY = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
+                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, use_sliding_window=False,
+                  hidden_act="silu", attention_dropout=0.0)
+for _prec, _mixed, _tag in (("fp32", "no", "fp32"), ("fp32", "bf16", "bf16mixed"), ("bf16", "bf16", "bf16")):
+    for _attn in ("eager", "sdpa"):
+        if _attn == "sdpa" and _prec == "fp32" and _mixed == "no":
+            continue  # the CPU has an fp32 flash kernel; CUDA runs eager's math fallback: nothing to compare
+        for _ckpt in (False, True):
+            CONFIGS[f"qwen2-tiny-{_tag}-{_attn}" + ("-ckpt" if _ckpt else "")] = dict(
+                family="qwen2", model_precision=_prec, mixed_precision=_mixed, attn=_attn, ckpt=_ckpt)
+# OPT: scalelab's opt-tiny (bench/gpu/hf_benchmark.py TINY["opt"], residual dropout 0).
+CONFIGS["opt-tiny-fp32-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="no", attn="eager")
+CONFIGS["opt-tiny-bf16mixed-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16", attn="eager")
+CONFIGS["opt-tiny-fp32-eager-ckpt"] = dict(family="opt", model_precision="fp32", mixed_precision="no", attn="eager",
+                                           ckpt=True)
+CONFIGS["opt-tiny-bf16mixed-eager-ckpt"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16",
+                                                attn="eager", ckpt=True)
+# (full bf16 OPT is not traced: the CPU's layer_norm keeps mean / rstd in bf16, CUDA's in fp32)
+# DDP (torchrun, gloo on the CPU): two ranks each run the same Trainer; rank 0 is traced. The
+# Trainer's DDP arguments (accelerate's DistributedDataParallelKwargs): bucket_cap_mb 25,
+# gradient_as_bucket_view False, find_unused_parameters = not gradient_checkpointing.
+# "llama-ddp": llama-tiny widened (hidden 128, intermediate 512, head_dim 32, vocab 4096: 3.9 MiB of
+# fp32 parameters, the embedding alone 2 MiB) so that DDP's 1 MiB first bucket and a 1 MiB
+# ddp_bucket_cap_mb make several buckets.
+DDP_SHAPE = {"hidden_size": 128, "intermediate_size": 512, "head_dim": 32, "vocab_size": 4096}
+CONFIGS["llama-ddp-fp32-eager-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2)
+CONFIGS["llama-ddp-bf16-eager-ddp2"] = dict(model_precision="bf16", mixed_precision="bf16", attn="eager", ranks=2)
+CONFIGS["llama-ddp-bf16mixed-eager-ckpt-ddp2"] = dict(model_precision="fp32", mixed_precision="bf16", attn="eager",
+                                                      ckpt=True, ranks=2)
+CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
+                                                 bucket_cap_mb=1)
+CONFIGS["qwen2-tiny-untied-fp32-eager"] = dict(family="qwen2", model_precision="fp32", mixed_precision="no",
+                                               attn="eager", tied=False)
 SEQ, MB, STEPS = 32, 2, 2
 
 
@@ -44,10 +87,18 @@ def run(name, cfg, out_dir):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    d = json.loads(json.dumps(MODELS["llama-3.2-1b"]))
-    d.update(TINY["llama"])
+    if cfg.get("family") == "opt":
+        d = json.loads(json.dumps(MODELS["opt-1.3b"]))
+        d.update(TINY["opt"])
+    elif cfg.get("family") == "qwen2":
+        d = dict(QWEN2_TINY, tie_word_embeddings=cfg.get("tied", True))
+    else:
+        d = json.loads(json.dumps(MODELS["llama-3.2-1b"]))
+        d.update(TINY["llama"])
+        if name.startswith("llama-ddp"):
+            d.update(DDP_SHAPE)
     dtype = torch.bfloat16 if cfg["model_precision"] == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_config(CONFIG_MAPPING["llama"].from_dict(d), attn_implementation=cfg["attn"],
+    model = AutoModelForCausalLM.from_config(CONFIG_MAPPING[d["model_type"]].from_dict(d), attn_implementation=cfg["attn"],
                                              dtype=dtype)
 
     class Ids(torch.utils.data.Dataset):
@@ -60,6 +111,8 @@ def run(name, cfg, out_dir):
 
     marks = []
 
+    rank = int(os.environ.get("RANK", "0"))
+
     def mark(n):
         marks.append((time.time_ns(), n))
 
@@ -70,7 +123,9 @@ def run(name, cfg, out_dir):
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=MB, max_steps=STEPS,
                              learning_rate=5e-5, optim="adamw_torch", bf16=cfg["mixed_precision"] == "bf16",
                              logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-                             use_cpu=True, dataloader_num_workers=0, seed=0)
+                             use_cpu=True, dataloader_num_workers=0, seed=0,
+                             gradient_checkpointing=cfg.get("ckpt", False),
+                             ddp_bucket_cap_mb=cfg.get("bucket_cap_mb"))
     trainer = Trainer(model=model, args=args, train_dataset=Ids(), callbacks=[Cb()])
     model.register_forward_pre_hook(lambda *a: mark("forward"))
     inner = trainer.accelerator.backward
@@ -79,6 +134,16 @@ def run(name, cfg, out_dir):
         mark("backward")
         return inner(*a, **k)
     trainer.accelerator.backward = backward
+    if cfg.get("ranks", 1) > 1:
+        # `# ddp_init` when the Trainer (accelerate's prepare_model) wraps the model. What comes
+        # just before it on the CPU, model.to(device) copying every parameter, is a no-op on CUDA
+        # (the Trainer moved the model to its GPU already).
+        ddp_init = torch.nn.parallel.DistributedDataParallel.__init__
+
+        def init(self, *a, **k):
+            mark("ddp_init")
+            return ddp_init(self, *a, **k)
+        torch.nn.parallel.DistributedDataParallel.__init__ = init
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     register_optimizer_step_pre_hook(lambda *a: mark("optimizer_step"))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -104,9 +169,12 @@ def run(name, cfg, out_dir):
             n += 1
         elif ptr in live:
             lines.append(f"f {live.pop(ptr)}")
+    if rank != 0:
+        return None, n
     path = os.path.join(out_dir, name + ".cpu.events")
     with open(path + ".tmp", "w") as f:
-        f.write(f"# trace of {name}: torch {torch.__version__}, seq {SEQ}, micro-batch {MB}, {STEPS} steps on the CPU\n")
+        f.write(f"# trace of {name}: torch {torch.__version__}, seq {SEQ}, micro-batch {MB}, {STEPS} steps on the CPU"
+                + (f", rank 0 of {cfg['ranks']} (DDP, gloo)" if cfg.get("ranks", 1) > 1 else "") + "\n")
         f.write("\n".join(lines) + "\n")
     os.replace(path + ".tmp", path)
     return path, n
@@ -116,12 +184,34 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="")
+    ap.add_argument("--ddp-worker", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
+    if a.ddp_worker:  # one rank of a DDP configuration (started below, as torchrun would)
+        run(a.only, CONFIGS[a.only], a.out)
+        return 0
     for name, cfg in CONFIGS.items():
         if a.only and name not in a.only.split(","):
             continue
-        path, n = run(name, cfg, a.out)
+        if cfg.get("ranks", 1) > 1:
+            import socket
+            import subprocess
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            procs = []
+            for r in range(cfg["ranks"]):
+                env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(cfg["ranks"]),
+                           LOCAL_WORLD_SIZE=str(cfg["ranks"]), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--out", a.out, "--only",
+                                               name, "--ddp-worker"], env=env))
+            if any(p.wait() != 0 for p in procs):
+                print(f"{name}: a DDP rank failed", file=sys.stderr)
+                return 1
+            path = os.path.join(a.out, name + ".cpu.events")
+            n = sum(1 for line in open(path) if line.startswith("a "))
+        else:
+            path, n = run(name, cfg, a.out)
         print(f"{path}: {n} allocations", flush=True)
     return 0
 
