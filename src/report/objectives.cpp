@@ -21,7 +21,7 @@ void objective_importance_chart(const Json& a, std::vector<Chart>& out) {
   };
   Json rows = Json::array();
   std::map<std::string, std::set<std::string>> targets_of;  // model -> targets with importances
-  bool any_unreliable = false;
+  std::map<std::string, bool> unreliable_of;  // model -> a target's surrogate is unreliable
   for (const auto& r : a["trees"]) {
     if (r.contains("error") || !r.contains("gain")) continue;
     const std::string m = r["model"], t = r["target"];
@@ -40,7 +40,7 @@ void objective_importance_chart(const Json& a, std::vector<Chart>& out) {
     add_unique(models, m);
     add_unique(targets, t);
     targets_of[m].insert(t);
-    any_unreliable = any_unreliable || r["unreliable"].get<bool>();
+    unreliable_of[m] = unreliable_of[m] || r["unreliable"].get<bool>();
   }
   // The models that explain at least two objectives (gradient boosting first).
   std::vector<std::string> usable;
@@ -69,7 +69,7 @@ void objective_importance_chart(const Json& a, std::vector<Chart>& out) {
   if (finding.empty()) return;
   finding = std::string(kind0 == "shap" ? "By mean |SHAP|" : "By gain") + " (" + (model0 == "random_forest" ? "random forest" : "gradient boosting") +
             "; 100 = each objective's top feature): " + finding + ".";
-  if (any_unreliable) finding += " Grey bars: a surrogate with cross-validated R² < 0.5 (unreliable).";
+  if (unreliable_of[model0]) finding += " Grey bars: a surrogate with cross-validated R² < 0.5 (unreliable).";
   // Features in the order of their largest importance over the objectives.
   std::map<std::string, double> best;
   for (const auto& r : rows)
@@ -77,9 +77,11 @@ void objective_importance_chart(const Json& a, std::vector<Chart>& out) {
   std::stable_sort(features.begin(), features.end(), [&](const std::string& x, const std::string& y) { return best[x] > best[y]; });
   const int band = static_cast<int>(targets.size()) * 11 + 8;
   Json s = base_spec(380, static_cast<int>(features.size()) * band + 10);
+  Json model_labels = Json::array();
+  for (const auto& m : usable) model_labels.push_back(m == "random_forest" ? "random forest" : "gradient boosting");
   Json kinds = shap_everywhere ? Json::array({"shap", "gain"}) : Json::array({"gain"});
   s["signals"] = Json::array({{{"name", "imp_kind"}, {"value", kind0}, {"bind", {{"input", "radio"}, {"options", kinds}, {"labels", shap_everywhere ? Json::array({"mean |SHAP|", "gain"}) : Json::array({"gain"})}, {"name", "importance "}}}},
-                              {{"name", "imp_model"}, {"value", model0}, {"bind", {{"input", "radio"}, {"options", usable}, {"name", "model "}}}}});
+                              {{"name", "imp_model"}, {"value", model0}, {"bind", {{"input", "radio"}, {"options", usable}, {"labels", model_labels}, {"name", "model "}}}}});
   s["data"] = Json::array({{{"name", "obj_rows"}, {"values", rows},
                             {"transform", Json::array({{{"type", "filter"}, {"expr", "datum.model === imp_model"}},
                                                        {{"type", "formula"}, {"as", "v"}, {"expr", "isValid(datum[imp_kind]) ? datum[imp_kind] : 0"}}})}}});
