@@ -14,7 +14,8 @@ void add_memory(Analysis& a, const lab::ResultsStore& store, const std::string& 
   if (!sweep) return;
   const auto presets = lab::preset_parameters(*sweep);
   if (!presets.empty()) a.json["presets"] = presets;
-  const std::vector<lab::TrialRow> trials = store.trials(sweep->sweep_id);
+  // The sweep's configurations (an [oom_search]'s probes are not configurations of it).
+  const std::vector<lab::TrialRow> trials = lab::member_trials(*sweep, store);
   lab::Table t = lab::memory_table(trials, {}, lab::parameter_order(*sweep));
   lab::fold_preset_columns(t, *sweep);
   // The parts: the table's plan_<part>_gib columns, in its order.

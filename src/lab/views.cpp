@@ -297,7 +297,7 @@ Table summary_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
   return t;
 }
 
-Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+std::vector<TrialRow> member_trials(const SweepRow& sweep, const ResultsStore& store) {
   std::vector<TrialRow> rows = store.trials(sweep.sweep_id);
   const Json& m = sweep.result;
   if (sweep.kind == "sweep" && m.is_object() && m.contains("configs") && m["configs"].is_array()) {
@@ -313,6 +313,12 @@ Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, cons
     });
     rows = std::move(kept);
   }
+  return rows;
+}
+
+Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+  std::vector<TrialRow> rows = member_trials(sweep, store);
+  const Json& m = sweep.result;
   Table t = summary_table(rows, filters, parameter_order(sweep));
   // [oom_search]: each configuration's largest fitting micro-batch, beside its trials' figures.
   if (m.is_object() && m.contains("oom_limits") && m["oom_limits"].is_array()) {

@@ -46,6 +46,10 @@ Table trials_table(const std::vector<TrialRow>& rows, const std::vector<Filter>&
 // One row per configuration of the sweep (in trial order), repeats aggregated.
 Table summary_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
                     const std::vector<std::string>& param_order = {});
+// The trials of a sweep's current configurations: its stored membership (spec order, repeats below
+// the spec's), so not an [oom_search]'s probes nor configurations a later spec dropped; every trial
+// of the sweep when it stores no membership (an older database, a ladder, an OOM search).
+std::vector<TrialRow> member_trials(const SweepRow& sweep, const ResultsStore& store);
 // A sweep's summary: its current configurations (the stored membership, in spec order, with
 // repeats below the spec's), parameters in spec order, a preset's parameters folded into its label.
 Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);

@@ -450,6 +450,7 @@ void build_methods_db(const std::string& db_path) {
                             {"lora", 400, 8, 16, 110, 0, "", "ok", 1300},
                             {"qlora", 60, 8, 16, 110, 4, "nf4_tiles", "ok", 1000},
                             {"qat", 400, 400, 800, 300, 0, "", "oom", 0}};
+  Json configs = Json::array();
   for (int rep = 0; rep < 2; ++rep)
     for (const auto& m : methods) {
       lab::TrialRecord r;
@@ -470,7 +471,20 @@ void build_methods_db(const std::string& db_path) {
         r.reason = "out of memory";
       r.started_at = r.ended_at = "2026-01-01T00:00:00.000Z";
       store.insert_trial(id, r);
+      if (rep == 0) configs.push_back(r.config_hash);
     }
+  // The sweep's membership, as `sweep` stores it, and a probe of an [oom_search] in the same sweep
+  // (another micro-batch size): not a configuration of the sweep, so neither a bar nor a run.
+  store.set_sweep_result(id, {{"configs", configs}, {"repeats", 2}});
+  lab::TrialRecord probe;
+  Json params = {{"model", "llama-small"}, {"method", "lora"}, {"seed", 0}, {"lora_rank", 16}, {"lora_alpha", 32}, {"micro_batch_size", 64}};
+  probe.config = {{"workload", {{"kind", "native"}}}, {"params", params}};
+  probe.config_hash = lab::fnv1a_hex(params.dump());
+  probe.role = "oom-search";
+  probe.status = lab::TrialStatus::kOom;
+  probe.metrics = {{"plan_weights_bytes", 400 * M}, {"plan_activations_bytes", 4000 * M}, {"plan_total_bytes", 4400 * M}};
+  probe.started_at = probe.ended_at = "2026-01-01T00:00:00.000Z";
+  store.insert_trial(id, probe);
 }
 
 TEST_F(ReportInBrowser, MemoryByPartPerMethod) {
