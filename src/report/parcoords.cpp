@@ -209,7 +209,7 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
     finding += "; " + std::string(lower ? "lowest " : "highest ") + target + " " + fmt((*tc)["values"][best].get<double>(), 4) + " at " +
                a["table"]["row_labels"][best].get<std::string>() + (ps.empty() ? "" : " (" + ps + ")");
   }
-  finding += ". Bold: targets. Drag along an axis to select runs; they are marked in the runs table and the scatter plots.";
+  finding += ". Bold: targets. Drag along an axis to select runs: they are shaded in the runs table and ringed on every per-run chart, the others dim.";
   Chart ch{"parcoords", "Runs at a glance", "Parallel coordinates of the runs (parameters, then targets)", finding, s,
            {{"runs", static_cast<long>(n)}, {"run_line", static_cast<long>(n * D)}}};
   link_rows(ch, "pc_long");
