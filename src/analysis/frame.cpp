@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "lab/store.h"
+#include "lab/views.h"
 
 namespace scalelab::analysis {
 namespace {
@@ -279,7 +280,9 @@ Frame build_frame_from_sweep(const lab::ResultsStore& store, const std::string& 
     throw InvalidInput("[analyze] no sweep '" + sweep_name + "' in " + store.path() + " — sweeps: " +
                        (names.empty() ? "none" : names));
   }
-  auto trials = store.trials(sweep->sweep_id);
+  // The sweep's configurations: its stored membership, so an [oom_search]'s probes (trials of the
+  // same sweep at other micro-batch sizes) are not rows of the analysis.
+  auto trials = lab::member_trials(*sweep, store);
   std::vector<std::string> order;
   std::map<std::string, std::vector<const lab::TrialRow*>> groups;
   int failed = 0;

@@ -10,6 +10,7 @@
 #include "analysis/baseline.h"
 #include "analysis/scale_study.h"
 #include "analysis/scaling_curves.h"
+#include "analysis/memory.h"
 #include "analysis/profile.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
@@ -97,6 +98,7 @@ Subcommand add_analyze_command(CLI::App& root) {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
               analysis::add_telemetry(a, store, f->sweep);
               analysis::add_profile(a, store, f->sweep);
+              analysis::add_memory(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
               analysis::add_scaling_curves(a, frame, store, f->sweep,

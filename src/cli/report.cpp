@@ -10,6 +10,7 @@
 #include "analysis/baseline.h"
 #include "analysis/scale_study.h"
 #include "analysis/scaling_curves.h"
+#include "analysis/memory.h"
 #include "analysis/profile.h"
 #include "analysis/telemetry.h"
 #include "cli/command.h"
@@ -73,10 +74,16 @@ Subcommand add_report_command(CLI::App& root) {
             if (f->bootstrap < 0 || f->bootstrap > 10000) throw InvalidInput("[report] --bootstrap must be 0..10000 resamples");
             opt.bootstrap = f->bootstrap;
             analysis::Analysis a = analysis::analyze(frame, opt);
-            if (f->csv.empty()) {
+            if (!f->csv.empty()) {
+              // A CSV with ranks and tokens_per_s gets the scaling curves too (no telemetry: no energy).
+              analysis::ScalingCurveInputs in;
+              if (f->price_per_gpu_hour > 0) in.price_per_gpu_hour = f->price_per_gpu_hour, in.price_source = "--price-per-gpu-hour";
+              analysis::add_scaling_curves(a, frame, in);
+            } else {
               lab::ResultsStore store(f->db, lab::ResultsStore::Mode::kReadOnly);
               analysis::add_telemetry(a, store, f->sweep);
               analysis::add_profile(a, store, f->sweep);
+              analysis::add_memory(a, store, f->sweep);
               analysis::add_agreement(a, store, f->sweep);
               analysis::add_scale_study(a, store, f->sweep);
               analysis::add_scaling_curves(a, frame, store, f->sweep,

@@ -101,6 +101,8 @@ Subcommand add_results_command(CLI::App& root) {
               t.rows = lab::apply_filters(t.rows, filters);
               table = t;
             }
+            // A sweep with [presets.NAME]: its label column stands for the parameters it sets.
+            if (sweep) lab::fold_preset_columns(table, *sweep);
             std::fputs(lab::render(table, format).c_str(), stdout);
             if (format != lab::TableFormat::kMarkdown)
               for (const auto& n : table.notes) std::fprintf(stderr, "%s\n", n.c_str());

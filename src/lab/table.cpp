@@ -54,6 +54,11 @@ bool right_aligned(CellFormat f) { return f != CellFormat::kText; }
 }  // namespace
 
 std::string render_markdown(const Table& t) {
+  if (std::any_of(t.columns.begin(), t.columns.end(), [](const Column& c) { return c.folded; })) {
+    Table shown = t;
+    std::erase_if(shown.columns, [](const Column& c) { return c.folded; });
+    return render_markdown(shown);
+  }
   std::vector<std::vector<std::string>> cells;
   std::vector<std::size_t> width(t.columns.size(), 3);
   for (std::size_t c = 0; c < t.columns.size(); ++c) width[c] = std::max(width[c], t.columns[c].title.size());

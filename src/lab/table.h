@@ -24,6 +24,9 @@ struct Column {
   std::string key;    // JSON / CSV name
   std::string title;  // Markdown header
   CellFormat format = CellFormat::kText;
+  // Left out of Markdown (for people), kept in CSV and JSON: a parameter a preset label stands
+  // for (lab/views.h fold_preset_columns).
+  bool folded = false;
 };
 
 struct Table {
@@ -35,7 +38,7 @@ struct Table {
 enum class TableFormat { kMarkdown, kCsv, kJson };
 TableFormat parse_table_format(const std::string& name);  // md|markdown|csv|json; InvalidInput otherwise
 
-std::string render_markdown(const Table& t);
+std::string render_markdown(const Table& t);  // without the folded columns
 std::string render_csv(const Table& t);   // RFC 4180 quoting; header = column keys
 std::string render_json(const Table& t);  // an array of the row objects
 std::string render(const Table& t, TableFormat format);

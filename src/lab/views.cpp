@@ -152,6 +152,36 @@ std::vector<std::string> parameter_order(const SweepRow& sweep) {
   return out;
 }
 
+std::map<std::string, std::vector<std::string>> preset_parameters(const SweepRow& sweep) {
+  std::map<std::string, std::vector<std::string>> out;
+  if (!sweep.spec.is_object() || !sweep.spec.contains("presets") || !sweep.spec["presets"].is_object()) return out;
+  for (auto p = sweep.spec["presets"].begin(); p != sweep.spec["presets"].end(); ++p) {
+    std::set<std::string> implied;
+    if (p.value().is_object())
+      for (auto v = p.value().begin(); v != p.value().end(); ++v)
+        if (v.value().is_object())
+          for (auto k = v.value().begin(); k != v.value().end(); ++k) implied.insert(k.key());
+    out[p.key()] = std::vector<std::string>(implied.begin(), implied.end());
+  }
+  return out;
+}
+
+void fold_preset_columns(Table& t, const SweepRow& sweep) {
+  for (const auto& [name, implied] : preset_parameters(sweep)) {
+    const bool shown = std::any_of(t.columns.begin(), t.columns.end(), [&](const Column& c) { return c.key == name; });
+    if (!shown) continue;  // the preset does not vary here: its parameters stay as they are
+    std::string folded;
+    for (auto& c : t.columns)
+      if (!c.folded && std::find(implied.begin(), implied.end(), c.key) != implied.end()) {
+        c.folded = true;
+        append_item(folded, c.key, ", ");
+      }
+    if (!folded.empty())
+      t.notes.push_back("`" + name + "` stands for its preset's parameters (" + folded +
+                        "): folded into its column here; --format csv or json lists them.");
+  }
+}
+
 Table sweeps_table(const ResultsStore& store) {
   Table t;
   t.columns = {{"sweep", "sweep"},        {"kind", "kind"},       {"trials", "trials", CellFormat::kInt},
@@ -267,7 +297,7 @@ Table summary_table(const std::vector<TrialRow>& rows_in, const std::vector<Filt
   return t;
 }
 
-Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+std::vector<TrialRow> member_trials(const SweepRow& sweep, const ResultsStore& store) {
   std::vector<TrialRow> rows = store.trials(sweep.sweep_id);
   const Json& m = sweep.result;
   if (sweep.kind == "sweep" && m.is_object() && m.contains("configs") && m["configs"].is_array()) {
@@ -283,6 +313,12 @@ Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, cons
     });
     rows = std::move(kept);
   }
+  return rows;
+}
+
+Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters) {
+  std::vector<TrialRow> rows = member_trials(sweep, store);
+  const Json& m = sweep.result;
   Table t = summary_table(rows, filters, parameter_order(sweep));
   // [oom_search]: each configuration's largest fitting micro-batch, beside its trials' figures.
   if (m.is_object() && m.contains("oom_limits") && m["oom_limits"].is_array()) {
@@ -318,6 +354,7 @@ Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, cons
     if (limits.size() < key_of.size() && !key_of.empty())
       t.notes.push_back("Some configurations have no OOM search result yet (the sweep was interrupted): run it again.");
   }
+  fold_preset_columns(t, sweep);  // [presets.NAME]: the label, not the parameters it sets
   return t;
 }
 

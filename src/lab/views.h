@@ -3,6 +3,7 @@
 // sweep's summary (one row per configuration, repeats as median / min / max), raw trials, an OOM
 // search, a ladder, and telemetry samples. Filters ("status=ok", "micro_batch_size>=4") select
 // trials (or, for a ladder, rungs) by any column, parameter or metric.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ std::vector<Json> apply_filters(const std::vector<Json>& objects, const std::vec
 // (tokens_per_s_per_device, max_reserved_gib, ...), then "memory_gib" for tables.
 Json flatten_trial(const TrialRow& row);
 
+// [presets.NAME] of a sweep's spec: each preset parameter (e.g. `method`) and the parameters its
+// values stand for (lora_rank, lora_alpha, quantize_base, ...), in name order; empty without
+// presets.
+std::map<std::string, std::vector<std::string>> preset_parameters(const SweepRow& sweep);
+// Folds a table's columns of parameters a preset stands for: the preset's own column (its label,
+// e.g. method=lora) stays, theirs are marked `folded` — left out of the Markdown table, kept in
+// CSV and JSON — and a note names them. Tables of sweeps without presets are unchanged.
+void fold_preset_columns(Table& t, const SweepRow& sweep);
+
 Table sweeps_table(const ResultsStore& store);
 // One row per trial. Parameter columns: those that vary among `rows` (before filtering), the
 // ones in `param_order` first.
@@ -36,8 +46,12 @@ Table trials_table(const std::vector<TrialRow>& rows, const std::vector<Filter>&
 // One row per configuration of the sweep (in trial order), repeats aggregated.
 Table summary_table(const std::vector<TrialRow>& rows, const std::vector<Filter>& filters,
                     const std::vector<std::string>& param_order = {});
+// The trials of a sweep's current configurations: its stored membership (spec order, repeats below
+// the spec's), so not an [oom_search]'s probes nor configurations a later spec dropped; every trial
+// of the sweep when it stores no membership (an older database, a ladder, an OOM search).
+std::vector<TrialRow> member_trials(const SweepRow& sweep, const ResultsStore& store);
 // A sweep's summary: its current configurations (the stored membership, in spec order, with
-// repeats below the spec's), parameters in spec order.
+// repeats below the spec's), parameters in spec order, a preset's parameters folded into its label.
 Table sweep_summary_table(const SweepRow& sweep, const ResultsStore& store, const std::vector<Filter>& filters);
 // The parameter order a sweep's spec gives (its "parameter_order"), or none.
 std::vector<std::string> parameter_order(const SweepRow& sweep);

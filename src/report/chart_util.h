@@ -1,10 +1,11 @@
 #pragma once
 // Helpers the report's chart builders share (charts.cpp, parcoords.cpp, scaling_facets.cpp,
-// telemetry_charts.cpp):
+// telemetry_charts.cpp, objectives.cpp, memory_chart.cpp):
 // number formatting, the base Vega spec, tooltips, and the page-wide row linking (the parameter
 // filter and the brushed selection; see report.h).
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,6 +27,19 @@ inline const Json* column(const Json& a, const std::string& name) {
   for (const auto& c : a["table"]["columns"])
     if (c["name"] == name) return &c;
   return nullptr;
+}
+
+// The parameters a sweep's [presets.NAME] stand for (analysis.json "presets"), when the preset's
+// own column (its label) is in the table: the report folds them into that label.
+inline std::map<std::string, std::string> folded_parameters(const Json& a) {
+  std::map<std::string, std::string> out;  // parameter -> its preset
+  if (!a.contains("presets")) return out;
+  for (auto p = a["presets"].begin(); p != a["presets"].end(); ++p) {
+    if (!column(a, p.key())) continue;
+    for (const auto& k : p.value())
+      if (column(a, k.get<std::string>())) out.emplace(k.get<std::string>(), p.key());
+  }
+  return out;
 }
 
 inline Json base_spec(int width, int height) {
@@ -75,6 +89,10 @@ inline void link_rows(Chart& c, const std::string& data_name) {
   c.linked = true;
 }
 
+// The opacity of a per-run mark (its tuples carry `row`): while runs are brushed, the others dim
+// to a quarter; the brushed ones are ringed by a `points_hl` mark over a `highlight_dataset`.
+inline constexpr const char* kDimUnbrushed = "hl && !hl[datum.row] ? 0.25 : 1";
+
 // A dataset of the brushed rows of `source` (named `name`) for a highlight layer.
 inline Json highlight_dataset(const std::string& name, const std::string& source) {
   return {{"name", name}, {"source", source}, {"transform", Json::array({{{"type", "filter"}, {"expr", "hl && hl[datum.row]"}}})}};
@@ -84,5 +102,7 @@ inline Json highlight_dataset(const std::string& name, const std::string& source
 void parcoords_chart(const Json& a, std::vector<Chart>& out);
 void scaling_facet_charts(const Json& a, std::vector<Chart>& out);
 void telemetry_charts(const Json& a, std::vector<Chart>& out);
+void objective_importance_chart(const Json& a, std::vector<Chart>& out);  // objectives.cpp
+void memory_parts_chart(const Json& a, std::vector<Chart>& out);          // memory_chart.cpp
 
 }  // namespace scalelab::report::util

@@ -19,6 +19,10 @@ using util::fmt;
 using util::lower_better_name;
 using util::tooltip_signal;
 
+// A per-run mark's opacity: the runs outside a brush in the parallel coordinates dim (the
+// brushed ones get a ring: a `points_hl` mark).
+constexpr const char* kDimUnbrushed = util::kDimUnbrushed;
+
 // The frame column of an association variable ("attn=flash" -> "attn").
 std::string column_of(const Json& a, const std::string& var) {
   if (column(a, var)) return var;
@@ -247,7 +251,7 @@ void fit_charts(const Json& a, std::vector<Chart>& out) {
                                                        {"stroke", {{"value", "#c0392b"}}}, {"strokeWidth", {{"value", 2}}}}}}}},
                               {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "point_rows"}}},
                                {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "xv"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 50}}},
-                                                       {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.75}}},
+                                                       {"fill", {{"value", "#2471a3"}}}, {"fillOpacity", {{"value", 0.75}}}, {"opacity", {{"signal", kDimUnbrushed}}},
                                                        {"tooltip", tooltip_signal({{"run", "datum.row"}, {"x", "datum.x"}, {"y", "datum.y"}})}}}}}},
                               {{"type", "text"}, {"name", "equation"}, {"from", {{"data", "eq"}}},
                                {"encode", {{"update", {{"x", {{"value", 0}}}, {"y", {{"value", -8}}}, {"text", {{"field", "text"}}}, {"fontSize", {{"value", 11}}}, {"fill", {{"value", "#333"}}}}}}}}});
@@ -353,28 +357,45 @@ void distribution_charts(const Json& a, std::vector<Chart>& out) {
   }
 }
 
-// #6: box plots of each target per level of each categorical parameter (whiskers min..max, box
-// the quartiles, a tick at the median, a dot at the mean).
+// #6: box plots of each target per level of each categorical parameter: the box the quartiles,
+// Tukey's whiskers (the most extreme values within 1.5 IQR of the quartiles, with caps), the values
+// beyond them as points (outliers), a tick at the median, a dot at the mean — all from the
+// analysis' box numbers (analysis/distributions.h).
 void group_charts(const Json& a, std::vector<Chart>& out) {
   for (const auto& g : a["groups"]) {
     if (g.contains("error")) continue;
-    Json vals = Json::array();
+    Json vals = Json::array(), outliers = Json::array();
     for (std::size_t k = 0; k < g["levels"].size(); ++k) {
       const auto& b = g["box"][k];
+      // Without Tukey's numbers (an older analysis.json) the whiskers fall back to min–max.
+      const Json wl = b.contains("whisker_low") && b["whisker_low"].is_number() ? b["whisker_low"] : b["min"];
+      const Json wh = b.contains("whisker_high") && b["whisker_high"].is_number() ? b["whisker_high"] : b["max"];
+      const long n_out = b.contains("outliers") ? static_cast<long>(b["outliers"].size()) : 0;
       vals.push_back({{"level", g["levels"][k]}, {"mean", g["means"][k]}, {"n", g["sizes"][k]}, {"min", b["min"]}, {"q25", b["q25"]},
-                      {"median", b["median"]}, {"q75", b["q75"]}, {"max", b["max"]}});
+                      {"median", b["median"]}, {"q75", b["q75"]}, {"max", b["max"]}, {"wl", wl}, {"wh", wh}, {"n_out", n_out}});
+      if (b.contains("outliers"))
+        for (const auto& v : b["outliers"]) outliers.push_back({{"level", g["levels"][k]}, {"v", v}});
     }
     Json s = base_spec(360, static_cast<int>(vals.size()) * 34 + 10);
-    s["data"] = Json::array({{{"name", "groups"}, {"values", vals}}});
+    s["data"] = Json::array({{{"name", "groups"}, {"values", vals}}, {{"name", "box_out"}, {"values", outliers}}});
     s["scales"] = Json::array({{{"name", "y"}, {"type", "band"}, {"domain", {{"data", "groups"}, {"field", "level"}}}, {"range", "height"}, {"padding", 0.3}},
                                {{"name", "x"}, {"type", "linear"}, {"nice", true}, {"zero", false}, {"range", "width"},
                                 {"domain", {{"fields", Json::array({{{"data", "groups"}, {"field", "min"}}, {{"data", "groups"}, {"field", "max"}}})}}}}});
     s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", g["value"]}, {"format", "~s"}}, {{"orient", "left"}, {"scale", "y"}, {"title", g["group"]}}});
     Json tip = tooltip_signal({{"level", "datum.level"}, {"rows", "datum.n"}, {"mean", "format(datum.mean, '.4g')"}, {"median", "format(datum.median, '.4g')"},
-                               {"quartiles", "format(datum.q25, '.4g') + ' – ' + format(datum.q75, '.4g')"}, {"range", "format(datum.min, '.4g') + ' – ' + format(datum.max, '.4g')"}});
+                               {"quartiles", "format(datum.q25, '.4g') + ' – ' + format(datum.q75, '.4g')"},
+                               {"whiskers (1.5 IQR)", "format(datum.wl, '.4g') + ' – ' + format(datum.wh, '.4g')"}, {"outliers", "datum.n_out"},
+                               {"range", "format(datum.min, '.4g') + ' – ' + format(datum.max, '.4g')"}});
+    auto cap = [](const char* name, const char* field) {
+      return Json{{"type", "rect"}, {"name", name}, {"from", {{"data", "groups"}}},
+                  {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", field}, {"offset", -1}}}, {"width", {{"value", 2}}},
+                                          {"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.2}}}, {"y2", {{"scale", "y"}, {"field", "level"}, {"band", 0.8}}},
+                                          {"fill", {{"value", "#555"}}}}}}}};
+    };
     s["marks"] = Json::array({{{"type", "rule"}, {"name", "whiskers"}, {"from", {{"data", "groups"}}},
-                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "min"}}},
-                                                       {"x2", {{"scale", "x"}, {"field", "max"}}}, {"stroke", {{"value", "#555"}}}}}}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "wl"}}},
+                                                       {"x2", {{"scale", "x"}, {"field", "wh"}}}, {"stroke", {{"value", "#555"}}}}}}}},
+                              cap("whisker_low", "wl"), cap("whisker_high", "wh"),
                               {{"type", "rect"}, {"name", "boxes"}, {"from", {{"data", "groups"}}},
                                {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}}}, {"height", {{"scale", "y"}, {"band", 1}}}, {"x", {{"scale", "x"}, {"field", "q25"}}},
                                                        {"x2", {{"scale", "x"}, {"field", "q75"}}}, {"fill", {{"value", "#48c9b0"}}}, {"stroke", {{"value", "#1e8449"}}}, {"tooltip", tip}}}}}},
@@ -383,11 +404,18 @@ void group_charts(const Json& a, std::vector<Chart>& out) {
                                                        {"width", {{"value", 2}}}, {"fill", {{"value", "#1b2631"}}}}}}}},
                               {{"type", "symbol"}, {"name", "means"}, {"from", {{"data", "groups"}}},
                                {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "mean"}}}, {"size", {{"value", 30}}},
-                                                       {"fill", {{"value", "#c0392b"}}}, {"tooltip", tip}}}}}}});
+                                                       {"fill", {{"value", "#c0392b"}}}, {"tooltip", tip}}}}}},
+                              {{"type", "symbol"}, {"name", "outliers"}, {"from", {{"data", "box_out"}}},
+                               {"encode", {{"update", {{"y", {{"scale", "y"}, {"field", "level"}, {"band", 0.5}}}, {"x", {{"scale", "x"}, {"field", "v"}}}, {"size", {{"value", 28}}},
+                                                       {"shape", {{"value", "circle"}}}, {"fill", {{"value", "transparent"}}}, {"stroke", {{"value", "#555"}}}, {"strokeWidth", {{"value", 1.2}}},
+                                                       {"tooltip", tooltip_signal({{"level", "datum.level"}, {"outlier", "format(datum.v, '.4g')"}})}}}}}}});
     std::string finding = g["group"].get<std::string>() + " explains " + fmt(100 * d(g["eta2"]), 3) + " % of the variance of " + g["value"].get<std::string>() +
-                          " (ANOVA F p = " + fmt(d(g["f_p"])) + ", Kruskal–Wallis p = " + fmt(d(g["kruskal_p"])) + "); red dot: mean.";
+                          " (ANOVA F p = " + fmt(d(g["f_p"])) + ", Kruskal–Wallis p = " + fmt(d(g["kruskal_p"])) + "); whiskers: Tukey's 1.5 IQR, " +
+                          std::to_string(outliers.size()) + " outlier(s) as circles; red dot: mean.";
     out.push_back({"group-" + g["group"].get<std::string>() + "-" + g["value"].get<std::string>(), "Groups",
-                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>(), finding, s, {{"boxes", static_cast<long>(vals.size())}}});
+                   g["value"].get<std::string>() + " by " + g["group"].get<std::string>(), finding, s,
+                   {{"boxes", static_cast<long>(vals.size())}, {"whiskers", static_cast<long>(vals.size())}, {"whisker_low", static_cast<long>(vals.size())},
+                    {"whisker_high", static_cast<long>(vals.size())}, {"outliers", static_cast<long>(outliers.size())}}});
   }
 }
 
@@ -428,13 +456,20 @@ void scaling_charts(const Json& a, std::vector<Chart>& out) {
       marks.push_back({{"type", "rule"}, {"name", "mark80"},
                        {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"value", rule}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeDash", {{"value", {4, 3}}}}}}}}});
     Json line = {{"type", "line"}, {"name", "series"}, {"from", {{"data", "sc_facet"}}},
-                 {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"stroke", {{"scale", "color"}, {"field", "config"}}}, {"strokeWidth", {{"value", 2}}}}}}}};
+                 {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"stroke", {{"scale", "color"}, {"field", "config"}}}, {"strokeWidth", {{"value", 2}}},
+                                         {"strokeOpacity", {{"signal", "hl ? 0.35 : 1"}}}}}}}};
     Json sym = {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "sc_facet"}}},
                 {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"fill", {{"scale", "color"}, {"field", "config"}}}, {"size", {{"value", 50}}},
+                                        {"opacity", {{"signal", kDimUnbrushed}}},
                                         {"tooltip", tooltip_signal({{"configuration", "datum.config"}, {"devices", "datum.ranks"}, {"speedup", "format(datum.speedup, '.3f')"},
                                                                     {"efficiency", "format(datum.efficiency_pct, '.1f') + ' %'"}, {"Karp–Flatt", "format(datum.karp_flatt, '.3f')"}})}}}}}};
     marks.push_back({{"type", "group"}, {"from", {{"facet", {{"name", "sc_facet"}, {"data", "sc_rows"}, {"groupby", "config"}}}}},
                      {"marks", Json::array({{{"type", "line"}, {"name", "series"}, {"from", {{"data", "sc_facet"}}}, {"sort", {{"field", "datum.ranks"}}}, {"encode", line["encode"]}}, sym})}});
+    // The runs brushed in the parallel coordinates: a ring around their points (the others dim).
+    s["data"].push_back(util::highlight_dataset("sc_hl", "sc_rows"));
+    marks.push_back({{"type", "symbol"}, {"name", "points_hl"}, {"from", {{"data", "sc_hl"}}}, {"interactive", false},
+                     {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "ranks"}}}, {"y", {{"scale", "y"}, {"field", field}}}, {"size", {{"value", 160}}},
+                                             {"fill", {{"value", "transparent"}}}, {"stroke", {{"value", "#e67e22"}}}, {"strokeWidth", {{"value", 2.5}}}}}}}});
     s["marks"] = marks;
     long n = 0;
     for (const auto& p : pts) n += p[field].is_number();
@@ -596,7 +631,7 @@ void pareto_chart(const Json& a, std::vector<Chart>& out) {
                                                      {"stroke", {{"value", "#c0392b"}}}, {"strokeDash", {{"value", {4, 3}}}}}}}}},
                             {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "pa_rows"}}},
                              {"encode", {{"update", {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "y"}}}, {"size", {{"value", 55}}},
-                                                     {"fill", {{"scale", "color"}, {"signal", "datum.front ? 'on the front' : 'dominated'"}}},
+                                                     {"fill", {{"scale", "color"}, {"signal", "datum.front ? 'on the front' : 'dominated'"}}}, {"opacity", {{"signal", kDimUnbrushed}}},
                                                      {"tooltip", tooltip_signal({{"run", "datum.row"}, {"configuration", "datum.config"}, {"x", "format(datum.x, '.4~s')"}, {"y", "format(datum.y, '.4g')"}})}}}}}}});
   std::string finding = std::to_string(p["on_front"].get<long>()) + " of " + std::to_string(p["rows"].size()) + " configurations are Pareto-optimal for " +
                         p["x"].get<std::string>() + " against " + p["y"].get<std::string>() + "; every other one is beaten on both by one of them.";
@@ -695,6 +730,7 @@ std::vector<Chart> build_charts(const Json& a) {
   scaling_charts(a, out);
   util::scaling_facet_charts(a, out);
   util::telemetry_charts(a, out);
+  util::memory_parts_chart(a, out);
   profile_charts(a, out);
   agreement_charts(a, out);
   correlation_chart(a, out);
@@ -702,10 +738,11 @@ std::vector<Chart> build_charts(const Json& a) {
   ols_charts(a, out);
   importance_charts(a, out);
   pareto_chart(a, out);
+  util::objective_importance_chart(a, out);
   fit_charts(a, out);
   group_charts(a, out);
   distribution_charts(a, out);
-  stats_charts(a, out);  // #2 scaling curves, #12 SHAP interactions / dependence / stability (charts_stats.cpp)
+  stats_charts(a, out);  // #2 cost/energy per device count, #12 SHAP interactions / dependence / stability (charts_stats.cpp)
   return out;
 }
 

@@ -19,77 +19,6 @@ Json tooltip(const std::vector<std::pair<std::string, std::string>>& fields) { r
 
 std::string model_title(const Json& r) { return r["model"] == "random_forest" ? "random forest" : "gradient boosting"; }
 
-// #2: efficiency against one x axis, one chart per model, a line per series (device count and the
-// other parameters), the 80 % mark.
-void scaling_curve_charts(const Json& a, std::vector<Chart>& out) {
-  if (!a.contains("scaling_curves")) return;
-  const Json& sc = a["scaling_curves"];
-  std::set<std::string> models;
-  for (const auto& r : sc["rows"]) models.insert(r["model"].get<std::string>());
-  for (const auto& xj : sc["x_axes"]) {
-    const std::string x = xj.get<std::string>();
-    const std::string xtitle = x == "micro_batch_size" ? "micro-batch size per device (log2 axis)" : "sequence length (log2 axis)";
-    for (const auto& m : models) {
-      Json pts = Json::array();
-      double lo = 0, hi = 0, worst = 1e300, worst_x = NAN;
-      int worst_n = 0;
-      for (const auto& r : sc["rows"]) {
-        if (r["model"] != m || !r[x].is_number() || !r["efficiency_pct"].is_number() || d(r[x]) <= 0) continue;
-        // A line joins rows that differ only on x: the series (device count and the other
-        // parameters) and the other axis' value; the colour is the device count.
-        const std::string other_axis = x == "micro_batch_size" ? "seq_len" : "micro_batch_size";
-        const std::string line = r["series"].get<std::string>() + (r[other_axis].is_number() ? " " + other_axis + "=" + fmt(d(r[other_axis]), 6) : std::string());
-        pts.push_back({{"x", r[x]}, {"eff", r["efficiency_pct"]}, {"speedup", r["speedup"]}, {"series", line}, {"devices", r["devices"]},
-                       {"kf", r["karp_flatt"]}, {"cost", r["cost_per_million_tokens"]}, {"jpt", r["j_per_token"]}});
-        lo = lo == 0 ? d(r[x]) : std::min(lo, d(r[x]));
-        hi = std::max(hi, d(r[x]));
-        if (r["devices"].get<int>() > 1 && d(r["efficiency_pct"]) < worst) {
-          worst = d(r["efficiency_pct"]);
-          worst_x = d(r[x]);
-          worst_n = r["devices"].get<int>();
-        }
-      }
-      if (pts.empty()) continue;
-      if (hi <= lo) hi = lo * 2;
-      Json s = spec(380, 220);
-      s["signals"] = Json::array({{{"name", "metric"}, {"value", "efficiency"}, {"bind", {{"input", "radio"}, {"options", {"efficiency", "speedup"}}, {"name", "show "}}}}});
-      s["data"] = Json::array({{{"name", "curve_rows"}, {"values", pts},
-                                {"transform", Json::array({{{"type", "formula"}, {"as", "v"}, {"expr", "metric == 'efficiency' ? datum.eff : datum.speedup"}}})}}});
-      s["scales"] = Json::array({{{"name", "x"}, {"type", "log"}, {"base", 2}, {"range", "width"}, {"domain", {lo, hi}}},
-                                 {{"name", "y"}, {"type", "linear"}, {"zero", false}, {"nice", true}, {"range", "height"},
-                                  {"domain", {{"fields", Json::array({{{"data", "curve_rows"}, {"field", "v"}}})}}}},
-                                 {{"name", "color"}, {"type", "ordinal"}, {"domain", {{"data", "curve_rows"}, {"field", "devices"}, {"sort", true}}}, {"range", "category"}}});
-      s["axes"] = Json::array({{{"orient", "bottom"}, {"scale", "x"}, {"title", xtitle}},
-                               {{"orient", "left"}, {"scale", "y"}, {"title", {{"signal", "metric == 'efficiency' ? 'parallel efficiency (%)' : 'speedup (x)'"}}}}});
-      s["legends"] = Json::array({{{"stroke", "color"}, {"title", "devices"}, {"orient", "right"}}});
-      Json enc = {{"x", {{"scale", "x"}, {"field", "x"}}}, {"y", {{"scale", "y"}, {"field", "v"}}}};
-      Json line_enc = enc;
-      line_enc["stroke"] = {{"scale", "color"}, {"field", "devices"}};
-      line_enc["strokeWidth"] = {{"value", 2}};
-      Json sym_enc = enc;
-      sym_enc["fill"] = {{"scale", "color"}, {"field", "devices"}};
-      sym_enc["size"] = {{"value", 45}};
-      sym_enc["tooltip"] = tooltip({{"series", "datum.series"}, {x, "datum.x"}, {"efficiency", "format(datum.eff, '.1f') + ' %'"},
-                                    {"speedup", "format(datum.speedup, '.3f')"}, {"Karp–Flatt", "isValid(datum.kf) ? format(datum.kf, '.3f') : '—'"},
-                                    {"cost / 1M tokens", "isValid(datum.cost) ? format(datum.cost, '.4g') : '—'"},
-                                    {"J/token", "isValid(datum.jpt) ? format(datum.jpt, '.4g') : '—'"}});
-      s["marks"] = Json::array(
-          {{{"type", "rule"}, {"name", "mark80"},
-            {"encode", {{"update", {{"x", {{"value", 0}}}, {"x2", {{"signal", "width"}}}, {"y", {{"scale", "y"}, {"value", 80}}}, {"stroke", {{"value", "#e67e22"}}},
-                                    {"strokeDash", {{"value", {4, 3}}}}, {"strokeOpacity", {{"signal", "metric == 'efficiency' ? 1 : 0"}}}}}}}},
-           {{"type", "group"}, {"from", {{"facet", {{"name", "curve_facet"}, {"data", "curve_rows"}, {"groupby", "series"}}}}},
-            {"marks", Json::array({{{"type", "line"}, {"from", {{"data", "curve_facet"}}}, {"sort", {{"field", "datum.x"}}}, {"encode", {{"update", line_enc}}}},
-                                   {{"type", "symbol"}, {"name", "points"}, {"from", {{"data", "curve_facet"}}}, {"encode", {{"update", sym_enc}}}}})}}});
-      const std::string finding = std::isfinite(worst_x)
-                                      ? "Lowest efficiency " + fmt(worst) + " % at " + std::to_string(worst_n) + " devices, " + x + " = " + fmt(worst_x) + " (dashed: 80 %)."
-                                      : "One device count only: nothing to compare.";
-      const std::string id = "scaling-eff-" + x + "-" + m;
-      out.push_back({id, "Scaling curves", "Efficiency and speedup against " + (x == "micro_batch_size" ? std::string("micro-batch size") : std::string("sequence length")) + ": " + m,
-                     finding, s, {{"points", static_cast<long>(pts.size())}}});
-    }
-  }
-}
-
 // #2: cost per 1M tokens and energy per token against the device count (the medians over each
 // model's configurations), a line per model; a toggle between the two where both exist.
 void cost_energy_chart(const Json& a, std::vector<Chart>& out) {
@@ -308,7 +237,6 @@ void grouped_histogram_charts(const Json& a, std::vector<Chart>& out) {
 
 void stats_charts(const Json& a, std::vector<Chart>& out) {
   grouped_histogram_charts(a, out);
-  scaling_curve_charts(a, out);
   cost_energy_chart(a, out);
   interaction_charts(a, out);
   stability_charts(a, out);

@@ -1,7 +1,7 @@
 #pragma once
 // The report's charts of the #2 / #12 numbers (analysis/scaling_curves.h, analysis/trees.h):
-// efficiency against micro-batch size and against sequence length (a chart per model, a line per
-// device count), the SHAP interaction matrix, the bootstrap intervals of the importances and the
+// cost and energy per token against the device count (the curves against the batch size and the
+// sequence length are scaling_facets.cpp's card), the SHAP interaction matrix, the bootstrap intervals of the importances and the
 // SHAP dependence of the top feature, and the grouped histograms with an ECDF per level (#6).
 // Appended at the end of build_charts (report/charts.h).
 #include <vector>

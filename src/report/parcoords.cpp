@@ -34,8 +34,10 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
   // Axes: the features (parameters), then the targets.
   std::vector<Dim> dims;
   std::set<std::string> seen;
+  // A preset's parameters are shown through its label (e.g. method=lora, not lora_rank=16).
+  const auto folded = folded_parameters(a);
   auto add = [&](const std::string& name) {
-    if (dims.size() >= kMaxDims || seen.count(name)) return;
+    if (dims.size() >= kMaxDims || seen.count(name) || folded.count(name)) return;
     const Json* c = column(a, name);
     if (!c) return;
     Dim dm{name, c, (*c)["kind"] != "numeric", (*c)["log2_axis"].get<bool>(), Json::array()};
@@ -83,7 +85,10 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
   }
   const int width = std::max(520, static_cast<int>(D - 1) * 105), height = 280;
   Json s = base_spec(width, height);
-  s["padding"] = {{"top", 40}, {"left", 60}, {"right", 110}, {"bottom", 8}};
+  // The axis names are centred on their axes: the outer ones need room (about 3.3 px a
+  // character at 11 px) so that "micro_batch_size (log2)" is not cut at the edge.
+  auto half = [&](std::size_t k) { return static_cast<int>((dims[k].name.size() + (dims[k].log2 ? 7 : 0)) * 3.4) + 8; };
+  s["padding"] = {{"top", 40}, {"left", std::max(60, half(0))}, {"right", std::max(110, half(D - 1))}, {"bottom", 8}};
   s["autosize"] = "none";
   s["width"] = width;
   s["height"] = height;
@@ -140,7 +145,9 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
         sc["nice"] = false;
         ax["values"] = Json(std::vector<double>(vals.begin(), vals.end()));
       }
-      ax["format"] = big >= 1e3 ? "~s" : "~r";
+      // An explicit precision: without one Vega's linear tick format picks it from the tick step
+      // (128 and 256 on a 6-tick axis read "130" and "260").
+      ax["format"] = big >= 1e3 ? "~s" : ".6~r";
     }
     scales.push_back(sc);
     axes.push_back(ax);
@@ -202,7 +209,7 @@ void parcoords_chart(const Json& a, std::vector<Chart>& out) {
     finding += "; " + std::string(lower ? "lowest " : "highest ") + target + " " + fmt((*tc)["values"][best].get<double>(), 4) + " at " +
                a["table"]["row_labels"][best].get<std::string>() + (ps.empty() ? "" : " (" + ps + ")");
   }
-  finding += ". Bold: targets. Drag along an axis to select runs; they are marked in the runs table and the scatter plots.";
+  finding += ". Bold: targets. Drag along an axis to select runs: they are shaded in the runs table and ringed on every per-run chart, the others dim.";
   Chart ch{"parcoords", "Runs at a glance", "Parallel coordinates of the runs (parameters, then targets)", finding, s,
            {{"runs", static_cast<long>(n)}, {"run_line", static_cast<long>(n * D)}}};
   link_rows(ch, "pc_long");

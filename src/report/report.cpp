@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <set>
 #include <sstream>
 
+#include "report/chart_util.h"
 #include "report/charts.h"
 
 #if SCALELAB_HAVE_VEGA
@@ -98,6 +101,13 @@ const char* kRenderScript = R"JS(
     (scene.items || []).forEach(function(it){ (it.items || []).forEach(function(m){ count(m, name, acc); }); });
   }
   function marksOf(id, name){ var acc = {n: 0}; if (views[id]) count(views[id].scenegraph().root, name, acc); return acc.n; }
+  // The items of a named mark drawn dimmed (opacity below 1: a run outside the brush).
+  function dimmed(scene, name, acc){
+    if (!scene) return;
+    if (scene.marktype && scene.name === name) (scene.items || []).forEach(function(it){ if (it.opacity !== undefined && it.opacity < 1) acc.n += 1; });
+    (scene.items || []).forEach(function(it){ (it.items || []).forEach(function(m){ dimmed(m, name, acc); }); });
+  }
+  function dimmedOf(id, name){ var acc = {n: 0}; if (views[id]) dimmed(views[id].scenegraph().root, name, acc); return acc.n; }
   function texts(scene, role, acc){
     if (!scene) return acc;
     if (scene.marktype === 'text' && scene.role === role) (scene.items || []).forEach(function(it){ acc.push(String(it.text)); });
@@ -175,8 +185,12 @@ const char* kRenderScript = R"JS(
   function buildFilter(){
     var box = document.getElementById('filter');
     if (!box) return;
-    var features = A.options.features || [];
+    var features = A.options.features || [], folded = {}, names = {};
+    // A preset's parameters are filtered through its label (analysis.json "presets").
+    A.table.columns.forEach(function(c){ names[c.name] = 1; });
+    Object.keys(A.presets || {}).forEach(function(p){ if (names[p]) A.presets[p].forEach(function(k){ folded[k] = 1; }); });
     A.table.columns.forEach(function(c){
+      if (folded[c.name]) return;
       if (c.role !== 'parameter' && features.indexOf(c.name) < 0) return;
       var seen = {}, vals = [];
       c.values.forEach(function(v){ if (v !== null && !seen[String(v)]) { seen[String(v)] = 1; vals.push(v); } });
@@ -283,12 +297,23 @@ const char* kRenderScript = R"JS(
       var b = 'brush_' + k;
       function settled(){ return new Promise(function(r){ setTimeout(r, 0); }).then(function(){ return lastApply; }); }
       return pc.signal(b, [pc.height() / 2, pc.height()]).runAsync().then(settled).then(function(){
-        var pts = {};
+        // Every linked chart: its ringed points and, per named mark, the items drawn dimmed.
+        var pts = {}, dim = {};
         charts.forEach(function(c){ var n = marksOf(c.id, 'points_hl'); if (n) pts[c.id] = n; });
+        linked.forEach(function(c){
+          if (c.id === 'parcoords') return;
+          dim[c.id] = {};
+          Object.keys(c.expect_marks).concat(['points']).forEach(function(n){ dim[c.id][n] = dimmedOf(c.id, n); });
+        });
         T.brush = {axis: k, selected: pc.data('pc_selected').length, rows: state.hl ? Object.keys(state.hl) : [], hl: state.hl ? Object.keys(state.hl).length : 0,
-                   table_hl: document.querySelectorAll('#runs tr.hl').length, points_hl: pts};
+                   table_hl: document.querySelectorAll('#runs tr.hl').length, points_hl: pts, dimmed: dim};
         return pc.signal(b, null).runAsync().then(settled);
-      }).then(function(){ T.brush.cleared_hl = state.hl ? Object.keys(state.hl).length : 0; });
+      }).then(function(){
+        T.brush.cleared_hl = state.hl ? Object.keys(state.hl).length : 0;
+        var left = 0, rings = 0;
+        linked.forEach(function(c){ rings += marksOf(c.id, 'points_hl'); Object.keys(c.expect_marks).concat(['points']).forEach(function(n){ left += dimmedOf(c.id, n); }); });
+        T.brush.cleared_dimmed = left; T.brush.cleared_rings = rings;
+      });
     });
     // The same brush by mouse: synthetic mouse events on the axis's hit band (press at half its
     // height, drag to its bottom, release) must select the same runs as the signal above.
@@ -512,14 +537,29 @@ std::string render_report(const Json& a, const std::string& title) {
   }
   h << "</table></div></div></section>\n";
   const auto& t = a["table"];
+  // A sweep's [presets.NAME]: the preset's label column stands for the parameters it sets; those
+  // are folded out of the runs table (they stay in analysis.json and analyze's CSVs).
+  std::set<std::string> folded;
+  std::map<std::string, std::string> folded_by;  // preset -> its parameters, in the table's order
+  const auto preset_of = util::folded_parameters(a);
+  for (const auto& c : t["columns"]) {
+    auto it = preset_of.find(c["name"].get<std::string>());
+    if (it == preset_of.end()) continue;
+    folded.insert(it->first);
+    folded_by[it->second] += (folded_by[it->second].empty() ? "" : ", ") + it->first;
+  }
+  std::string fold_note;
+  for (const auto& [preset, list] : folded_by) fold_note += " " + preset + " stands for its preset's parameters (" + list + "): folded here, listed in analysis.json.";
   h << "<section><h2>Runs</h2><div class=\"card linked\"><p class=\"finding\">" << t["rows"].get<std::size_t>()
-    << " rows (one per configuration; repeats averaged); the filter hides rows, runs brushed in the parallel coordinates are shaded.</p>"
+    << " rows (one per configuration; repeats averaged); the filter hides rows, runs brushed in the parallel coordinates are shaded." << esc(fold_note) << "</p>"
        "<div class=\"tablewrap\"><table id=\"runs\"><tr><th class=\"t\">row</th><th>repeats</th>";
-  for (const auto& c : t["columns"]) h << "<th class=\"t\">" << esc(c["name"].get<std::string>()) << "</th>";
+  for (const auto& c : t["columns"])
+    if (!folded.count(c["name"].get<std::string>())) h << "<th class=\"t\">" << esc(c["name"].get<std::string>()) << "</th>";
   h << "</tr>\n";
   for (std::size_t i = 0; i < t["rows"].get<std::size_t>(); ++i) {
     h << "<tr data-row=\"" << esc(t["row_labels"][i].get<std::string>()) << "\"><td class=\"t\">" << esc(t["row_labels"][i].get<std::string>()) << "</td><td>" << t["repeats"][i] << "</td>";
-    for (const auto& c : t["columns"]) h << "<td>" << cell(c["values"][i]) << "</td>";
+    for (const auto& c : t["columns"])
+      if (!folded.count(c["name"].get<std::string>())) h << "<td>" << cell(c["values"][i]) << "</td>";
     h << "</tr>\n";
   }
   h << "</table></div></div></section>\n</main>\n<pre id=\"render-status\"></pre>\n";

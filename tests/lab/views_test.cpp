@@ -137,6 +137,48 @@ TEST(Tables, MemoryPartsSideBySide) {
   EXPECT_THAT(none.notes[0], HasSubstr("No trial has a memory plan"));
 }
 
+// [presets.NAME]: the preset's label column stays, the parameters it stands for fold out of the
+// Markdown table (people read method=lora) and stay in CSV and JSON (programs read every one).
+TEST(Tables, PresetParametersFoldIntoTheirLabel) {
+  SweepRow sweep;
+  sweep.name = "methods";
+  sweep.spec = {{"presets", {{"method", {{"full", Json::object()}, {"lora", {{"lora_rank", 16}, {"lora_alpha", 32}}},
+                                         {"qlora", {{"lora_rank", 16}, {"lora_alpha", 32}, {"quantize_base", "nf4"}}}}}}}};
+  const auto pp = preset_parameters(sweep);
+  ASSERT_EQ(pp.size(), 1u);
+  EXPECT_EQ(pp.at("method"), (std::vector<std::string>{"lora_alpha", "lora_rank", "quantize_base"}));
+  std::vector<TrialRow> rows;
+  for (const char* m : {"full", "lora", "qlora"}) {
+    TrialRow r = trial(static_cast<std::int64_t>(rows.size() + 1), m, 2, "ok", 100);
+    r.config["params"]["method"] = m;
+    if (std::string(m) != "full") r.config["params"]["lora_rank"] = 16, r.config["params"]["lora_alpha"] = 32;
+    if (std::string(m) == "qlora") r.config["params"]["quantize_base"] = "nf4";
+    rows.push_back(r);
+  }
+  Table t = summary_table(rows, {});
+  std::vector<std::string> keys;
+  for (const auto& c : t.columns) keys.push_back(c.key);
+  EXPECT_THAT(keys, ::testing::Contains("lora_rank"));  // it varies: a column until folded
+  fold_preset_columns(t, sweep);
+  const std::string md = render_markdown(t);
+  EXPECT_THAT(md, HasSubstr("| method"));
+  EXPECT_THAT(md, HasSubstr("qlora"));
+  for (const char* k : {"lora_rank", "lora_alpha", "quantize_base"}) EXPECT_THAT(md.substr(0, md.find('\n')), ::testing::Not(HasSubstr(k))) << k;
+  EXPECT_THAT(md, HasSubstr("`method` stands for its preset's parameters (lora_alpha, lora_rank, quantize_base)"));
+  const std::string csv = render_csv(t);
+  for (const char* k : {"method", "lora_rank", "lora_alpha", "quantize_base"}) EXPECT_THAT(csv.substr(0, csv.find('\n')), HasSubstr(k)) << k;
+  EXPECT_EQ(Json::parse(render_json(t))[2]["quantize_base"], "nf4");
+  // A sweep without presets: nothing folds.
+  Table plain = summary_table(rows, {});
+  fold_preset_columns(plain, SweepRow{});
+  EXPECT_THAT(render_markdown(plain), HasSubstr("lora_rank"));
+  // The preset column filtered away (one method): its parameters are not folded.
+  Table one = trials_table(rows, {});
+  std::erase_if(one.columns, [](const Column& c) { return c.key == "method"; });
+  fold_preset_columns(one, sweep);
+  EXPECT_THAT(render_markdown(one), HasSubstr("lora_rank"));
+}
+
 TEST(Tables, LadderSpeedupsAndLargestJump) {
   testing::TempDir dir;
   ResultsStore store(dir / "r.db", ResultsStore::Mode::kReadWrite);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <vector>
 #include <cmath>
 #include <set>
 #include <cstdio>
@@ -60,6 +61,32 @@ const Json* table_column(const Json& a, const std::string& name) {
   for (const auto& c : a["table"]["columns"])
     if (c["name"] == name) return &c;
   return nullptr;
+}
+
+// The brushed runs of the page's #selftest (the lower half of the first target's axis).
+std::set<std::string> brushed_rows(const Json& status) {
+  std::set<std::string> out;
+  for (const auto& r : status["selftest"]["brush"]["rows"]) out.insert(r.get<std::string>());
+  return out;
+}
+
+// Brushing reaches a per-run chart: of its rows (`rows`: objects with "row" and `field`), the
+// brushed ones are ringed (points_hl) and the others dimmed (the mark `mark`); clearing the brush
+// leaves nothing ringed or dimmed on the page.
+void expect_brush_reaches(const Json& status, const std::string& id, const std::string& mark, const Json& rows, const std::string& field) {
+  const std::set<std::string> brushed = brushed_rows(status);
+  long in = 0, out = 0;
+  for (const auto& r : rows) {
+    if (!r.contains(field) || !r[field].is_number()) continue;
+    (brushed.count(r["row"].get<std::string>()) ? in : out) += 1;
+  }
+  const Json& B = status["selftest"]["brush"];
+  EXPECT_GT(in, 0) << id << ": the brush selects some of its runs";
+  EXPECT_EQ(B["points_hl"].value(id, 0L), in) << id << ": a ring per brushed run";
+  ASSERT_TRUE(B["dimmed"].contains(id)) << id << " is not linked";
+  EXPECT_EQ(B["dimmed"][id][mark], out) << id << ": the other runs dim";
+  EXPECT_EQ(B["cleared_dimmed"], 0);
+  EXPECT_EQ(B["cleared_rings"], 0);
 }
 
 // What every page's #selftest must show: each chart exported as SVG and PNG (offline: a blob or
@@ -154,7 +181,7 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
       EXPECT_EQ(status["marks"][it.key()][m.key()], m.value()) << it.key() << " mark " << m.key();
   }
   // The charts the golden sweep must produce.
-  for (const char* id : {"corr-heatmap", "pairs", "ols-val_loss", "fit-val_loss", "dist-val_loss", "group-attn-val_loss", "telemetry", "imbalance", "trees-random_forest-val_loss", "trees-gradient_boosting-val_loss", "agree-nvml.mem_used_bytes-engine.mem_reserved_bytes", "pareto"})
+  for (const char* id : {"corr-heatmap", "pairs", "ols-val_loss", "fit-val_loss", "dist-val_loss", "group-attn-val_loss", "telemetry", "imbalance", "trees-random_forest-val_loss", "trees-gradient_boosting-val_loss", "agree-nvml.mem_used_bytes-engine.mem_reserved_bytes", "pareto", "importance-objectives"})
     EXPECT_TRUE(status["expected"].contains(id)) << id;
   // The heatmap draws one cell per variable pair.
   Json a = analysis::testing::read_json_file(analysis::testing::golden_dir() + "/expected.json");
@@ -222,6 +249,15 @@ TEST_F(ReportInBrowser, EveryChartRendersWithItsMarksAndNoErrors) {
     else min_out = std::min(min_out, v);
   }
   EXPECT_LT(max_in, min_out) << "the brushed runs are the ones of lowest val_loss";
+  // ... and every per-run chart rings them and dims the others: the scatter of a target against
+  // the first parameter, the Pareto front.
+  {
+    Json fit_rows = Json::array();
+    for (long i = 0; i < rows; ++i)
+      if ((*tokens)["values"][i].is_number()) fit_rows.push_back({{"row", emb["table"]["row_labels"][i]}, {"y", (*tokens)["values"][i]}});
+    expect_brush_reaches(status, "fit-tokens_per_s_per_device", "points", fit_rows, "y");
+    expect_brush_reaches(status, "pareto", "points", emb["pareto"]["rows"], "x");
+  }
   // The same brush by mouse (synthetic events on the axis: press at half height, drag down,
   // release) selects the same runs; a double-click clears it.
   ASSERT_TRUE(T.contains("brush_mouse"));
@@ -327,6 +363,14 @@ TEST_F(ReportInBrowser, ScalingCardsRender) {
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("Efficiency falls below 80 % from 8 devices on"), std::string::npos);
+  // Brushing in the parallel coordinates reaches the speedup, efficiency and Karp–Flatt charts:
+  // the brushed runs ringed, the others dimmed.
+  const Json emb = embedded_analysis(ss.str());
+  ASSERT_TRUE(status["selftest"].contains("brush"));
+  EXPECT_GT(status["selftest"]["brush"]["selected"].get<long>(), 0);
+  expect_brush_reaches(status, "scaling-speedup", "points", emb["scaling"]["rows"], "speedup");
+  expect_brush_reaches(status, "scaling-efficiency", "points", emb["scaling"]["rows"], "efficiency_pct");
+  expect_brush_reaches(status, "scaling-karp-flatt", "points", emb["scaling"]["rows"], "karp_flatt");
 }
 
 // A scaling sweep over two models, three micro-batch sizes, two sequence lengths and 1/2/4
@@ -377,11 +421,120 @@ TEST_F(ReportInBrowser, ScalingAgainstBatchAndSequencePerModel) {
   EXPECT_TRUE(kept == 18 || kept == 12) << kept << " of 36 (a model: 18, a batch size or a device count: 12)";
   EXPECT_EQ(status["selftest"]["filter"]["marks"]["scaling-vs-batch"]["sf_points"], kept);
   EXPECT_EQ(status["selftest"]["filter"]["marks"]["scaling-vs-seq"]["sf_points"], kept);
+  // The brush rings the brushed runs in both cards and dims the others.
+  std::ifstream emb_in(html);
+  std::stringstream emb_ss;
+  emb_ss << emb_in.rdbuf();
+  const Json emb = embedded_analysis(emb_ss.str());
+  for (const char* id : {"scaling-vs-batch", "scaling-vs-seq"}) expect_brush_reaches(status, id, "sf_points", emb["scaling_curves"]["rows"], "speedup");
   std::ifstream in(html);
   std::stringstream ss;
   ss << in.rdbuf();
   // At 4 devices: efficiency 1 − 0.4/(mb·seq/128) (− 0.05 for opt): highest 95 % at mb 4, lowest 55 % at mb 1.
   EXPECT_NE(ss.str().find("At 4 devices the efficiency is highest (95 %) at micro_batch_size = 4 and lowest (55 %) at micro_batch_size = 1"), std::string::npos);
+}
+
+// A methods sweep as examples/finetune-methods.toml runs it ([presets.method]: full, lora, qlora,
+// and a QAT that ran out of memory): the memory card draws a stacked bar per configuration of the
+// plan's parts with the measured peak as a marker, labelled by the preset; the runs table shows the
+// preset label and folds the parameters it stands for (they stay in analysis.json).
+void build_methods_db(const std::string& db_path) {
+  lab::ResultsStore store(db_path, lab::ResultsStore::Mode::kReadWrite);
+  const Json lora = {{"lora_rank", 16}, {"lora_alpha", 32}};
+  const Json qlora = {{"lora_rank", 8}, {"lora_alpha", 32}, {"quantize_base", "nf4-bnb"}};  // lora_rank varies: a column of the runs
+  const Json presets = {{"method", {{"full", Json::object()}, {"lora", lora}, {"qlora", qlora}, {"qat", {{"qat", "8da4w"}}}}}};
+  auto id = store.ensure_sweep("methods", "sweep", {{"presets", presets}, {"parameter_order", Json::array({"model", "method"})}});
+  const double M = 1024.0 * 1024;
+  struct Method { const char* name; double weights, grads, optim, acts, extra; const char* extra_part; const char* status; double tps; };
+  const Method methods[] = {{"full", 400, 400, 800, 120, 0, "", "ok", 900},
+                            {"lora", 400, 8, 16, 110, 0, "", "ok", 1300},
+                            {"qlora", 60, 8, 16, 110, 4, "nf4_tiles", "ok", 1000},
+                            {"qat", 400, 400, 800, 300, 0, "", "oom", 0}};
+  Json configs = Json::array();
+  for (int rep = 0; rep < 2; ++rep)
+    for (const auto& m : methods) {
+      lab::TrialRecord r;
+      Json params = {{"model", "llama-small"}, {"method", m.name}, {"seed", 0}};
+      for (auto it = presets["method"][m.name].begin(); it != presets["method"][m.name].end(); ++it) params[it.key()] = it.value();
+      r.config = {{"workload", {{"kind", "native"}}}, {"params", params}};
+      r.config_hash = lab::fnv1a_hex(params.dump());
+      r.repeat = rep;
+      r.status = *lab::parse_status(m.status);
+      const double total = (m.weights + m.grads + m.optim + m.acts + m.extra) * M;
+      r.metrics = {{"plan_weights_bytes", m.weights * M}, {"plan_gradients_bytes", m.grads * M}, {"plan_optimizer_states_bytes", m.optim * M},
+                   {"plan_activations_bytes", m.acts * M}, {"plan_total_bytes", total}, {"max_reserved_bytes", m.name[0] == 'l' ? total + M : total}};
+      if (m.extra > 0) r.metrics["plan_" + std::string(m.extra_part) + "_bytes"] = m.extra * M;
+      if (r.status == lab::TrialStatus::kOk)
+        r.metrics.update({{"tokens_per_s", m.tps + rep}, {"tokens_per_s_per_device", m.tps + rep}, {"step_time_s", 256.0 / (m.tps + rep)},
+                          {"val_loss", 3.0 - m.tps / 1000 + 0.01 * rep}});
+      else
+        r.reason = "out of memory";
+      r.started_at = r.ended_at = "2026-01-01T00:00:00.000Z";
+      store.insert_trial(id, r);
+      if (rep == 0) configs.push_back(r.config_hash);
+    }
+  // The sweep's membership, as `sweep` stores it, and a probe of an [oom_search] in the same sweep
+  // (another micro-batch size): not a configuration of the sweep, so neither a bar nor a run.
+  store.set_sweep_result(id, {{"configs", configs}, {"repeats", 2}});
+  lab::TrialRecord probe;
+  Json params = {{"model", "llama-small"}, {"method", "lora"}, {"seed", 0}, {"lora_rank", 16}, {"lora_alpha", 32}, {"micro_batch_size", 64}};
+  probe.config = {{"workload", {{"kind", "native"}}}, {"params", params}};
+  probe.config_hash = lab::fnv1a_hex(params.dump());
+  probe.role = "oom-search";
+  probe.status = lab::TrialStatus::kOom;
+  probe.metrics = {{"plan_weights_bytes", 400 * M}, {"plan_activations_bytes", 4000 * M}, {"plan_total_bytes", 4400 * M}};
+  probe.started_at = probe.ended_at = "2026-01-01T00:00:00.000Z";
+  store.insert_trial(id, probe);
+}
+
+TEST_F(ReportInBrowser, MemoryByPartPerMethod) {
+  const std::string db = (dir_ / "methods.db").string();
+  build_methods_db(db);
+  const std::string html = (dir_ / "methods.html").string();
+  auto r = cli_test::run("report --db " + db + " --sweep methods --target val_loss -o " + html);
+  ASSERT_EQ(r.code, 0) << r.output;
+  fs::copy_file(html, std::string(SCALELAB_BINARY_DIR) + "/report-methods.html", fs::copy_options::overwrite_existing);
+  Json status = render(html, std::string(SCALELAB_BINARY_DIR) + "/report-methods-screenshot.png");
+  ASSERT_TRUE(status.is_object());
+  EXPECT_TRUE(status["errors"].empty()) << status["errors"].dump();
+  EXPECT_EQ(status["rendered"], status["charts"]);
+  // 4 configurations: full, lora (4 parts each), qlora (5: the NF4 tiles), qat (4; out of memory).
+  ASSERT_TRUE(status["marks"].contains("memory-parts")) << status["marks"].dump();
+  EXPECT_EQ(status["marks"]["memory-parts"]["mem_parts"], 17);
+  EXPECT_EQ(status["marks"]["memory-parts"]["mem_peak"], 4);
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string page = ss.str();
+  const Json emb = embedded_analysis(page);
+  ASSERT_TRUE(emb.contains("memory"));
+  std::vector<std::string> labels;
+  for (const auto& row : emb["memory"]["rows"]) labels.push_back(row["label"]);
+  EXPECT_EQ(labels, (std::vector<std::string>{"method=full", "method=lora", "method=qlora", "method=qat"}));
+  EXPECT_EQ(emb["memory"]["parts"], Json({"weights", "gradients", "optimizer_states", "activations", "nf4_tiles"}));
+  EXPECT_EQ(emb["memory"]["rows"][3]["status"], "oom");
+  EXPECT_NE(page.find("method=full plans the most memory (1.68 GiB)"), std::string::npos);
+  EXPECT_NE(page.find("the measured peak equals the plan in 2 of 3 finished configuration(s)"), std::string::npos);
+  // The runs table: the preset label, not the parameters it stands for (in analysis.json still).
+  const std::string runs = page.substr(page.find("<table id=\"runs\">"));
+  EXPECT_NE(runs.find("<th class=\"t\">method</th>"), std::string::npos);
+  // (lora_alpha and quantize_base are the same wherever set: constant columns, dropped as such.)
+  for (const char* k : {"lora_rank", "lora_alpha", "quantize_base"}) EXPECT_EQ(runs.substr(0, runs.find("</tr>")).find(k), std::string::npos) << k;
+  EXPECT_NE(table_column(emb, "lora_rank"), nullptr) << "lora_rank stays in analysis.json";
+  EXPECT_NE(page.find("method stands for its preset's parameters (lora_rank): folded here"), std::string::npos);
+  // The memory card is linked: the filter keeps the bars of the kept runs, the brush rings them.
+  ASSERT_TRUE(status["selftest"].contains("filter"));
+  EXPECT_EQ(status["selftest"]["filter"]["column"], "method") << "the filter offers the preset label, not its parameters";
+  EXPECT_LT(status["selftest"]["filter"]["marks"]["memory-parts"]["mem_peak"].get<long>(), 4);
+  // The results table folds the same way; its CSV keeps every parameter.
+  auto md = cli_test::run("results --db " + db + " --sweep methods --view memory");
+  ASSERT_EQ(md.code, 0) << md.output;
+  EXPECT_EQ(md.output.substr(0, md.output.find('\n')).find("lora_rank"), std::string::npos) << md.output;
+  EXPECT_NE(md.output.find("| qlora"), std::string::npos) << md.output;
+  auto csv = cli_test::run("results --db " + db + " --sweep methods --view memory --format csv");
+  ASSERT_EQ(csv.code, 0) << csv.output;
+  const std::string header = csv.output.substr(csv.output.find("trial_id,"));  // (the notes go to stderr)
+  EXPECT_NE(header.substr(0, header.find('\n')).find("lora_rank"), std::string::npos) << csv.output;
 }
 
 // A `scalelab scale` study with a price: the cost per 1M tokens against the device count
