@@ -86,8 +86,9 @@ std::vector<std::string> read_lines(const std::string& path, const char* flag) {
 std::vector<std::int32_t> encode(const TextCodec* codec, const std::string& text, const char* flag) {
   if (!codec) {
     throw InvalidInput(std::string("[") + flag +
-                       "] text prompts need the model's tokenizer, and this build has no tokenizer support yet — "
-                       "pass token ids with --prompt-ids 1,2,3 or --prompt-ids-file");
+                       "] text prompts need the model's tokenizer (tokenizer.json beside its config.json, or a GGUF's "
+                       "metadata), and this model has none — copy the model's tokenizer.json there, or pass token ids "
+                       "with --prompt-ids 1,2,3 or --prompt-ids-file");
   }
   return codec->encode(text);
 }
