@@ -11,7 +11,8 @@ namespace {
 // decode byte-level with special tokens kept.
 class TokenizerCodec final : public TextCodec {
  public:
-  TokenizerCodec(tok::Tokenizer t, std::optional<tok::ChatTemplate> chat) : t_(std::move(t)), chat_(std::move(chat)) {}
+  TokenizerCodec(tok::Tokenizer t, std::optional<tok::ChatTemplate> chat, std::string chat_error)
+      : t_(std::move(t)), chat_(std::move(chat)), chat_error_(std::move(chat_error)) {}
   std::vector<std::int32_t> encode(const std::string& text) const override {
     const std::vector<std::uint32_t> ids = t_.encode(text, true);
     return {ids.begin(), ids.end()};
@@ -34,6 +35,7 @@ class TokenizerCodec final : public TextCodec {
   const tok::ChatTemplate* chat_template() const override { return chat_ ? &*chat_ : nullptr; }
 
   std::string render_chat(const std::vector<tok::ChatMessage>& messages) const override {
+    if (!chat_error_.empty()) throw InvalidInput(chat_error_);
     if (!chat_) {
       throw InvalidInput("[--chat] " + t_.path() +
                          ": the model has no chat template (a GGUF's tokenizer.chat_template, tokenizer_config.json's "
@@ -63,6 +65,7 @@ class TokenizerCodec final : public TextCodec {
  private:
   tok::Tokenizer t_;
   std::optional<tok::ChatTemplate> chat_;
+  std::string chat_error_;  // an unreadable template, reported only when --chat needs it
 };
 
 }  // namespace
@@ -74,7 +77,14 @@ std::unique_ptr<TextCodec> find_text_codec(const std::string& model_dir) {
   } catch (const InvalidInput&) {
     return nullptr;  // no tokenizer.json beside the model: ids only (callers say so for text prompts)
   }
-  return std::make_unique<TokenizerCodec>(std::move(*t), tok::ChatTemplate::find(model_dir));
+  std::optional<tok::ChatTemplate> chat;
+  std::string chat_error;
+  try {
+    chat = tok::ChatTemplate::find(model_dir);
+  } catch (const InvalidInput& e) {
+    chat_error = e.what();  // e.g. a malformed tokenizer_config.json: only --chat needs the template
+  }
+  return std::make_unique<TokenizerCodec>(std::move(*t), std::move(chat), chat_error);
 }
 
 }  // namespace scalelab

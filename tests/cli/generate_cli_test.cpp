@@ -282,6 +282,14 @@ TEST(GenerateCli, ChatPromptsThroughTheModelsTemplate) {
       << r.output;
   r = run_cli(m + " --prompt 'Hi'");  // without --chat the template is not read
   EXPECT_EQ(r.code, 0) << r.output;
+  // A template list without "default": refused only when --chat needs it.
+  tc["chat_template"] = nlohmann::json::parse(R"([{"name": "tool_use", "template": "T"}])");
+  std::ofstream(saved / "tokenizer_config.json") << tc.dump(2);
+  r = run_cli(m + " --prompt 'Hi'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run_cli(m + " --chat --prompt 'Hi'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"default\""), std::string::npos) << r.output;
   tc.erase("chat_template");
   std::ofstream(saved / "tokenizer_config.json") << tc.dump(2);
   r = run_cli(m + " --chat --prompt 'Hi'");
