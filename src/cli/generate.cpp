@@ -54,7 +54,9 @@ Subcommand add_generate_command(CLI::App& root) {
             auto codec = find_text_codec(f->model);
             const std::vector<Prompt> prompts = read_prompts(f->prompts, codec.get());
             TextGenerator gen(f->model, f->device_memory, 0, f->adapter);
-            g.eos_token_ids = f->no_eos ? std::vector<std::int32_t>{} : (f->eos.empty() ? model_eos_token_ids(f->model) : f->eos);
+            g.eos_token_ids = f->no_eos ? std::vector<std::int32_t>{}
+                              : !f->eos.empty() ? f->eos
+                                                : chat_stop_ids(f->prompts, codec.get(), model_eos_token_ids(f->model));
             if (!f->quiet) {
               std::string eos;
               for (auto e : g.eos_token_ids) {
@@ -65,6 +67,7 @@ Subcommand add_generate_command(CLI::App& root) {
                            f->model.c_str(), gen.config().name.c_str(), static_cast<long long>(gen.params()),
                            g.sampling.greedy() ? "greedy" : "sampling", eos.empty() ? "none" : eos.c_str(),
                            num_threads());
+              if (f->prompts.chat) std::fprintf(stderr, "    chat template: %s\n", codec->chat_template()->origin().c_str());
             }
             nlohmann::json answers = nlohmann::json::array();
             std::int64_t longest = 0;
@@ -120,6 +123,7 @@ Subcommand add_generate_command(CLI::App& root) {
               nlohmann::json a = r.to_json();
               a["prompt"] = p.text;
               a["prompt_ids"] = p.ids;
+              if (f->prompts.chat) a["chat_prompt"] = p.rendered;
               if (codec) a["text"] = tok::sanitize_utf8(codec->decode(r.tokens));
               answers.push_back(a);
             }
@@ -132,6 +136,10 @@ Subcommand add_generate_command(CLI::App& root) {
                                {"seed", g.sampling.seed}, {"greedy", g.sampling.greedy()}};
               j["max_new_tokens"] = g.max_new_tokens;
               j["eos_token_ids"] = g.eos_token_ids;
+              if (f->prompts.chat) {
+                j["chat_template"] = codec->chat_template()->origin();
+                j["system"] = f->prompts.system;
+              }
               j["threads"] = num_threads();
               j["memory_plan"] = gen.plan(longest);
               const MemoryStats st = gen.allocator().stats();

@@ -241,30 +241,60 @@ void quantize_torchao(const float* x, std::int64_t n, Nf4Quantized& q) {
   }
 }
 
-// bitsandbytes' quantize_blockwise of the centred absmaxes (csrc quantize_cpu: per block the
-// absmax, c / absmax, the binary search's left index, moved right when strictly closer).
+// The 65,536-entry table through which bitsandbytes' native CPU quantize_blockwise (csrc/cpu_ops.cpp
+// build_quantize_lut / quantize_cpu_impl, 0.50.x) maps a normalized value to a dynamic-map index: the
+// interval [-1, 1] cut into 65,535 steps, each grid point v_i = 2i / 65535 - 1 (fp32) given the first
+// index whose fp32 midpoint 0.5 · (map[j] + map[j + 1]) is not below v_i. Reproduced rather than a
+// nearest-value search because that is what the reference does: a value between two grid points
+// takes the index of the grid point it rounds to, which is not always the nearest map value (values
+// near a midpoint; 9 of the golden's 8,117 absmax indices).
+const std::uint8_t* bnb_quantize_lut() {
+  static const std::vector<std::uint8_t> lut = [] {
+    constexpr int kSize = 65536, kCodes = 256;
+    float mids[kCodes - 1];
+    for (int j = 0; j + 1 < kCodes; ++j) mids[j] = 0.5f * (kBnbDynamicMap[j] + kBnbDynamicMap[j + 1]);
+    std::vector<std::uint8_t> t(kSize);
+    int j = 0;
+    for (int i = 0; i < kSize; ++i) {
+      const float v = (2.0f * static_cast<float>(i)) / static_cast<float>(kSize - 1) - 1.0f;
+      while (j < kCodes - 1 && mids[j] < v) ++j;
+      t[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(j);
+    }
+    return t;
+  }();
+  return lut.data();
+}
+
+// The table index of a normalized value, as quantize_cpu_impl computes it: clamp to [-1, 1], then
+// (v + 1) · 0.5 · 65535 + 0.5 truncated, where the library's build (GCC, target avx2,fma) fuses the
+// last product and the + 0.5 into one fused multiply-add; std::fma gives that single rounding.
+// NaN (never from finite input) converts to index 0 as cvttss2si's 0x80000000 does.
+std::uint16_t bnb_lut_index(float v) {
+  if (std::isnan(v)) return 0;
+  v = std::clamp(v, -1.0f, 1.0f);
+  const float half = (v + 1.0f) * 0.5f;
+  return static_cast<std::uint16_t>(static_cast<std::int32_t>(std::fma(half, 65535.0f, 0.5f)));
+}
+
+// bitsandbytes' quantize_blockwise of the centred absmaxes (quantize_cpu_impl): per block of 256 its
+// absmax m (std::max from 0, so an all-zero block gives m = 0 and every index 0), each value times the
+// fp32 reciprocal 1 / m, looked up in bnb_quantize_lut(); the factor is m.
 void quantize_absmax_bnb(const std::vector<float>& c, Nf4Quantized& q) {
   const std::int64_t n = static_cast<std::int64_t>(c.size()), ns = ceil_div(n, kScalerBlock);
   q.factors.resize(static_cast<std::size_t>(ns));
   q.scalers.resize(static_cast<std::size_t>(n));
-  float code[256];
-  std::copy(kBnbDynamicMap, kBnbDynamicMap + 256, code);
-  code[0] = -1.0f;  // quantize_cpu widens the map's first value for its search
+  const std::uint8_t* lut = bnb_quantize_lut();
   for (std::int64_t s = 0; s < ns; ++s) {
     const std::int64_t begin = s * kScalerBlock, end = std::min(n, begin + kScalerBlock);
-    float m = -std::numeric_limits<float>::max();
-    for (std::int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(c[i]));
+    float m = 0.0f;
+    for (std::int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(c[i]));
     q.factors[s] = m;
-    for (std::int64_t i = begin; i < end; ++i) {
-      const float v = c[i] / m;
-      std::int64_t idx = 0;
-      if (!std::isnan(v)) {  // NaN (0 / 0): the search gives 0 and neither distance is smaller
-        idx = std::upper_bound(code, code + 256, v) - code - 1;  // the last value <= v
-        idx = std::max<std::int64_t>(idx, 0);
-        if (idx < 255 && std::fabs(v - code[idx + 1]) < std::fabs(v - code[idx])) ++idx;
-      }
-      q.scalers[i] = static_cast<std::uint8_t>(idx);
+    if (m == 0.0f) {
+      for (std::int64_t i = begin; i < end; ++i) q.scalers[i] = 0;
+      continue;
     }
+    const float inv = 1.0f / m;
+    for (std::int64_t i = begin; i < end; ++i) q.scalers[i] = lut[bnb_lut_index(c[i] * inv)];
   }
 }
 

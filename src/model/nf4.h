@@ -19,8 +19,9 @@
 //               bucketized against the fp32 midpoints of the table (x <= midpoint goes down);
 //               a partial last block (numel not a multiple of 64) is scaled by its own absmax
 //     scalers   uint8 indices into bitsandbytes' 256-entry dynamic map: per 256 centred absmaxes
-//               (a partial last block too) their absmax m, then the nearest map value to c / m
-//               (ties to the lower index; NaN → 0); factors = m
+//               (a partial last block too) their absmax m, then c · (1 / m) looked up as its CPU
+//               quantize_blockwise does, in a 65,536-point table over [−1, 1] (mostly the nearest
+//               map value; near a midpoint sometimes its neighbour; m = 0 → 0); factors = m
 //     sizes     any
 //   Both: mean = torch's fp32 mean of the absmaxes (torch_cpu_sum_f32 / n, the reduction order of
 //   PyTorch's CPU sum, so the means are bit-identical too).

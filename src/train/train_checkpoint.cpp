@@ -80,7 +80,8 @@ std::vector<std::string> copy_model_side_files(const std::string& from, const st
   std::error_code ec;
   if (is_gguf_path(from)) return write_gguf_side_files(from, to);  // the tokenizer lives in the GGUF's metadata
   if (from.empty() || !fs::is_directory(from, ec)) return copied;
-  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+  for (const char* name : {"generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                           "chat_template.jinja"}) {
     const fs::path src = fs::path(from) / name, dst = fs::path(to) / name;
     if (!fs::is_regular_file(src, ec)) continue;
     if (fs::exists(dst, ec) && fs::equivalent(src, dst, ec)) continue;  // saving over the source

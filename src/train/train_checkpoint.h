@@ -70,7 +70,7 @@ void save_train_checkpoint(const std::string& root, const ModelConfig& config, c
 
 // The files that travel with a model directory without being weights: generation_config.json (the
 // EOS generate stops at) and the tokenizer's files (tokenizer.json, tokenizer_config.json,
-// special_tokens_map.json). Copies those present in `from` (when it is a directory) into `to`, so
+// special_tokens_map.json, chat_template.jinja). Copies those present in `from` (when it is a directory) into `to`, so
 // a saved or checkpointed model generates and tokenizes as its source did; from a GGUF file,
 // writes them from its metadata (write_gguf_side_files). Returns the names copied or written.
 std::vector<std::string> copy_model_side_files(const std::string& from, const std::string& to);

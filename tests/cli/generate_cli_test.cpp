@@ -197,3 +197,103 @@ TEST(GenerateCli, TextPromptsThroughTheModelsTokenizer) {
   ASSERT_EQ(a["prompt_ids"].size(), ids.size());
   for (std::size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(a["prompt_ids"][i].get<std::uint32_t>(), ids[i]);
 }
+
+// --chat: the prompt is the model's chat template rendered for a user message (after --system's
+// message) exactly as transformers' apply_chat_template renders and tokenizes it (the chat goldens,
+// tests/golden/make_chat_golden.py, SmolLM2's template with the SmolLM-style test tokenizer), and
+// the answer stops at the template's end-of-turn token as well as the EOS.
+TEST(GenerateCli, ChatPromptsThroughTheModelsTemplate) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(testing::TempDir()) / "gen_chat_model";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto cfg = read_json(textgen("llama_gqa_untied") + "/config.json");
+  cfg["vocab_size"] = 1000;  // the SmolLM-style test tokenizer: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2
+  cfg["bos_token_id"] = 0;
+  cfg["eos_token_id"] = 0;
+  cfg["max_position_embeddings"] = 256;
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+  std::ofstream(dir / "generation_config.json") << R"({"bos_token_id": 0, "eos_token_id": 0})";
+  const std::string golden_dir = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/";
+  fs::copy_file(golden_dir + "tokenizer/smollm_style/tokenizer.json", dir / "tokenizer.json");
+  std::ifstream tin(golden_dir + "chat/templates/smollm2.jinja", std::ios::binary);
+  const std::string tmpl((std::istreambuf_iterator<char>(tin)), std::istreambuf_iterator<char>());
+  nlohmann::json tc = {{"bos_token", "<|endoftext|>"}, {"eos_token", "<|endoftext|>"}, {"chat_template", tmpl}};
+  std::ofstream(dir / "tokenizer_config.json") << tc.dump(2);
+  const fs::path saved = dir / "saved";
+  const CmdResult t = run_cli("train --model " + dir.string() + " --seq-len 16 --max-steps 1 --quiet --threads 1 --save " +
+                              saved.string());
+  ASSERT_EQ(t.code, 0) << t.output;
+
+  const auto gold = read_json(golden_dir + "chat/expected.json");
+  auto golden_case = [&](const std::string& conv) {
+    for (const auto& c : gold["cases"])
+      if (c["template"] == "smollm2" && c["conversation"] == conv && c["add_generation_prompt"] == true) return c;
+    ADD_FAILURE() << "no golden case " << conv;
+    return nlohmann::json();
+  };
+  const std::string json = (dir / "chat.json").string();
+  const auto& user_only = gold["conversations"]["user_only"]["messages"];
+  CmdResult g = run_cli("generate --model " + saved.string() + " --chat --prompt '" +
+                        user_only[0]["content"].get<std::string>() + "' --max-new-tokens 4 --threads 1 --json " + json);
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_NE(g.output.find("chat template: " + saved.string() + "/tokenizer_config.json chat_template"), std::string::npos)
+      << g.output;
+  auto j = read_json(json);
+  const auto want = golden_case("user_only");
+  EXPECT_EQ(j["answers"][0]["chat_prompt"], want["text"]);
+  EXPECT_EQ(j["answers"][0]["prompt_ids"], want["ids"]);
+  EXPECT_EQ(j["answers"][0]["prompt"], user_only[0]["content"]);
+  // The EOS (0) and the template's <|im_end|> (2) both end an answer.
+  EXPECT_EQ(j["eos_token_ids"], nlohmann::json::parse("[0, 2]"));
+
+  const auto& sys = gold["conversations"]["system_user"]["messages"];
+  g = run_cli("generate --model " + saved.string() + " --chat --system '" + sys[0]["content"].get<std::string>() +
+              "' --prompt '" + sys[1]["content"].get<std::string>() + "' --max-new-tokens 2 --threads 1 --quiet --json " + json);
+  ASSERT_EQ(g.code, 0) << g.output;
+  j = read_json(json);
+  EXPECT_EQ(j["answers"][0]["chat_prompt"], golden_case("system_user")["text"]);
+  EXPECT_EQ(j["answers"][0]["prompt_ids"], golden_case("system_user")["ids"]);
+  EXPECT_EQ(j["system"], sys[0]["content"]);
+
+  // compare --chat renders the same prompt for both models.
+  const std::string cj = (dir / "compare.json").string();
+  g = run_cli("compare --base " + saved.string() + " --tuned " + saved.string() + " --chat --prompt '" +
+              user_only[0]["content"].get<std::string>() + "' --max-new-tokens 2 --threads 1 --json " + cj);
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_NE(g.output.find("chat template"), std::string::npos) << g.output;
+  j = read_json(cj);
+  EXPECT_EQ(j["prompts"][0]["ids"], want["ids"]);
+  EXPECT_EQ(j["base"]["eos_token_ids"], nlohmann::json::parse("[0, 2]"));
+
+  // Refusals (exit 2, naming the flag or the template).
+  const std::string m = "generate --model " + saved.string() + " --max-new-tokens 2 --threads 1";
+  CmdResult r = run_cli(m + " --system 'Be brief.' --prompt 'Hi'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--system"), std::string::npos) << r.output;
+  r = run_cli(m + " --chat --prompt-ids 1,2,3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--chat"), std::string::npos) << r.output;
+  tc["chat_template"] = "{% for m in messages %}{% macro x() %}{% endmacro %}{% endfor %}";
+  std::ofstream(saved / "tokenizer_config.json") << tc.dump(2);
+  r = run_cli(m + " --chat --prompt 'Hi'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("tokenizer_config.json chat_template line 1: '{% macro %}' is not supported"), std::string::npos)
+      << r.output;
+  r = run_cli(m + " --prompt 'Hi'");  // without --chat the template is not read
+  EXPECT_EQ(r.code, 0) << r.output;
+  // A template list without "default": refused only when --chat needs it.
+  tc["chat_template"] = nlohmann::json::parse(R"([{"name": "tool_use", "template": "T"}])");
+  std::ofstream(saved / "tokenizer_config.json") << tc.dump(2);
+  r = run_cli(m + " --prompt 'Hi'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run_cli(m + " --chat --prompt 'Hi'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"default\""), std::string::npos) << r.output;
+  tc.erase("chat_template");
+  std::ofstream(saved / "tokenizer_config.json") << tc.dump(2);
+  r = run_cli(m + " --chat --prompt 'Hi'");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("no chat template"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}

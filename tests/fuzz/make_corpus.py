@@ -56,6 +56,11 @@ TINY = [("model.embed_tokens.weight", [16, 8]),
 
 def main():
     shutil.rmtree(CORPUS, ignore_errors=True) if os.environ.get("CLEAN") else None
+    # chat templates: the chat goldens' templates that render the target's conversation
+    tdir = os.path.join(HERE, "..", "golden", "data", "chat", "templates")
+    for t in ("smollm2", "chatml_tools", "llama3_style", "gemma_style", "constructs"):
+        with open(os.path.join(tdir, t + ".jinja"), "rb") as f:
+            put("chat_template", t, f.read())
     # safetensors
     put("safetensors", "f32-bf16", safetensors([("a", "F32", [2, 3]), ("b", "BF16", [4])], {"format": "pt"}))
     put("safetensors", "f16-i32", safetensors([("w", "F16", [3]), ("ids", "I32", [2, 2])]))

@@ -19,6 +19,7 @@
 #include "model/params.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
+#include "model/tokenizer/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 #include "profile/readers.h"
 #include "profile/summary.h"
@@ -215,6 +216,24 @@ Outcome run_tokenizer_json(const std::uint8_t* data, std::size_t size) {
   });
 }
 
+// --- a chat template (chat_template.jinja beside a model, as a GGUF's or tokenizer_config.json's
+// would be): found, parsed and rendered for a conversation with and without the generation prompt
+Outcome run_chat_template(const std::uint8_t* data, std::size_t size) {
+  const fs::path dir = scratch() / "chat";
+  fs::create_directories(dir);
+  const fs::path path = dir / "chat_template.jinja";
+  write_file(path, data, size);
+  return guarded(path.string(), [&] {
+    const std::optional<tok::ChatTemplate> t = tok::ChatTemplate::find(dir.string());
+    if (!t) throw ContractViolation("chat_template.jinja beside a model was not found");
+    const std::vector<tok::ChatMessage> conversation = {
+        {"user", "Hi! caf\xc3\xa9 <|im_end|>\n  two  "}, {"assistant", ""}, {"user", "\xff\xfe ok?"}};
+    for (bool generation_prompt : {true, false}) {
+      (void)t->render(conversation, generation_prompt, {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+    }
+  });
+}
+
 // --- GGUF: open, dequantize every tensor, build the tokenizer of the metadata
 Outcome run_gguf(const std::uint8_t* data, std::size_t size) {
   const fs::path path = scratch() / "model.gguf";
@@ -352,7 +371,7 @@ const std::vector<Target>& targets() {
   static const std::vector<Target> t = {
       {"safetensors", run_safetensors}, {"checkpoint", run_checkpoint}, {"checkpoint_index", run_checkpoint_index},
       {"config", run_config},           {"sweep_spec", run_sweep_spec}, {"token_file", run_token_file},
-      {"tokenizer_json", run_tokenizer_json}, {"gguf", run_gguf},
+      {"tokenizer_json", run_tokenizer_json}, {"gguf", run_gguf}, {"chat_template", run_chat_template},
       {"jsonl", run_jsonl},             {"profile_summary", run_profile_summary}, {"trace_merge", run_trace_merge}};
   return t;
 }
