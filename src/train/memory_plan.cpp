@@ -108,9 +108,12 @@ struct Measure {
 // Data-dependent values are fixed explicitly on meta: every target token counts (the loss's
 // divisor), the loss and the gradient norm are 0. Neither changes what is allocated.
 std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<AllocEvent>* events) {
+  // The allocator first: the layout (declared after it, so destroyed before it) ends up holding
+  // QLoRA's NF4 store, whose tensors are freed into this allocator (ASan: stack-use-after-scope
+  // when the allocator went first).
+  DeviceAllocator alloc(make_meta_backend(), capacity == 0 ? std::numeric_limits<std::size_t>::max() / 4 : capacity);
   ParamLayout layout = build_layout(in);
   const std::int64_t P = layout.dense_numel(), Pt = layout.trainable_numel();  // QLoRA: the dense part
-  DeviceAllocator alloc(make_meta_backend(), capacity == 0 ? std::numeric_limits<std::size_t>::max() / 4 : capacity);
   alloc.set_trace(events);
   {
     StepBuffers b = allocate_step_buffers(alloc, in.precision, P, Pt, optimizer_state_numel(in, Pt),

@@ -6,7 +6,8 @@
 # leaving "<unknown module>" stacks that no suppression can match. Everything else runs with the
 # fast one (the slow one on every allocation would multiply the suite's time many times).
 here="$(cd "$(dirname "$0")" && pwd)"
-mpi='^(MpiJob|TrainMpi|dist)\.'
+# (ReportInBrowser.ScaleStudyCostChart runs `scale --ranks 1,2`, which starts mpirun.)
+mpi='^(MpiJob|TrainMpi|dist)\.|^ReportInBrowser\.ScaleStudyCostChart$'
 "$here/env.sh" ctest --output-on-failure -E "$mpi" "$@"
 rc=$?
 LSAN_OPTIONS="fast_unwind_on_malloc=0" "$here/env.sh" ctest --output-on-failure -R "$mpi" "$@"
