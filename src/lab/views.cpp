@@ -167,7 +167,8 @@ std::map<std::string, std::vector<std::string>> preset_parameters(const SweepRow
 }
 
 void fold_preset_columns(Table& t, const SweepRow& sweep) {
-  for (const auto& [name, implied] : preset_parameters(sweep)) {
+  for (const auto& [preset, implied] : preset_parameters(sweep)) {
+    const std::string& name = preset;  // a plain reference: clang before 16 cannot capture a structured binding
     const bool shown = std::any_of(t.columns.begin(), t.columns.end(), [&](const Column& c) { return c.key == name; });
     if (!shown) continue;  // the preset does not vary here: its parameters stay as they are
     std::string folded;
