@@ -39,7 +39,7 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
     refuse("--zero: ZeRO-1 under the Trainer (DeepSpeed stage 1 or FSDP's SHARD_GRAD_OP) is not modelled — "
            "drop --zero to predict plain torchrun DDP (--ranks N: each rank holds the full optimizer states)");
   for (const char* flag : {"--dpo", "--freeze", "--lora-rank", "--save", "--trace", "--data", "--optim-state-dtype",
-                           "--rank", "--profile", "--telemetry"}) {
+                           "--rank", "--profile", "--telemetry", "--pairs", "--beta", "--label-smoothing"}) {
     if (app.count(flag) > 0)
       refuse(std::string(flag) + " has no meaning for the hf-trainer stack — drop it");
   }
@@ -106,6 +106,10 @@ Subcommand add_plan_command(CLI::App& root) {
   auto opts = std::make_shared<TrainOptions>();
   auto* app = root.add_subcommand("plan", "Print the device-memory plan of a train configuration without running it");
   add_train_flags(app, *opts);
+  // train's DPO flags, accepted so that a DPO trial's flags plan as they run (an OOM search plans
+  // each trial with `plan --dpo` and the trial's own flags); the pairs file and beta do not change
+  // the plan (the batch is [chosen; rejected] rows of --seq-len either way).
+  add_dpo_flags(app, *opts);
   app->add_flag("--dpo", opts->dpo.enabled,
                 "Plan a `scalelab dpo` step: [chosen; rejected] batches of 2 x micro-batch rows, the reference "
                 "forward, and without LoRA the frozen reference copy of the weights");

@@ -198,7 +198,8 @@ TEST(DpoCli, MeasuredPeakEqualsThePlan) {
     const std::string common = " --model " + dir + " --seq-len 64 --micro-batch-size 8 --threads 1" + sw;
     const auto r = run("dpo --pairs " + dir + "/pairs.jsonl --max-steps 2 --quiet --json " + json + common);
     ASSERT_EQ(r.code, 0) << r.output;
-    const auto p = run("plan --dpo --device meta --json " + plan + common);
+    // With the trial's own DPO flags, as an OOM search plans a DPO trial (they do not change the plan).
+    const auto p = run("plan --dpo --pairs " + dir + "/pairs.jsonl --beta 0.1 --device meta --json " + plan + common);
     ASSERT_EQ(p.code, 0) << p.output;
     const auto rec = read_json(json), pl = read_json(plan);
     EXPECT_EQ(rec["max_reserved_bytes"], rec["memory_plan"]["total_bytes"]) << model << sw;
