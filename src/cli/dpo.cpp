@@ -39,20 +39,7 @@ Subcommand add_dpo_command(CLI::App& root) {
             parse_train_device(o.device);
             DistContext dist = make_dist_context(o.dist.backend(), o.device == "cuda", o.dist.comm_options());
             const bool leader = dist.rank() == 0;
-            TrainResult r;
-            try {
-              r = with_failure_notice(dist.host(), [&] { return run_training(o, dist); });
-            } catch (const Error& e) {
-              if (leader && !o.json.empty()) {
-                r.status = RunStatus::kError;
-                r.error = e.what();
-                r.config = o.to_json();
-                r.world_size = dist.world_size();
-                write_json_file(o.json, r.to_json());
-              }
-              throw;
-            }
-            if (leader && !o.json.empty()) write_json_file(o.json, r.to_json());
+            const TrainResult r = run_and_record(o, dist);  // the run record, also of a failed run
             if (r.status == RunStatus::kOom) {
               std::fprintf(stderr, "scalelab dpo: out of device memory: %s\n", r.error.c_str());
               std::fprintf(stderr, "Memory plan for this configuration (scalelab plan --dpo ... shows it whole): "

@@ -113,21 +113,7 @@ Subcommand add_train_command(CLI::App& root) {
             DistContext dist = make_dist_context(o.dist.backend(), o.device == "cuda", o.dist.comm_options());
             // Rank 0 writes the run record (with every rank's figures), prints and saves.
             const bool leader = dist.rank() == 0;
-            TrainResult r;
-            try {
-              r = with_failure_notice(dist.host(), [&] { return run_training(o, dist); });
-            } catch (const Error& e) {
-              if (leader && !o.json.empty()) {
-                r.status = RunStatus::kError;
-                r.error = e.what();
-                r.config = o.to_json();
-                r.world_size = dist.world_size();
-                r.launcher = launcher_name(dist.env().launcher);
-                write_json_file(o.json, r.to_json());
-              }
-              throw;
-            }
-            if (leader && !o.json.empty()) write_json_file(o.json, r.to_json());
+            const TrainResult r = run_and_record(o, dist);
             if (r.status == RunStatus::kOom) {
               std::fprintf(stderr, "scalelab train: out of device memory%s: %s\n",
                            dist.world_size() > 1 ? (" on rank " + std::to_string(dist.rank())).c_str() : "",

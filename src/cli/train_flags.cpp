@@ -1,5 +1,7 @@
 #include "cli/train_flags.h"
 
+#include "core/error.h"
+#include "distributed/communicator.h"
 #include "distributed/dist_flags.h"
 
 namespace scalelab::cli {
@@ -123,6 +125,27 @@ void add_dpo_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--label-smoothing", o.dpo.label_smoothing,
                   "Conservative DPO: the probability in [0, 0.5) that a pair's preference is flipped (trl's label_smoothing)")
       ->capture_default_str();
+}
+
+TrainResult run_and_record(const TrainOptions& o, DistContext& dist) {
+  // Rank 0 writes the run record (with every rank's figures).
+  const bool leader = dist.rank() == 0;
+  TrainResult r;
+  try {
+    r = with_failure_notice(dist.host(), [&] { return run_training(o, dist); });
+  } catch (const Error& e) {
+    if (leader && !o.json.empty()) {
+      r.status = RunStatus::kError;
+      r.error = e.what();
+      r.config = o.to_json();
+      r.world_size = dist.world_size();
+      r.launcher = launcher_name(dist.env().launcher);
+      write_json_file(o.json, r.to_json());
+    }
+    throw;
+  }
+  if (leader && !o.json.empty()) write_json_file(o.json, r.to_json());
+  return r;
 }
 
 }  // namespace scalelab::cli

@@ -181,9 +181,15 @@ TEST(DpoCli, BadInputExitsTwoNamingIt) {
   const auto none = run(base);
   EXPECT_EQ(none.code, 2) << none.output;
   EXPECT_NE(none.output.find("[--pairs] is required"), std::string::npos) << none.output;
-  const auto missing = run(base + " --pairs /nonexistent/pairs.jsonl");
+  const std::string record = testing::TempDir() + "dpo_failed.json";
+  const auto missing = run(base + " --pairs /nonexistent/pairs.jsonl --json " + record);
   EXPECT_EQ(missing.code, 2) << missing.output;
   EXPECT_NE(missing.output.find("/nonexistent/pairs.jsonl"), std::string::npos) << missing.output;
+  // A failed run still leaves its record, as train's does (the same run_and_record).
+  const auto rec = read_json(record);
+  EXPECT_EQ(rec["status"], "error");
+  EXPECT_NE(rec["error"].get<std::string>().find("/nonexistent/pairs.jsonl"), std::string::npos);
+  EXPECT_EQ(rec["launcher"], "none");
 }
 
 // The plan of a DPO step (scalelab plan --dpo) equals the measured peak, with the frozen reference
