@@ -14,6 +14,9 @@ The ladder's switches, the way the reference practice sets them:
   --mixed-precision no|bf16        TrainingArguments(bf16=True): autocast over fp32 weights
   --attn eager|sdpa|flash_attention_2   attn_implementation (`flash` means sdpa: PyTorch's SDPA
                                    dispatches to its FlashAttention-2 kernel on an H100)
+  --lora-rank R                    peft LoRA (get_peft_model, r R, alpha 2R, dropout 0, all seven
+                                   projections of Llama / q,k,v,out_proj,fc1,fc2 of OPT): the base
+                                   frozen, as scalelab's --lora-rank R --lora-alpha 2R
   --liger                          Liger-Kernel (apply_liger_kernel_to_llama: RMSNorm, RoPE,
                                    SwiGLU, fused linear + cross-entropy); Liger has no OPT patch,
                                    so --liger with opt-1.3b reports status "unsupported"
@@ -182,6 +185,7 @@ def run_once(a):
     rec = {"status": "error", "side": "hf", "model": a.model, "tiny": a.tiny, "seq_len": a.seq_len,
            "micro_batch_size": a.micro_batch_size, "torch_dtype": a.torch_dtype,
            "mixed_precision": a.mixed_precision, "attn": a.attn, "liger": a.liger, "tf32": a.tf32,
+           "lora_rank": a.lora_rank,
            "max_steps": a.max_steps, "warmup_steps": a.warmup_steps, "device": a.device, "error": None}
     d = model_config(a.model, a.tiny)
     rec["params_matmul"] = matmul_params(d)
@@ -240,6 +244,13 @@ def run_once(a):
         if a.torch_dtype == "bfloat16":
             model = model.to(torch.bfloat16)  # "full bf16": bf16 weights, gradients, Adam states
         rec["params"] = sum(p.numel() for p in model.parameters())
+        if a.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+            targets = (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+                       if d["model_type"] == "llama" else ["q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2"])
+            model = get_peft_model(model, LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0,
+                                                     target_modules=targets, task_type="CAUSAL_LM"))
+            rec["trainable_params"] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         rec["attn_implementation_used"] = getattr(model.config, "_attn_implementation", attn)
 
         class RandomIds(torch.utils.data.Dataset):
@@ -469,6 +480,8 @@ def trial_argv(a, mb, json_path):
     for flag, on in (("--liger", a.liger), ("--tiny", a.tiny), ("--tf32", a.tf32)):
         if on:
             argv.append(flag)
+    if a.lora_rank > 0:
+        argv += ["--lora-rank", str(a.lora_rank)]
     return argv
 
 
@@ -498,6 +511,7 @@ def parse_args(argv=None):
     ap.add_argument("--mixed-precision", default="no", choices=["no", "bf16"])
     ap.add_argument("--attn", default="eager", choices=["eager", "sdpa", "flash", "flash_attention_2"])
     ap.add_argument("--liger", "--fused-kernels", action="store_true")
+    ap.add_argument("--lora-rank", type=int, default=0, help="peft LoRA of this rank (alpha 2r, all projections); 0: full")
     ap.add_argument("--tf32", action="store_true", help="allow TF32 matmuls (PyTorch's default is off)")
     ap.add_argument("--max-steps", type=int, default=10)
     ap.add_argument("--warmup-steps", type=int, default=3, help="steps excluded from throughput")

@@ -6,6 +6,10 @@
 #                                          # train unprofiled / --profile with CUDA events + CUPTI /
 #                                          # events only / synchronized scopes (PROFILE_MB, default 8)
 #   bench/gpu/run.sh bench [compare args]  # the device, then bench/gpu/compare.py in the time left
+#   bench/gpu/run.sh methods               # examples/finetune-methods-gpu.toml (full, LoRA, QLoRA,
+#                                          # DPO, QAT, QAT + LoRA on llama-3.2-1b) through the lab,
+#                                          # then the HF peers at the same settings: Trainer full and
+#                                          # peft LoRA (bench/gpu/hf_benchmark.py --lora-rank 16)
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -26,9 +30,9 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 case "$mode" in
-  check|profile|bench|all) ;;
+  check|profile|bench|methods|all) ;;
   -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-  *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | all [compare args])" >&2; exit 2 ;;
+  *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | methods | all [compare args])" >&2; exit 2 ;;
 esac
 
 OUT="${OUT:-runs/gpu-$(date +%Y%m%d-%H%M%S)}"
@@ -309,6 +313,39 @@ run_bench() {
   fi
 }
 
+# The fine-tuning methods on the GPU through the lab (one sweep, fixed micro-batch), then the HF
+# Trainer (full) and peft (LoRA) at the same model, precision, attention and micro-batch.
+run_methods() {
+  section "fine-tuning methods (examples/finetune-methods-gpu.toml)"
+  if [ -z "$SL" ]; then
+    add "methods: skipped (no scalelab)"
+  else
+    local db="$OUT/methods.db"
+    timeout $(( $(left) - 100 )) "$SL" sweep examples/finetune-methods-gpu.toml --db "$db" --log-dir "$OUT/methods-logs" \
+      >"$OUT/methods.log" 2>&1
+    local rc=$?
+    tail -12 "$OUT/methods.log"
+    "$SL" results --db "$db" --sweep finetune-methods-gpu --view memory >"$OUT/methods.md" 2>&1
+    cat "$OUT/methods.md"
+    add "methods sweep: exit $rc ($(grep -cE '\| ok ' "$OUT/methods.md") ok rows), tables in methods.md"
+    [ "$rc" -ne 0 ] && STATUS=1
+  fi
+  local mb=8 side name
+  for side in full lora; do
+    [ "$(left)" -lt 60 ] && { add "hf $side: skipped (time)"; continue; }
+    name="hf-$side"
+    local extra=()
+    [ "$side" = lora ] && extra=(--lora-rank 16)
+    section "HF peer: $side (micro-batch $mb, bf16 weights, sdpa)"
+    timeout 150 "$PY" bench/gpu/hf_benchmark.py --model llama-3.2-1b --seq-len 1024 --micro-batch-size "$mb" \
+      --torch-dtype bfloat16 --attn sdpa --max-steps 8 --warmup-steps 3 "${extra[@]}" --json "$OUT/$name.json" \
+      >"$OUT/$name.log" 2>&1
+    local hrc=$?
+    grep -E "Training throughput|Max reserved" "$OUT/$name.log"
+    add "hf $side: exit $hrc, $(grep -m1 'Training throughput' "$OUT/$name.log") $(grep -m1 'Max reserved' "$OUT/$name.log")"
+  done
+}
+
 main() {
   say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   device_info
@@ -317,6 +354,7 @@ main() {
     check) run_checks ;;
     profile) run_profile ;;
     bench) run_bench "$@" ;;
+    methods) run_methods ;;
     all) run_checks; run_profile; run_bench "$@" ;;
   esac
   section "summary"
