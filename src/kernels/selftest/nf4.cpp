@@ -112,9 +112,9 @@ std::vector<CheckResult> dequantize_check(const CheckEnv& env, Nf4Flavor flavor)
 
 std::vector<OpCheck> nf4_checks() {
   return {
-      {"nf4", "nf4_dequantize (nf4: torchao)", {DType::kF32},
+      {"nf4", "nf4_dequantize (nf4, torchao)", {DType::kF32},
        [](const CheckEnv& env, DType) { return dequantize_check(env, Nf4Flavor::kTorchao); }},
-      {"nf4", "nf4_dequantize (nf4-bnb: bitsandbytes)", {DType::kF32},
+      {"nf4", "nf4_dequantize (nf4-bnb)", {DType::kF32},
        [](const CheckEnv& env, DType) { return dequantize_check(env, Nf4Flavor::kBnb); }},
   };
 }
