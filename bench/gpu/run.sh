@@ -236,7 +236,7 @@ run_checks() {
 isolate_selftest() {
   local fam flog="$OUT/selftest-families.log" rc
   : >"$flog"
-  for fam in matmul norm elementwise embedding rope dropout attention loss adamw; do
+  for fam in matmul norm elementwise embedding rope dropout attention loss adamw qat nf4; do
     [ "$(left)" -lt 60 ] && break
     timeout 60 "$SL" selftest --device cuda --filter "^$fam/" >>"$flog" 2>&1
     rc=$?

@@ -65,5 +65,9 @@ Tensor poisoned(const Shape& shape, DType dtype, DeviceAllocator& alloc);
 // out is NaN/inf or the shapes differ; the plain ‖out‖ when ‖ref‖ is 0.
 double rel_error(const Tensor& out, const Tensor& ref);
 CheckResult compare(const char* output, const Tensor& out, const Tensor& ref, const Tolerance& tol, DType dtype);
+// For kernels that claim the CPU's bits: the number of elements of out whose stored bits differ
+// from ref's (a NaN-poisoned element that was never written counts; +0 and -0 differ); +inf when
+// the dtypes or element counts differ. Its CheckResult's tolerance is 0.
+double bits_differing(const Tensor& out, const Tensor& ref);
 
 }  // namespace scalelab::kernels::selftest

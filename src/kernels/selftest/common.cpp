@@ -76,6 +76,17 @@ double rel_error(const Tensor& out, const Tensor& ref) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
+double bits_differing(const Tensor& out, const Tensor& ref) {
+  if (out.numel() != ref.numel() || out.dtype() != ref.dtype()) return std::numeric_limits<double>::infinity();
+  std::vector<unsigned char> a(out.nbytes()), b(ref.nbytes());
+  out.copy_to_host(a.data());
+  ref.copy_to_host(b.data());
+  const std::size_t width = dtype_size(out.dtype());
+  double differing = 0;
+  for (std::size_t i = 0; i < a.size(); i += width) differing += std::memcmp(&a[i], &b[i], width) != 0 ? 1 : 0;
+  return differing;
+}
+
 CheckResult compare(const char* output, const Tensor& out, const Tensor& ref, const Tolerance& tol, DType dtype) {
   return {output, rel_error(out, ref), tol.for_dtype(dtype)};
 }

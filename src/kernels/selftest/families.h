@@ -36,5 +36,7 @@ std::vector<OpCheck> dropout_checks();
 std::vector<OpCheck> attention_checks();
 std::vector<OpCheck> loss_checks();
 std::vector<OpCheck> adamw_checks();
+std::vector<OpCheck> qat_checks();
+std::vector<OpCheck> nf4_checks();
 
 }  // namespace scalelab::kernels::selftest
