@@ -26,6 +26,20 @@ LinearDims check_linear(const Tensor& y, const Tensor& x, const Tensor& w, const
 
 }  // namespace
 
+std::vector<std::size_t> cuda_gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n, std::int64_t k, DType at,
+                                                       DType bt, DType ct) {
+  std::vector<std::size_t> blocks;
+  if (m == 0 || n == 0 || k == 0) return blocks;  // k == 0: C = beta·C in place
+  DType ab = at;
+  if (at != bt) {
+    ab = DType::kF32;
+    if (at != DType::kF32) blocks.push_back(static_cast<std::size_t>(m * k) * sizeof(float));
+    if (bt != DType::kF32) blocks.push_back(static_cast<std::size_t>(k * n) * sizeof(float));
+  }
+  if (!(ct == DType::kF32 || ct == ab)) blocks.push_back(static_cast<std::size_t>(m * n) * sizeof(float));
+  return blocks;
+}
+
 void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor* bias, ExecContext& ctx) {
   ProfileScope prof(ctx, "matmul", Phase::kForward);
   const char* op = "linear_forward";

@@ -43,4 +43,14 @@ std::vector<std::size_t> gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n
 std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t k, DType a_type, DType b_type,
                                     DType c_type);
 
+// The same for the CUDA backend's gemm_ex (cuda/matmul.cu), which multiplies operands of one type
+// with cuBLASLt and allocates only to reconcile types: A and B of different types -> each
+// low-precision operand widened whole to fp32 (A's m·k, then B's k·n floats); a C the product
+// cannot write (fp32 operands into bf16/fp16, bf16 operands into fp16, ...) -> an fp32 m·n
+// staging block. Same-type products allocate nothing. The meta backend plans with this rule when
+// ExecContext::options.planned_device is CUDA. Kept beside the CPU's rule (not in cuda/) so that
+// builds without CUDA plan for CUDA too; cuda/matmul.cu says where its allocations follow it.
+std::vector<std::size_t> cuda_gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n, std::int64_t k, DType a_type,
+                                                       DType b_type, DType c_type);
+
 }  // namespace scalelab::kernels

@@ -9,7 +9,9 @@ namespace scalelab::kernels {
 void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContext& ctx) {
   ProfileScope prof(ctx, "nf4", Phase::kForward);
   const char* op = "nf4_dequantize";
-  require_dtype(out, DType::kF32, op, "output tile");
+  SCALELAB_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16,
+                 std::string("[") + op + "] the output tile must be fp32, bf16 or fp16, got " +
+                     std::string(dtype_name(out.dtype())));
   SCALELAB_CHECK(out.rank() == 2 && out.dim(1) == w.cols,
                  std::string("[") + op + "] tile " + out.shape().str() + " does not have the weight's " +
                      std::to_string(w.cols) + " columns");

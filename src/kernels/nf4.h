@@ -16,7 +16,8 @@
 //   bitsandbytes' dequantize_4bit().
 //
 //   nf4_dequantize: out[r − row0, c] = W[r, c] for r in [row0, row0 + out.dim(0)) (assigned);
-//   out is fp32 [n_rows, cols] on the weight's device.
+//   out is fp32, bf16 or fp16 [n_rows, cols] on the weight's device (a 16-bit tile holds each fp32
+//   value rounded to nearest even, as torchao and bitsandbytes dequantize to the compute dtype).
 #include <cstdint>
 
 #include "core/context.h"

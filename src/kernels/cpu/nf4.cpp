@@ -3,6 +3,7 @@
 // q / factor + mean; bitsandbytes: map[q] · factor + mean).
 #include "kernels/nf4.h"
 
+#include "core/dtype.h"
 #include "core/parallel.h"
 
 namespace scalelab::kernels::cpu {
@@ -24,7 +25,9 @@ inline float block_absmax(const Nf4View& w, std::int64_t b) {
 
 void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContext&) {
   const std::int64_t rows = out.dim(0), cols = w.cols;
-  float* o = out.data<float>();
+  const DType ot = out.dtype();
+  auto* o = static_cast<std::uint8_t*>(out.raw());
+  const std::size_t osize = dtype_size(ot);
   const float* table = nf4_values(w.flavor);
   const std::int64_t e0 = row0 * cols, n = rows * cols;
   // Chunks of whole 64-element blocks (a block's absmax decoded once per chunk it touches).
@@ -33,11 +36,15 @@ void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContex
     for (std::int64_t b = first_block + b0; b < first_block + b1; ++b) {
       const float absmax = block_absmax(w, b);
       const std::int64_t begin = std::max(e0, b * kNf4BlockSize), end = std::min(e0 + n, (b + 1) * kNf4BlockSize);
+      float vals[kNf4BlockSize];
       for (std::int64_t e = begin; e < end; ++e) {
         const std::uint8_t byte = w.codes[e >> 1];
         const int code = (e & 1) ? (byte & 0x0F) : (byte >> 4);
-        o[e - e0] = table[code] * absmax;
+        vals[e - begin] = table[code] * absmax;
       }
+      // fp32 copied as is; bf16/fp16 rounded to nearest even (core/dtype.h convert)
+      convert(vals, DType::kF32, o + static_cast<std::size_t>(begin - e0) * osize, ot,
+              static_cast<std::size_t>(end - begin));
     }
   });
 }

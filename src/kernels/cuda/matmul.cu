@@ -6,7 +6,8 @@
 //
 // cuBLASLt multiplies A and B of one type (fp32, bf16 or fp16) into C of that type or fp32, with
 // CUBLAS_COMPUTE_32F (true fp32: no TF32 unless set_allow_tf32) and fp32 alpha/beta. Other
-// combinations are brought to one of those, through device scratch from ctx.alloc ("matmul
+// combinations are brought to one of those (the rule the plan replays: kernels/matmul.h
+// cuda_gemm_ex_workspace_blocks), through device scratch from ctx.alloc ("matmul
 // workspace", freed when the call returns, stream-ordered like every block of the allocator):
 //   - A and B of different types: each low-precision operand is widened to fp32 (exact, so the
 //     result is the CPU's, which widens too); scratch = the operand's rows x cols x 4 bytes.

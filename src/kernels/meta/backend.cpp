@@ -50,17 +50,19 @@ LossSum linear_loss_chunks(Backend& be, const Tensor* dx, const Tensor* dw, cons
   Workspace ws(ctx);
   for (std::size_t b : blocks) ws.take_bytes(b, kFusedLossChunkLabel);
   if (blocks.size() > 1) {  // the low-precision path
+    // The chunk's operands: fp32 on the CPU (the logits block and the converted input rows); on
+    // CUDA the input rows and the gradient in place of the logits are in w's dtype, so that every
+    // product is a same-type cuBLASLt GEMM (cuda/loss.cu fused_chunks).
+    const DType ot = ctx.options.planned_device == DeviceType::kCUDA ? w.dtype() : DType::kF32;
     const std::int64_t chunk = fused_linear_cross_entropy_chunk(T, chunk_tokens, V);
     for (std::int64_t r0 = 0; r0 < T; r0 += chunk) {
       const std::int64_t c = std::min(chunk, T - r0);
-      be.gemm_ex(false, true, c, V, H, 1.0f, nullptr, DType::kF32, H, nullptr, w.dtype(), H, 0.0f, nullptr,
-                 DType::kF32, V, ctx);
-      if (!backward) continue;
-      be.gemm_ex(false, false, c, H, V, 1.0f, nullptr, DType::kF32, V, nullptr, w.dtype(), H, 0.0f, nullptr, dxt, H,
+      be.gemm_ex(false, true, c, V, H, 1.0f, nullptr, ot, H, nullptr, w.dtype(), H, 0.0f, nullptr, DType::kF32, V,
                  ctx);
+      if (!backward) continue;
+      be.gemm_ex(false, false, c, H, V, 1.0f, nullptr, ot, V, nullptr, w.dtype(), H, 0.0f, nullptr, dxt, H, ctx);
       if (has_dw) {
-        be.gemm_ex(true, false, V, H, c, 1.0f, nullptr, DType::kF32, V, nullptr, DType::kF32, H, 1.0f, nullptr, dwt,
-                   H, ctx);
+        be.gemm_ex(true, false, V, H, c, 1.0f, nullptr, ot, V, nullptr, ot, H, 1.0f, nullptr, dwt, H, ctx);
       }
     }
   }
@@ -77,7 +79,9 @@ void MetaBackend::gemm_ex(bool, bool, std::int64_t m, std::int64_t n, std::int64
                           std::int64_t, const void*, DType bt, std::int64_t, float, void*, DType ct, std::int64_t,
                           ExecContext& ctx) {
   Workspace ws(ctx);
-  for (std::size_t b : gemm_ex_workspace_blocks(m, n, k, at, bt, ct)) ws.take_bytes(b, "matmul workspace");
+  const auto blocks = ctx.options.planned_device == DeviceType::kCUDA ? cuda_gemm_ex_workspace_blocks(m, n, k, at, bt, ct)
+                                                                      : gemm_ex_workspace_blocks(m, n, k, at, bt, ct);
+  for (std::size_t b : blocks) ws.take_bytes(b, "matmul workspace");
 }
 
 void MetaBackend::linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor*, ExecContext& ctx) {

@@ -16,6 +16,16 @@ const std::uint8_t* at_col(const Tensor& t, std::int64_t col) {
   return static_cast<const std::uint8_t*>(t.raw()) + static_cast<std::size_t>(col) * dtype_size(t.dtype());
 }
 
+// The dtype of z = x·Aᵀ (and of dz in backward): x's when the adapter shares it (bf16 or fp16
+// weights, "full bf16"), as peft computes lora_B(lora_A(x)) in the module's dtype; fp32 otherwise
+// (fp32 models, and mixed dtypes, where z keeps the fp32 product). With one dtype every adapter
+// product is a same-type GEMM: on CUDA cuBLASLt runs it directly, where an fp32 z beside bf16
+// tensors had the backend widen [T, in] / [T, n] operands and stage [T, n] results in fp32
+// scratch (hundreds of MiB at llama-3.2-1b's micro-batch 8, and slower).
+DType z_dtype(const Tensor& x, const LoraAdapter::Part& p) {
+  return (x.dtype() == p.a.dtype() && x.dtype() == p.b.dtype()) ? x.dtype() : DType::kF32;
+}
+
 }  // namespace
 
 AdaptersOff::AdaptersOff() : previous_(adapters_off) { adapters_off = true; }
@@ -47,12 +57,13 @@ void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
   for (const Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
     const Tensor xin = adapter_input(x, p, ctx);  // x, or dropout(x) while training
-    Tensor z = Tensor::empty({T, r}, DType::kF32, *ctx.alloc, "lora z");
+    const DType zt = z_dtype(xin, p);
+    Tensor z = Tensor::empty({T, r}, zt, *ctx.alloc, "lora z");
     // z = x·Aᵀ
     kernels::gemm_ex(false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(), p.a.dtype(), in, 0.0f,
-                     z.raw(), DType::kF32, r, ctx);
+                     z.raw(), zt, r, ctx);
     // y[:, col:col+n] += s·z·Bᵀ
-    kernels::gemm_ex(false, true, T, n, r, scale_, z.raw(), DType::kF32, r, p.b.raw(), p.b.dtype(), r, 1.0f,
+    kernels::gemm_ex(false, true, T, n, r, scale_, z.raw(), zt, r, p.b.raw(), p.b.dtype(), r, 1.0f,
                      const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_, ctx);
   }
 }
@@ -63,33 +74,34 @@ void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecCo
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
     const std::uint8_t* dyp = at_col(dy, p.col);
     Tensor xin = adapter_input(x, p, ctx);  // the forward's dropout(x), regenerated from its key
-    Tensor z = Tensor::empty({T, r}, DType::kF32, *ctx.alloc, "lora z");
+    const DType zt = z_dtype(xin, p);
+    Tensor z = Tensor::empty({T, r}, zt, *ctx.alloc, "lora z");
     kernels::gemm_ex(false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(), p.a.dtype(), in, 0.0f,
-                     z.raw(), DType::kF32, r, ctx);
+                     z.raw(), zt, r, ctx);
     // dB += s·dy_partᵀ·z  [n, r]
     if (p.db.defined()) {
-      kernels::gemm_ex(true, false, n, r, T, scale_, dyp, dy.dtype(), out_, z.raw(), DType::kF32, r, 1.0f, p.db.raw(),
+      kernels::gemm_ex(true, false, n, r, T, scale_, dyp, dy.dtype(), out_, z.raw(), zt, r, 1.0f, p.db.raw(),
                        p.db.dtype(), r, ctx);
     }
     // dz = s·dy_part·B  [T, r] (written over z)
     kernels::gemm_ex(false, false, T, r, n, scale_, dyp, dy.dtype(), out_, p.b.raw(), p.b.dtype(), r, 0.0f, z.raw(),
-                     DType::kF32, r, ctx);
+                     zt, r, ctx);
     // dA += dzᵀ·x  [r, in]
     if (p.da.defined()) {
-      kernels::gemm_ex(true, false, r, in, T, 1.0f, z.raw(), DType::kF32, r, xin.raw(), xin.dtype(), in, 1.0f,
+      kernels::gemm_ex(true, false, r, in, T, 1.0f, z.raw(), zt, r, xin.raw(), xin.dtype(), in, 1.0f,
                        p.da.raw(), p.da.dtype(), in, ctx);
     }
     xin = Tensor();  // freed (when it is dropout's) before the input gradient's buffer is taken
     // dx += dropout(dz·A): the same mask and 1/(1 − P) on the input gradient
     if (dx != nullptr && dx->defined() && dropping(ctx)) {
       Tensor gx = Tensor::empty(x.shape(), dx->dtype(), *ctx.alloc, "lora dropout gradient");
-      kernels::gemm_ex(false, false, T, in, r, 1.0f, z.raw(), DType::kF32, r, p.a.raw(), p.a.dtype(), in, 0.0f,
+      kernels::gemm_ex(false, false, T, in, r, 1.0f, z.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 0.0f,
                        gx.raw(), gx.dtype(), in, ctx);
       kernels::dropout_backward(gx, gx, dropout_, {ctx.train_seed, ctx.train_step, layer_, p.site}, ctx);
       kernels::add_(*dx, gx, ctx, Phase::kBackward);
     } else if (dx != nullptr && dx->defined()) {
       // dx += dz·A  [T, in]
-      kernels::gemm_ex(false, false, T, in, r, 1.0f, z.raw(), DType::kF32, r, p.a.raw(), p.a.dtype(), in, 1.0f,
+      kernels::gemm_ex(false, false, T, in, r, 1.0f, z.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 1.0f,
                        dx->raw(), dx->dtype(), in, ctx);
     }
   }

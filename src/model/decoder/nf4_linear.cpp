@@ -17,20 +17,32 @@ std::uint8_t* at_col(const Tensor& t, std::int64_t col) {
 
 }  // namespace
 
-std::int64_t Nf4Linear::tile_rows(std::int64_t rows, std::int64_t cols) {
-  return std::clamp<std::int64_t>(kNf4TileElements / std::max<std::int64_t>(cols, 1), 1, rows);
+std::int64_t Nf4Linear::tile_rows(std::int64_t rows, std::int64_t cols, DeviceType device) {
+  const std::int64_t elements = device == DeviceType::kCUDA ? kNf4TileElementsCuda : kNf4TileElements;
+  return std::clamp<std::int64_t>(elements / std::max<std::int64_t>(cols, 1), 1, rows);
 }
+
+DType Nf4Linear::tile_dtype(DType act) {
+  return (act == DType::kBF16 || act == DType::kF16) ? act : DType::kF32;
+}
+
+namespace {
+DeviceType run_device(const Tensor& t, const ExecContext& ctx) {
+  return t.device() == DeviceType::kMeta ? ctx.options.planned_device : t.device();
+}
+}  // namespace
 
 void Nf4Linear::forward(Tensor& y, const Tensor& x, const Tensor* bias, ExecContext& ctx) const {
   const std::int64_t T = x.numel() / in_;
   for (const Part& p : parts_) {
-    const std::int64_t step = tile_rows(p.w.rows, in_);
-    Tensor tile = Tensor::empty({step, in_}, DType::kF32, *ctx.alloc, "nf4 tile");
+    const std::int64_t step = tile_rows(p.w.rows, in_, run_device(x, ctx));
+    const DType tt = tile_dtype(x.dtype());
+    Tensor tile = Tensor::empty({step, in_}, tt, *ctx.alloc, "nf4 tile");
     for (std::int64_t r0 = 0; r0 < p.w.rows; r0 += step) {
       const std::int64_t n = std::min(step, p.w.rows - r0);
       Tensor t = n == step ? tile : tile.slice(0, n * in_).view({n, in_});
       kernels::nf4_dequantize(t, p.w, r0, ctx);
-      kernels::gemm_ex(false, true, T, n, in_, 1.0f, x.raw(), x.dtype(), in_, t.raw(), DType::kF32, in_, 0.0f,
+      kernels::gemm_ex(false, true, T, n, in_, 1.0f, x.raw(), x.dtype(), in_, t.raw(), tt, in_, 0.0f,
                        at_col(y, p.col + r0), y.dtype(), out_, ctx);
     }
   }
@@ -41,13 +53,14 @@ void Nf4Linear::backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, b
   const std::int64_t T = dy.numel() / out_;
   bool first = !accumulate;
   for (const Part& p : parts_) {
-    const std::int64_t step = tile_rows(p.w.rows, in_);
-    Tensor tile = Tensor::empty({step, in_}, DType::kF32, *ctx.alloc, "nf4 tile");
+    const std::int64_t step = tile_rows(p.w.rows, in_, run_device(dy, ctx));
+    const DType tt = tile_dtype(dy.dtype());
+    Tensor tile = Tensor::empty({step, in_}, tt, *ctx.alloc, "nf4 tile");
     for (std::int64_t r0 = 0; r0 < p.w.rows; r0 += step) {
       const std::int64_t n = std::min(step, p.w.rows - r0);
       Tensor t = n == step ? tile : tile.slice(0, n * in_).view({n, in_});
       kernels::nf4_dequantize(t, p.w, r0, ctx);
-      kernels::gemm_ex(false, false, T, in_, n, 1.0f, at_col(dy, p.col + r0), dy.dtype(), out_, t.raw(), DType::kF32,
+      kernels::gemm_ex(false, false, T, in_, n, 1.0f, at_col(dy, p.col + r0), dy.dtype(), out_, t.raw(), tt,
                        in_, first ? 0.0f : 1.0f, dx.raw(), dx.dtype(), in_, ctx);
       first = false;
     }
