@@ -10,6 +10,11 @@
 #                                          # DPO, QAT, QAT + LoRA on llama-3.2-1b) through the lab,
 #                                          # then the HF peers at the same settings: Trainer full and
 #                                          # peft LoRA (bench/gpu/hf_benchmark.py --lora-rank 16)
+#   bench/gpu/run.sh kernels-ab            # the packed/tiled kernels against their first versions
+#                                          # (SCALELAB_CUDA_KERNELS=v1): llama-3.2-1b bf16 + flash +
+#                                          # fused, micro-batch AB_MB (default 8), step time and the
+#                                          # op-family table of --profile for each, alternating
+#                                          # (AB_ROUNDS rounds, default 2)
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -30,7 +35,7 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 case "$mode" in
-  check|profile|bench|methods|all) ;;
+  check|profile|bench|methods|kernels-ab|all) ;;
   -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | methods | all [compare args])" >&2; exit 2 ;;
 esac
@@ -331,6 +336,7 @@ run_methods() {
     [ "$rc" -ne 0 ] && STATUS=1
   fi
   local mb=8 side name
+  [ "${METHODS_HF:-1}" = 0 ] && { add "hf peers: skipped (METHODS_HF=0)"; return; }
   for side in full lora; do
     [ "$(left)" -lt 60 ] && { add "hf $side: skipped (time)"; continue; }
     name="hf-$side"
@@ -346,6 +352,31 @@ run_methods() {
   done
 }
 
+# The same short run with the first kernels (SCALELAB_CUDA_KERNELS=v1) and the current ones,
+# alternating (v1, new, v1, new): step time and --profile's op families of each.
+run_kernels_ab() {
+  [ -z "$SL" ] && { add "kernels-ab: skipped (no scalelab)"; return; }
+  local args=(train --device cuda --model llama-3.2-1b --seq-len 1024 --micro-batch-size "${AB_MB:-8}"
+    --model-precision bf16 --attn flash --fused-kernels --max-steps 6 --bench-warmup-steps 2 --profile)
+  local round variant
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    for variant in v1 new; do
+      [ "$(left)" -lt 40 ] && { add "kernels-ab $variant round $round: skipped (time)"; continue; }
+      section "kernels-ab: $variant, round $round"
+      local log="$OUT/ab-$variant-$round.log"
+      if [ "$variant" = v1 ]; then
+        SCALELAB_CUDA_KERNELS=v1 timeout 90 "$SL" "${args[@]}" --json "$OUT/ab-$variant-$round.json" >"$log" 2>&1
+      else
+        timeout 90 "$SL" "${args[@]}" --json "$OUT/ab-$variant-$round.json" >"$log" 2>&1
+      fi
+      local rc=$?
+      grep -E "Step time|\\| (adamw|norm|activation|rope|loss|matmul|attention|elementwise|embedding) \\|$" "$log" | head -12
+      add "kernels-ab $variant round $round: exit $rc, $(grep -m1 'Step time' "$log")"
+      [ "$rc" -ne 0 ] && STATUS=1
+    done
+  done
+}
+
 main() {
   say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   device_info
@@ -355,6 +386,7 @@ main() {
     profile) run_profile ;;
     bench) run_bench "$@" ;;
     methods) run_methods ;;
+    kernels-ab) run_kernels_ab ;;
     all) run_checks; run_profile; run_bench "$@" ;;
   esac
   section "summary"

@@ -3,8 +3,8 @@
 // adamw_update: one pass per batch of up to kMaxRanges ranges (the trainer merges adjacent
 // parameters of equal decay, so a model has a few dozen), one block per tile of 1024 elements of
 // a range (adamw_tiled_kernel; the first version, a grid-stride loop in which every element
-// searched for its range, stays as adamw_kernel behind SCALELAB_CUDA_ADAMW=v1 for comparison). The arithmetic is the CPU's, operation by
-// operation and with the same roundings, fused multiply-adds included (see adam_math), so results
+// searched for its range, stays as adamw_kernel behind SCALELAB_CUDA_KERNELS=v1 for comparison).
+// The arithmetic is the CPU's, operation by operation and with the same roundings, fused multiply-adds included (see adam_math), so results
 // agree with the reference build to the last bit, and bf16 parameters are rounded
 // stochastically with exactly the CPU's random bits (rounding_bits / stochastic_round_bf16 of
 // cpu/adamw.cpp, ported below).
@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -172,7 +171,7 @@ __global__ void adamw_kernel(void* params, int pt, void* m, int mt, void* v, int
   }
 }
 
-// The update, tile by tile (the default; SCALELAB_CUDA_ADAMW=v1 selects adamw_kernel above for
+// The update, tile by tile (the default; SCALELAB_CUDA_KERNELS=v1 selects adamw_kernel above for
 // comparison). Each block owns one tile of kAdamTile consecutive elements of one range: it finds
 // its range once (a binary search over tile_offset, the same for all its threads) instead of each
 // element searching, and each thread loads its kAdamPerThread elements (strided by the block
@@ -224,14 +223,6 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_tiled_kernel(void* params,
       }
     }
   }
-}
-
-bool use_adamw_v1() {
-  static const bool v1 = [] {
-    const char* e = std::getenv("SCALELAB_CUDA_ADAMW");
-    return e != nullptr && std::strcmp(e, "v1") == 0;
-  }();
-  return v1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -316,7 +307,7 @@ void CudaBackend::adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tenso
     if (batch.count == 0) return;
     const std::int64_t total = batch.offset[batch.count];
     const std::int64_t tiles = batch.tile_offset[batch.count];
-    if (total > 0 && use_adamw_v1()) {
+    if (total > 0 && cuda_kernels_v1()) {
       adamw_kernel<<<grid_for(total), 256, 0, stream()>>>(params.raw(), pt, m.raw(), mt, v.raw(), vt, grads.raw(), gt,
                                                           batch, s);
       check_launch(op);

@@ -64,4 +64,33 @@ void dispatch_float(DType dt, const char* op, F&& f) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// 16-byte packs: the memory-bound kernels' fast paths (one 128-bit load or store per thread and
+// tensor; kernels fall back to their element-wise form when a tensor's dtype differs or a pointer
+// or row length is not aligned to a pack).
+// ---------------------------------------------------------------------------------------------
+
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+template <class T>
+__device__ __forceinline__ Pack<T> load_pack(const T* p, std::int64_t pack_index) {
+  return reinterpret_cast<const Pack<T>*>(p)[pack_index];
+}
+template <class T>
+__device__ __forceinline__ void store_pack(T* p, std::int64_t pack_index, const Pack<T>& x) {
+  reinterpret_cast<Pack<T>*>(p)[pack_index] = x;
+}
+
+inline bool aligned_to(const void* p, std::size_t bytes) {
+  return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0;
+}
+
+// SCALELAB_CUDA_KERNELS=v1: the first (element-wise) versions of the kernels that have a packed or
+// tiled fast path (adamw, swiglu, rmsnorm, rope), to compare the two on a GPU in one run.
+bool cuda_kernels_v1();
+
 }  // namespace scalelab::kernels::cuda

@@ -128,6 +128,69 @@ struct SwigluBackward {
   }
 };
 
+// Packed forms (all tensors of one dtype T, every row a whole number of 16-byte packs, pointers
+// aligned): thread k handles pack k of the [T, I] output, i.e. Pack<T>::kN consecutive elements
+// of one row; its token and column come from one 32-bit division per pack (the element-wise
+// functors above divide a 64-bit index per element, the bulk of their cost). The arithmetic per
+// element is the functors' (the same bits). Everything a thread reads is loaded before it
+// writes, so the same aliasing holds (act over dh, dgu over gu).
+template <class T>
+__global__ void swiglu_forward_packed(T* h, const T* gu, std::uint32_t packs,
+                                      std::uint32_t row_packs) {
+  for (std::uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < packs; k += gridDim.x * blockDim.x) {
+    const std::uint32_t t = k / row_packs, j = k - t * row_packs;
+    const std::int64_t g = static_cast<std::int64_t>(t) * 2 * row_packs + j;  // gate pack; up is row_packs later
+    const Pack<T> x = load_pack(gu, g), u = load_pack(gu, g + row_packs);
+    Pack<T> y;
+#pragma unroll
+    for (int e = 0; e < Pack<T>::kN; ++e) {
+      const float xv = to_f32<T>(x.v[e]);
+      const float s = cpu_sigmoid(xv);
+      y.v[e] = from_f32<T>(__fmul_rn(__fmul_rn(xv, s), to_f32<T>(u.v[e])));
+    }
+    store_pack(h, k, y);
+  }
+}
+
+template <class T, bool kAct>
+__global__ void swiglu_backward_packed(T* dgu, T* act, const T* dh, const T* gu, std::uint32_t packs,
+                                       std::uint32_t row_packs) {
+  for (std::uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < packs; k += gridDim.x * blockDim.x) {
+    const std::uint32_t t = k / row_packs, j = k - t * row_packs;
+    const std::int64_t g = static_cast<std::int64_t>(t) * 2 * row_packs + j;
+    const Pack<T> x = load_pack(gu, g), u = load_pack(gu, g + row_packs), d = load_pack(dh, k);
+    Pack<T> dg, du, a;
+#pragma unroll
+    for (int e = 0; e < Pack<T>::kN; ++e) {
+      float dgate, dup, av;
+      swiglu_grad(to_f32<T>(x.v[e]), to_f32<T>(u.v[e]), to_f32<T>(d.v[e]), dgate, dup, av);
+      dg.v[e] = from_f32<T>(dgate);
+      du.v[e] = from_f32<T>(dup);
+      a.v[e] = from_f32<T>(av);
+    }
+    if (kAct) store_pack(act, k, a);
+    store_pack(dgu, g + row_packs, du);
+    store_pack(dgu, g, dg);
+  }
+}
+
+// The packed path applies: one dtype, rows of whole packs, 16-byte aligned, fewer than 2^32 packs.
+bool swiglu_packed_ok(std::int64_t T, std::int64_t I, std::initializer_list<const Tensor*> ts) {
+  if (cuda_kernels_v1()) return false;
+  const DType dt = (*ts.begin())->dtype();
+  const std::int64_t per = 16 / static_cast<std::int64_t>(dtype_size(dt));
+  if (I % per != 0 || (T * I) / per >= (std::int64_t{1} << 32)) return false;
+  for (const Tensor* t : ts) {
+    if (t->dtype() != dt || !aligned_to(t->raw(), 16)) return false;
+  }
+  return true;
+}
+
+template <class F>
+void launch_packs(F&& launch, std::int64_t packs) {
+  launch(static_cast<unsigned>(std::min<std::int64_t>(grid_for(packs), 132 * 32)), 256);
+}
+
 std::int64_t swiglu_tokens(const Tensor& h_like, const Tensor& gu, const char* op) {
   const std::int64_t I = h_like.dim(-1);
   SCALELAB_CHECK(I > 0, std::string("[") + op + "] empty rows");
@@ -231,13 +294,53 @@ void CudaBackend::add(Tensor& out, const Tensor& a, const Tensor& b, ExecContext
 void CudaBackend::swiglu_forward(Tensor& h, const Tensor& gu, ExecContext& ctx) {
   const char* op = "swiglu_forward";
   const std::int64_t T = swiglu_tokens(h, gu, op), I = h.dim(-1);
+  if (T * I > 0 && swiglu_packed_ok(T, I, {&h, &gu})) {
+    dispatch_float(h.dtype(), op, [&]<class E>() {
+      const auto row_packs = static_cast<std::uint32_t>(I / Pack<E>::kN);
+      const auto packs = static_cast<std::uint32_t>(T * row_packs);
+      launch_packs([&](unsigned blocks, unsigned threads) {
+        swiglu_forward_packed<E><<<blocks, threads, 0, stream()>>>(static_cast<E*>(h.raw()),
+                                                                   static_cast<const E*>(gu.raw()), packs, row_packs);
+      }, packs);
+    });
+    check_launch(op);
+    return;
+  }
   launch_map(SwigluForward{out_of(h), in_of(gu), I}, T * I, op);
 }
+
+namespace {
+// dgu (and act when given) through the packed kernel; false when it does not apply.
+bool swiglu_backward_packed_launch(Tensor& dgu, Tensor* act, const Tensor& dh, const Tensor& gu, std::int64_t T,
+                                   std::int64_t I, const char* op) {
+  if (T * I == 0) return false;
+  const bool ok = act != nullptr ? swiglu_packed_ok(T, I, {&dgu, act, &dh, &gu}) : swiglu_packed_ok(T, I, {&dgu, &dh, &gu});
+  if (!ok) return false;
+  dispatch_float(dgu.dtype(), op, [&]<class E>() {
+    const auto row_packs = static_cast<std::uint32_t>(I / Pack<E>::kN);
+    const auto packs = static_cast<std::uint32_t>(T * row_packs);
+    launch_packs([&](unsigned blocks, unsigned threads) {
+      if (act != nullptr) {
+        swiglu_backward_packed<E, true><<<blocks, threads, 0, stream()>>>(
+            static_cast<E*>(dgu.raw()), static_cast<E*>(act->raw()), static_cast<const E*>(dh.raw()),
+            static_cast<const E*>(gu.raw()), packs, row_packs);
+      } else {
+        swiglu_backward_packed<E, false><<<blocks, threads, 0, stream()>>>(
+            static_cast<E*>(dgu.raw()), nullptr, static_cast<const E*>(dh.raw()), static_cast<const E*>(gu.raw()),
+            packs, row_packs);
+      }
+    }, packs);
+  });
+  check_launch(op);
+  return true;
+}
+}  // namespace
 
 void CudaBackend::swiglu_backward(Tensor& dgu, const Tensor& dh, const Tensor& gu, ExecContext& ctx) {
   const char* op = "swiglu_backward";
   const std::int64_t T = swiglu_tokens(dh, gu, op), I = dh.dim(-1);
   require_numel(dgu, T * 2 * I, op, "gate/up gradient");
+  if (swiglu_backward_packed_launch(dgu, nullptr, dh, gu, T, I, op)) return;
   launch_map(SwigluBackward{out_of(dgu), Out{}, in_of(dh), in_of(gu), I}, T * I, op);
 }
 
@@ -247,6 +350,7 @@ void CudaBackend::swiglu_backward_recompute(Tensor& dgu, Tensor& act, const Tens
   const std::int64_t T = swiglu_tokens(dh, gu, op), I = dh.dim(-1);
   require_numel(dgu, T * 2 * I, op, "gate/up gradient");
   require_numel(act, T * I, op, "recomputed activation");
+  if (swiglu_backward_packed_launch(dgu, &act, dh, gu, T, I, op)) return;
   launch_map(SwigluBackward{out_of(dgu), out_of(act), in_of(dh), in_of(gu), I}, T * I, op);
 }
 

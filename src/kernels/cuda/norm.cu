@@ -15,6 +15,9 @@
 //     of the unrounded fp32 sums; y from the stored h (so rmsnorm_recompute rebuilds it bit for bit).
 //   layernorm_residual_forward: h stored, then mean and variance of the stored (rounded) h, as
 //     add_ followed by layernorm_forward would.
+#include <algorithm>
+#include <initializer_list>
+
 #include "kernels/cuda/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/rowops.cuh"
@@ -113,6 +116,157 @@ __global__ void rms_backward_kernel(Out dx, In dy, In x, const float* __restrict
       }
     }
   }
+}
+
+// ---- Packed RMSNorm (every tensor of one dtype T, rows of whole 16-byte packs, aligned) --------
+// One block per row, thread j owning packs j, j + blockDim, ... (at most kMaxRowPacks of them),
+// which it loads once into registers and keeps for the row's second pass: the element-wise
+// kernels above read x (and dy, w) twice and use 2-byte accesses. Same expressions per element;
+// the fp32 sums run in another order (per-thread partial sums, then block_sum), as any launch
+// geometry change would: the CPU comparison's tolerance covers it.
+constexpr int kMaxRowPacks = 4;
+
+template <class T>
+__device__ __forceinline__ float round_via(float v) { return to_f32<T>(from_f32<T>(v)); }
+
+template <class T, bool kResidual>
+__global__ void rms_forward_packed(T* h, T* y, float* __restrict__ rstd, const T* x, const T* delta, const T* w,
+                                   std::int64_t rows, int row_packs, float eps) {
+  constexpr int kN = Pack<T>::kN;
+  __shared__ float sh[32];
+  const int H = row_packs * kN;
+  const float Hf = static_cast<float>(H), inv_h = 1.0f / Hf;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const std::int64_t base = r * row_packs;
+    float v[kMaxRowPacks][kN];
+    float ss = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxRowPacks; ++q) {
+      const int j = threadIdx.x + q * blockDim.x;
+      if (j < row_packs) {
+        const Pack<T> a = load_pack(x, base + j);
+        if constexpr (kResidual) {
+          const Pack<T> d = load_pack(delta, base + j);
+          Pack<T> hs;
+#pragma unroll
+          for (int e = 0; e < kN; ++e) {
+            const float sum = __fadd_rn(to_f32<T>(a.v[e]), to_f32<T>(d.v[e]));
+            ss = fmaf(sum, sum, ss);
+            hs.v[e] = from_f32<T>(sum);
+            v[q][e] = to_f32<T>(hs.v[e]);  // y reads h as stored
+          }
+          store_pack(h, base + j, hs);
+        } else {
+#pragma unroll
+          for (int e = 0; e < kN; ++e) {
+            v[q][e] = to_f32<T>(a.v[e]);
+            ss = fmaf(v[q][e], v[q][e], ss);
+          }
+        }
+      }
+    }
+    ss = block_sum(ss, sh);
+    const float ms = kResidual ? __fmul_rn(ss, inv_h) : __fdiv_rn(ss, Hf);
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+    if (threadIdx.x == 0) rstd[r] = inv;
+#pragma unroll
+    for (int q = 0; q < kMaxRowPacks; ++q) {
+      const int j = threadIdx.x + q * blockDim.x;
+      if (j < row_packs) {
+        const Pack<T> wp = load_pack(w, j);
+        Pack<T> out;
+#pragma unroll
+        for (int e = 0; e < kN; ++e) out.v[e] = from_f32<T>(rms_out(v[q][e], inv, to_f32<T>(wp.v[e])));
+        store_pack(y, base + j, out);
+      }
+    }
+  }
+}
+
+template <class T, bool kResidual>
+__global__ void rms_backward_packed(T* dx, const T* dy, const T* x, const float* __restrict__ rstd, const T* w,
+                                    std::int64_t rows, int row_packs, bool accumulate) {
+  constexpr int kN = Pack<T>::kN;
+  __shared__ float sh[32];
+  const int H = row_packs * kN;
+  const float Hf = static_cast<float>(H), inv_h = 1.0f / Hf;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const std::int64_t base = r * row_packs;
+    const float inv = rstd[r];
+    float gw[kMaxRowPacks][kN], xv[kMaxRowPacks][kN];
+    float acc = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kMaxRowPacks; ++q) {
+      const int j = threadIdx.x + q * blockDim.x;
+      if (j < row_packs) {
+        const Pack<T> d = load_pack(dy, base + j), a = load_pack(x, base + j), wp = load_pack(w, j);
+#pragma unroll
+        for (int e = 0; e < kN; ++e) {
+          gw[q][e] = __fmul_rn(to_f32<T>(d.v[e]), to_f32<T>(wp.v[e]));
+          xv[q][e] = to_f32<T>(a.v[e]);
+          acc = fmaf(gw[q][e], kResidual ? xv[q][e] : __fmul_rn(xv[q][e], inv), acc);
+        }
+      }
+    }
+    acc = block_sum(acc, sh);
+    const float c = __fmul_rn(__fmul_rn(acc, inv_h), __fmul_rn(__fmul_rn(inv, inv), inv));  // residual
+    const float mean = __fdiv_rn(acc, Hf);                                                   // plain
+#pragma unroll
+    for (int q = 0; q < kMaxRowPacks; ++q) {
+      const int j = threadIdx.x + q * blockDim.x;
+      if (j < row_packs) {
+        Pack<T> old;
+        if (kResidual || accumulate) old = load_pack(dx, base + j);  // after dy/x: dx may alias dy
+        Pack<T> out;
+#pragma unroll
+        for (int e = 0; e < kN; ++e) {
+          float vv;
+          if constexpr (kResidual) {
+            vv = __fsub_rn(__fmul_rn(inv, gw[q][e]), __fmul_rn(xv[q][e], c));
+            vv = __fadd_rn(to_f32<T>(old.v[e]), vv);
+          } else {
+            vv = __fmul_rn(inv, __fsub_rn(gw[q][e], __fmul_rn(__fmul_rn(xv[q][e], inv), mean)));
+            if (accumulate) vv = __fadd_rn(to_f32<T>(old.v[e]), vv);
+          }
+          out.v[e] = from_f32<T>(vv);
+        }
+        store_pack(dx, base + j, out);
+      }
+    }
+  }
+}
+
+template <class T>
+__global__ void rms_recompute_packed(T* y, const float* __restrict__ rstd, const T* h, const T* w,
+                                     std::uint32_t packs, std::uint32_t row_packs) {
+  constexpr int kN = Pack<T>::kN;
+  for (std::uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < packs; k += gridDim.x * blockDim.x) {
+    const std::uint32_t r = k / row_packs, j = k - r * row_packs;
+    const Pack<T> hp = load_pack(h, k), wp = load_pack(w, j);
+    const float inv = rstd[r];
+    Pack<T> out;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) out.v[e] = from_f32<T>(rms_out(to_f32<T>(hp.v[e]), inv, to_f32<T>(wp.v[e])));
+    store_pack(y, k, out);
+  }
+}
+
+// The packed kernels apply: not v1, every tensor one dtype and 16-byte aligned, H whole packs, at
+// most kMaxRowPacks packs per thread of a 1024-thread block. Returns the threads per row (0: no).
+unsigned rms_packed_threads(std::int64_t H, std::initializer_list<const Tensor*> ts) {
+  if (cuda_kernels_v1()) return 0;
+  const DType dt = (*ts.begin())->dtype();
+  const std::int64_t kn = 16 / static_cast<std::int64_t>(dtype_size(dt));
+  if (H % kn != 0) return 0;
+  for (const Tensor* t : ts) {
+    if (t->dtype() != dt || !aligned_to(t->raw(), 16)) return 0;
+  }
+  const std::int64_t row_packs = H / kn;
+  std::int64_t threads = (row_packs + kMaxRowPacks - 1) / kMaxRowPacks;  // fewest threads that fit
+  threads = std::max<std::int64_t>(threads, std::min<std::int64_t>(row_packs, 128));  // but a few warps
+  threads = (threads + 31) / 32 * 32;
+  if (threads > 1024 || (row_packs + threads - 1) / threads > kMaxRowPacks) return 0;
+  return static_cast<unsigned>(threads);
 }
 
 // dw column term: dy · (x · rstd).
@@ -308,6 +462,15 @@ void CudaBackend::rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, cons
   require_numel(rstd, rows, op, "rstd");
   require_dtype(rstd, DType::kF32, op, "rstd");
   if (rows == 0) return;
+  if (const unsigned th = rms_packed_threads(H, {&y, &x, &w})) {
+    dispatch_float(x.dtype(), op, [&]<class E>() {
+      rms_forward_packed<E, false><<<row_blocks(rows), th, 0, stream()>>>(
+          nullptr, static_cast<E*>(y.raw()), rstd.f32(), static_cast<const E*>(x.raw()), nullptr,
+          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), eps);
+    });
+    check_launch(op);
+    return;
+  }
   rms_forward_kernel<false><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
       Out{}, out_of(y), rstd.f32(), in_of(x), In{}, in_of(w), rows, H, eps);
   check_launch(op);
@@ -323,6 +486,15 @@ void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, con
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
   if (dw.defined()) column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(x), rstd.f32(), H}, rows, H, ctx, op);
+  if (const unsigned th = rms_packed_threads(H, {&dx, &dy, &x, &w})) {
+    dispatch_float(x.dtype(), op, [&]<class E>() {
+      rms_backward_packed<E, false><<<row_blocks(rows), th, 0, stream()>>>(
+          static_cast<E*>(dx.raw()), static_cast<const E*>(dy.raw()), static_cast<const E*>(x.raw()), rstd.f32(),
+          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), accumulate_dx);
+    });
+    check_launch(op);
+    return;
+  }
   rms_backward_kernel<false><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
       out_of(dx), in_of(dy), in_of(x), rstd.f32(), in_of(w), rows, H, accumulate_dx);
   check_launch(op);
@@ -338,6 +510,16 @@ void CudaBackend::rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, c
   require_numel(rstd, rows, op, "rstd");
   require_dtype(rstd, DType::kF32, op, "rstd");
   if (rows == 0) return;
+  if (const unsigned th = rms_packed_threads(H, {&h, &y, &x, &delta, &w})) {
+    dispatch_float(x.dtype(), op, [&]<class E>() {
+      rms_forward_packed<E, true><<<row_blocks(rows), th, 0, stream()>>>(
+          static_cast<E*>(h.raw()), static_cast<E*>(y.raw()), rstd.f32(), static_cast<const E*>(x.raw()),
+          static_cast<const E*>(delta.raw()), static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN),
+          eps);
+    });
+    check_launch(op);
+    return;
+  }
   rms_forward_kernel<true><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
       out_of(h), out_of(y), rstd.f32(), in_of(x), in_of(delta), in_of(w), rows, H, eps);
   check_launch(op);
@@ -353,6 +535,15 @@ void CudaBackend::rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
   if (dw.defined()) column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(h), rstd.f32(), H}, rows, H, ctx, op);
+  if (const unsigned th = rms_packed_threads(H, {&dh, &dy, &h, &w})) {
+    dispatch_float(h.dtype(), op, [&]<class E>() {
+      rms_backward_packed<E, true><<<row_blocks(rows), th, 0, stream()>>>(
+          static_cast<E*>(dh.raw()), static_cast<const E*>(dy.raw()), static_cast<const E*>(h.raw()), rstd.f32(),
+          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), true);
+    });
+    check_launch(op);
+    return;
+  }
   rms_backward_kernel<true><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
       out_of(dh), in_of(dy), in_of(h), rstd.f32(), in_of(w), rows, H, true);
   check_launch(op);
@@ -365,6 +556,17 @@ void CudaBackend::rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rs
   require_numel(y, rows * H, op, "output");
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
+  if (rms_packed_threads(H, {&y, &h, &w}) != 0 && (rows * H) / (16 / static_cast<std::int64_t>(dtype_size(h.dtype()))) < (std::int64_t{1} << 32)) {
+    dispatch_float(h.dtype(), op, [&]<class E>() {
+      const auto row_packs = static_cast<std::uint32_t>(H / Pack<E>::kN);
+      const auto packs = static_cast<std::uint32_t>(rows * row_packs);
+      rms_recompute_packed<E><<<std::min<unsigned>(grid_for(packs), 132 * 32), 256, 0, stream()>>>(
+          static_cast<E*>(y.raw()), rstd.f32(), static_cast<const E*>(h.raw()), static_cast<const E*>(w.raw()), packs,
+          row_packs);
+    });
+    check_launch(op);
+    return;
+  }
   rms_recompute_kernel<<<grid_for(rows * H), 256, 0, stream()>>>(out_of(y), rstd.f32(), in_of(h), in_of(w), rows,
                                                                    H);
   check_launch(op);

@@ -11,6 +11,7 @@
 // and the device copy cached here, keyed by the table's address, its cos buffer's address and its
 // size; a cached copy is reused only while the table's inv_freq and first/last entries still match
 // (so a destroyed table whose address is reused by a different one is uploaded again).
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -124,6 +125,36 @@ struct RopeRotate {
   }
 };
 
+// Packed form (x of one 16-bit or fp32 dtype T, half a multiple of Pack<T>::kN, rows and the column
+// offset aligned to packs): thread k rotates Pack<T>::kN consecutive pairs of one head, with 32-bit
+// index arithmetic once per pack (RopeRotate divides 64-bit indices per pair). Same arithmetic.
+template <class T>
+__global__ void rope_packed_kernel(T* x, const float* __restrict__ cos, const float* __restrict__ sin,
+                                   std::uint32_t packs, std::uint32_t head_packs, std::uint32_t row_packs,
+                                   std::int64_t col, std::int64_t ld, std::int64_t head_dim, std::int64_t half,
+                                   std::uint32_t seq_len, float sign) {
+  constexpr int kN = Pack<T>::kN;
+  for (std::uint32_t k = blockIdx.x * blockDim.x + threadIdx.x; k < packs; k += gridDim.x * blockDim.x) {
+    const std::uint32_t r = k / row_packs, rem = k - r * row_packs;
+    const std::uint32_t h = rem / head_packs, i0 = (rem - h * head_packs) * kN;
+    const std::uint32_t pos = r % seq_len;
+    const std::int64_t a = static_cast<std::int64_t>(r) * ld + col + h * head_dim + i0;  // a multiple of kN
+    const Pack<T> x1 = load_pack(x, a / kN), x2 = load_pack(x, (a + half) / kN);
+    const float* cp = cos + static_cast<std::int64_t>(pos) * half + i0;
+    const float* sp = sin + static_cast<std::int64_t>(pos) * half + i0;
+    Pack<T> y1, y2;
+#pragma unroll
+    for (int e = 0; e < kN; ++e) {
+      const float v1 = to_f32<T>(x1.v[e]), v2 = to_f32<T>(x2.v[e]);
+      const float c = cp[e], si = __fmul_rn(sign, sp[e]);
+      y1.v[e] = from_f32<T>(__fsub_rn(__fmul_rn(v1, c), __fmul_rn(v2, si)));
+      y2.v[e] = from_f32<T>(__fadd_rn(__fmul_rn(v2, c), __fmul_rn(v1, si)));
+    }
+    store_pack(x, a / kN, y1);
+    store_pack(x, (a + half) / kN, y2);
+  }
+}
+
 void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_heads, std::int64_t head_dim,
                 std::int64_t seq_len, const RopeTable& table, float sign, const char* op) {
   const std::int64_t half = head_dim / 2;
@@ -142,6 +173,20 @@ void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_hea
   if (n == 0) return;
   const float* dev = device_table(table, op);
   const std::size_t count = table.cos.size();
+  const std::int64_t kn = 16 / static_cast<std::int64_t>(dtype_size(x.dtype()));
+  if (!cuda_kernels_v1() && half % kn == 0 && col % kn == 0 && ld % kn == 0 && aligned_to(x.raw(), 16) &&
+      n / kn < (std::int64_t{1} << 32) && seq_len < (std::int64_t{1} << 32)) {
+    const std::int64_t head_packs = half / kn, row_packs = n_heads * head_packs, packs = rows * row_packs;
+    dispatch_float(x.dtype(), op, [&]<class E>() {
+      rope_packed_kernel<E><<<static_cast<unsigned>(std::min<std::int64_t>(grid_for(packs), 132 * 32)), 256, 0,
+                              stream()>>>(static_cast<E*>(x.raw()), dev, dev + count,
+                                          static_cast<std::uint32_t>(packs), static_cast<std::uint32_t>(head_packs),
+                                          static_cast<std::uint32_t>(row_packs), col, ld, head_dim, half,
+                                          static_cast<std::uint32_t>(seq_len), sign);
+    });
+    check_launch(op);
+    return;
+  }
   launch_map(RopeRotate{out_of(x), dev, dev + count, col, ld, n_heads, head_dim, half, seq_len, sign}, n, op);
 }
 

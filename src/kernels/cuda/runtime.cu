@@ -27,6 +27,14 @@ void check_cublas(cublasStatus_t s, const char* where) {
                      " — shapes or dtypes the library does not support here");
 }
 
+bool cuda_kernels_v1() {
+  static const bool v1 = [] {
+    const char* e = std::getenv("SCALELAB_CUDA_KERNELS");
+    return e != nullptr && std::string(e) == "v1";
+  }();
+  return v1;
+}
+
 namespace {
 
 struct State {
