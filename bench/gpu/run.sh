@@ -326,7 +326,9 @@ run_methods() {
     add "methods: skipped (no scalelab)"
   else
     local db="$OUT/methods.db"
-    timeout $(( $(left) - 100 )) "$SL" sweep examples/finetune-methods-gpu.toml --db "$db" --log-dir "$OUT/methods-logs" \
+    local reserve=100  # for the HF peers after the sweep
+    [ "${METHODS_HF:-1}" = 0 ] && reserve=5
+    timeout $(( $(left) - reserve )) "$SL" sweep examples/finetune-methods-gpu.toml --db "$db" --log-dir "$OUT/methods-logs" \
       >"$OUT/methods.log" 2>&1
     local rc=$?
     tail -12 "$OUT/methods.log"

@@ -29,6 +29,15 @@
 //     one activation in 10^4 does (2·1e-6·255/2), so each step has a few such moves per layer,
 //     each changing the loss by at most its gradient times one step (~1e-5 relative here). The
 //     kernels themselves are bit-identical to the CPU's (selftest family "qat").
+//   kQuantizedTrained 1e-2 (QAT of trained weights, from step 2 on). After the first update the
+//     weights themselves differ by about an ulp between the sides (the update's rounding of a
+//     gradient that differs by ~1e-6), and the int4 weight grid is coarse: a step is amax/7.5 of
+//     the group, about 13 % of its largest weight. A weight within an ulp of a boundary moves by
+//     that step on one side only; these models have ~10^5 quantized weights and 15 boundaries per
+//     group range, so a step or two has such a move, and each shifts the loss and the gradient norm
+//     by up to a few 1e-3 (the first H100 run measured 1.1e-3 to 3.5e-3 on the gradient norm at
+//     steps 2-4, losses within 1e-3; step 1, with identical weights, within 1e-3). QAT + LoRA keeps
+//     the base frozen (identical quantized weights) and stays at kQuantized.
 //   Rewards (DPO), absolute: β·(policy − reference), each a sum of log-probabilities over at most
 //     seq_len completion tokens. A log-probability logit − lse (lse ≈ ln V ≈ 7, ulp 5e-7) differs
 //     by about 1e-6 between the sides (the logits' sums above); allowing δ = tolerance / 10 per
@@ -51,6 +60,7 @@ namespace {
 
 constexpr double kSameMath = 1e-4;
 constexpr double kQuantized = 1e-3;
+constexpr double kQuantizedTrained = 1e-2;
 
 const char* const kLlamaTargets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
 const char* const kOptTargets = "q_proj,k_proj,v_proj,out_proj,fc1,fc2";
@@ -59,6 +69,7 @@ struct Method {
   std::string name;
   std::function<void(TrainOptions&)> apply;
   double tol = kSameMath;
+  double tol_after_update = -1;  // >= 0: the tolerance from step 2 on (after the first update)
 };
 
 TrainOptions tiny(const std::string& model) {
@@ -113,8 +124,9 @@ void expect_same_run_on_both(const TrainOptions& base, const Method& m) {
   for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
     const StepRecord &c = cpu.steps[i], &d = dev.steps[i];
     EXPECT_TRUE(std::isfinite(d.loss)) << "step " << i + 1;
-    EXPECT_NEAR(d.loss, c.loss, m.tol * std::fabs(c.loss)) << "loss, step " << i + 1;
-    EXPECT_NEAR(d.grad_norm, c.grad_norm, m.tol * std::fabs(c.grad_norm)) << "gradient norm, step " << i + 1;
+    const double tol = (i > 0 && m.tol_after_update >= 0) ? m.tol_after_update : m.tol;
+    EXPECT_NEAR(d.loss, c.loss, tol * std::fabs(c.loss)) << "loss, step " << i + 1;
+    EXPECT_NEAR(d.grad_norm, c.grad_norm, tol * std::fabs(c.grad_norm)) << "gradient norm, step " << i + 1;
     ASSERT_EQ(c.dpo.has_value(), o.dpo.enabled);
     ASSERT_EQ(d.dpo.has_value(), o.dpo.enabled);
     if (o.dpo.enabled) {
@@ -162,7 +174,7 @@ TEST_F(FinetuneOnDevice, LlamaEveryMethodMatchesTheCpu) {
          o.qat = "8da4w";
          o.qat_group_size = 32;
        },
-       kQuantized},
+       kQuantized, kQuantizedTrained},
       {"QAT 8da4w + LoRA",
        [](TrainOptions& o) {
          o.qat = "8da4w";
@@ -205,7 +217,7 @@ TEST_F(FinetuneOnDevice, OptEveryMethodMatchesTheCpu) {
          o.qat = "8da4w";
          o.qat_group_size = 32;
        },
-       kQuantized},
+       kQuantized, kQuantizedTrained},
   };
   for (const Method& m : methods) expect_same_run_on_both(tiny("opt-tiny"), m);
 }
