@@ -268,6 +268,77 @@ __global__ void fused_chunk_kernel(float* L, std::int64_t V, std::int64_t rows, 
   if (threadIdx.x == 0) partial[blockIdx.x] += acc;
 }
 
+// The same for a 16-bit gradient (TG bf16/fp16) with V a multiple of 8, in packs: each thread
+// reads 8 fp32 logits at a time (two 16-byte loads) and writes 8 gradient values (one 16-byte
+// store). The row is processed in tiles of 8·blockDim elements with one barrier between a tile's
+// reads and its writes: the writes of tile k cover bytes [2·base_k, 2·base_{k+1}) of the row, i.e.
+// fp32 elements of tiles <= k, all read before the barrier, and never reach the bytes tile k + 1
+// reads (from 4·base_{k+1} on), so the element-wise kernel's second barrier per tile is not
+// needed. Same arithmetic per element (fused_chunk_kernel above stays for fp32 gradients, V not a
+// multiple of 8, and SCALELAB_CUDA_KERNELS=v1).
+template <class TG, bool kGrad>
+__global__ void fused_chunk_packed_kernel(float* L, std::int64_t V, std::int64_t rows,
+                                          const std::int32_t* __restrict__ tg, float scale, std::int64_t ldg,
+                                          double* __restrict__ partial) {
+  static_assert(sizeof(TG) == 2, "16-bit gradients only");
+  __shared__ LseState sh[32];
+  double acc = 0.0;
+  const std::int64_t packs = V / 8;
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    float* row = L + r * V;
+    TG* grow = reinterpret_cast<TG*>(L) + r * ldg;
+    const std::int32_t t = tg[r];
+    if (t == kIgnoreIndex || t < 0 || t >= V) {
+      if (kGrad) {  // writes only (the row is not read): no tile order needed
+        Pack<TG> z;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) z.v[e] = from_f32<TG>(0.0f);
+        for (std::int64_t p = threadIdx.x; p < packs; p += blockDim.x) store_pack(grow, p, z);
+      }
+      continue;
+    }
+    float target_logit = 0.0f;
+    if (threadIdx.x == 0) target_logit = row[t];
+    LseState st{-INFINITY, 0.0f};
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    for (std::int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+      const float4 a = row4[2 * p], b = row4[2 * p + 1];
+      st = lse_push(st, a.x);
+      st = lse_push(st, a.y);
+      st = lse_push(st, a.z);
+      st = lse_push(st, a.w);
+      st = lse_push(st, b.x);
+      st = lse_push(st, b.y);
+      st = lse_push(st, b.z);
+      st = lse_push(st, b.w);
+    }
+    st = block_lse(st, sh);  // synchronizes: every read of the lse pass is done after this
+    const float l = st.m + logf(st.s);
+    if (threadIdx.x == 0) acc += static_cast<double>(l) - static_cast<double>(target_logit);
+    if (kGrad) {
+      const std::int64_t tile = 8 * static_cast<std::int64_t>(blockDim.x);
+      for (std::int64_t base = 0; base < V; base += tile) {
+        const std::int64_t p = base / 8 + threadIdx.x;
+        Pack<TG> out;
+        if (p < packs) {
+          const float4 a = row4[2 * p], b = row4[2 * p + 1];
+          const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            float d = __fmul_rn(expf(x[e] - l), scale);
+            if (8 * p + e == t) d = __fsub_rn(d, scale);
+            out.v[e] = from_f32<TG>(d);
+          }
+        }
+        __syncthreads();  // the whole tile is read
+        if (p < packs) store_pack(grow, p, out);
+      }
+    }
+    __syncthreads();  // the row is finished before the block moves on (shared scratch)
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] += acc;
+}
+
 struct FusedDims {
   std::int64_t T, H, V, chunk;
 };
@@ -412,6 +483,13 @@ LossSum fused_chunks(CudaBackend& be, Tensor* dx, Tensor* dw, const Tensor& x, c
     // L[c, V] = x_c · wᵀ
     be.gemm_ex(false, true, c, V, H, 1.0f, xp, wt, H, w.raw(), wt, H, 0.0f, L.raw(), DType::kF32, V, ctx);
     dispatch_float(wt, op, [&]<class TG>() {
+      if constexpr (sizeof(TG) == 2) {
+        if (backward && V % 8 == 0 && !cuda_kernels_v1()) {
+          fused_chunk_packed_kernel<TG, true><<<row_blocks(c, kLossBlocks), row_threads(V), 0, stream()>>>(
+              L.f32(), V, c, tg + r0, scale, ldg, sc.partial);
+          return;
+        }
+      }
       if (backward) {
         fused_chunk_kernel<TG, true><<<row_blocks(c, kLossBlocks), row_threads(V), 0, stream()>>>(
             L.f32(), V, c, tg + r0, scale, ldg, sc.partial);

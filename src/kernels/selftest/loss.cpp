@@ -96,12 +96,15 @@ std::vector<CheckResult> cross_entropy_check(const CheckEnv& env, DType dt) {
 }
 
 // x[T, H] · w[V, H]ᵀ with the loss and gradients, in chunks that do not divide T.
-std::vector<CheckResult> fused_loss_check(const CheckEnv& env, DType dt) {
+// V: 512 (one tile of the CUDA kernel's 16-bit packed path), 4104 (three tiles of 2048 logits
+// with a short last one: the in-place write order across tiles), 1001 (not a multiple of 8: the
+// element-wise path).
+std::vector<CheckResult> fused_loss_check_v(const CheckEnv& env, DType dt, std::int64_t V) {
   const Tolerance tol;
   DeviceAllocator& host = *env.host;
   DeviceAllocator& dev = *env.device;
   ExecContext hc = context_on(env.host), dc = context_on(env.device);
-  const std::int64_t T = 80, H = 64, V = kVocab, chunk = 32;  // chunks of 32, 32, 16 rows
+  const std::int64_t T = 80, H = 64, chunk = 32;  // chunks of 32, 32, 16 rows
   const Tensor x = random_tensor({T, H}, dt, host, env.seed + 11);
   const Tensor w = random_tensor({V, H}, dt, host, env.seed + 12, -0.5f, 0.5f);
   const Tensor targets = random_ids({T}, V, host, env.seed + 13, kIgnored);
@@ -134,7 +137,12 @@ std::vector<OpCheck> loss_checks() {
   const std::vector<DType> all = {DType::kF32, DType::kBF16, DType::kF16};
   return {
       {"loss", "cross_entropy", all, cross_entropy_check},
-      {"loss", "fused linear cross-entropy", all, fused_loss_check},
+      {"loss", "fused linear cross-entropy", all,
+       [](const CheckEnv& env, DType dt) { return fused_loss_check_v(env, dt, kVocab); }},
+      {"loss", "fused linear cross-entropy, V 4104", all,
+       [](const CheckEnv& env, DType dt) { return fused_loss_check_v(env, dt, 4104); }},
+      {"loss", "fused linear cross-entropy, V 1001", all,
+       [](const CheckEnv& env, DType dt) { return fused_loss_check_v(env, dt, 1001); }},
   };
 }
 
