@@ -119,8 +119,18 @@ void ParamLayout::add_lora(const LoraConfig& lora) {
   if (lora.alpha <= 0 || !std::isfinite(lora.alpha)) {
     throw InvalidInput("[--lora-alpha] must be a positive number, got " + std::to_string(lora.alpha));
   }
-  // Appended layer by layer in the family's order, so that a layer's adapters are one run.
+  // Appended layer by layer in the family's order, so that a layer's adapters are one run: first
+  // every lora_A of the layer, then every lora_B. The A's of the modules that read one input (q, k,
+  // v; gate, up) are thus adjacent, one [parts·r, in] matrix, so LoraAdapter multiplies the input
+  // by all of them in one GEMM (model/decoder/lora.cpp). (Initialization is keyed by name, not by
+  // position: model/init.cpp.)
   const std::vector<ParamInfo> base = params_;
+  auto layer_of = [](const std::string& module) {
+    const std::size_t at = module.find("layers.");
+    const std::size_t end = module.find('.', at + 7);
+    return module.substr(0, end);
+  };
+  std::vector<const Site*> targeted;
   for (const Site& s : sites) {
     if (std::find(targets.begin(), targets.end(), s.short_name) == targets.end()) continue;
     if (lora.rank > std::min(s.out, s.in)) {
@@ -128,8 +138,16 @@ void ParamLayout::add_lora(const LoraConfig& lora) {
                          " [" + std::to_string(s.out) + ", " + std::to_string(s.in) + "] — use a rank of at most " +
                          std::to_string(std::min(s.out, s.in)));
     }
-    add(s.module + ".lora_A.weight", Shape{lora.rank, s.in}, ParamKind::kAdapter);
-    add(s.module + ".lora_B.weight", Shape{s.out, lora.rank}, ParamKind::kAdapter);
+    targeted.push_back(&s);
+  }
+  for (std::size_t i = 0; i < targeted.size();) {
+    std::size_t j = i;
+    while (j < targeted.size() && layer_of(targeted[j]->module) == layer_of(targeted[i]->module)) ++j;
+    for (std::size_t k = i; k < j; ++k)
+      add(targeted[k]->module + ".lora_A.weight", Shape{lora.rank, targeted[k]->in}, ParamKind::kAdapter);
+    for (std::size_t k = i; k < j; ++k)
+      add(targeted[k]->module + ".lora_B.weight", Shape{targeted[k]->out, lora.rank}, ParamKind::kAdapter);
+    i = j;
   }
   for (auto& p : params_) p.trainable = p.is_adapter;
   if (!lora.quantize_base.empty()) {

@@ -51,8 +51,82 @@ Tensor LoraAdapter::adapter_input(const Tensor& x, const Part& p, ExecContext& c
   return xd;
 }
 
+LoraAdapter::LoraAdapter(std::vector<Part> parts, std::int64_t out_features, float scale, float dropout,
+                         std::int64_t layer)
+    : parts_(std::move(parts)), out_(out_features), scale_(scale), dropout_(dropout), layer_(layer) {
+  // Stacked: P > 1 parts of one rank, width and dtype whose A's (and, when trained, dA's) follow
+  // each other in memory.
+  stacked_ = parts_.size() > 1;
+  for (std::size_t i = 1; stacked_ && i < parts_.size(); ++i) {
+    const Part &p = parts_[i - 1], &q = parts_[i];
+    const std::size_t bytes = static_cast<std::size_t>(p.a.numel()) * dtype_size(p.a.dtype());
+    stacked_ = q.a.dtype() == p.a.dtype() && q.a.dim(0) == p.a.dim(0) && q.a.dim(1) == p.a.dim(1) &&
+               q.b.dtype() == p.b.dtype() && static_cast<const std::uint8_t*>(q.a.raw()) ==
+                                                 static_cast<const std::uint8_t*>(p.a.raw()) + bytes;
+    if (stacked_ && (p.da.defined() || q.da.defined())) {
+      stacked_ = p.da.defined() && q.da.defined() && q.da.dtype() == p.da.dtype() &&
+                 static_cast<const std::uint8_t*>(q.da.raw()) ==
+                     static_cast<const std::uint8_t*>(p.da.raw()) +
+                         static_cast<std::size_t>(p.da.numel()) * dtype_size(p.da.dtype());
+    }
+  }
+}
+
+void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx) {
+  const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
+  const Part& p0 = parts_.front();
+  const std::int64_t r = p0.a.dim(0), R = r * static_cast<std::int64_t>(parts_.size());
+  const DType zt = z_dtype(x, p0);
+  Tensor z = Tensor::empty({T, R}, zt, *ctx.alloc, "lora z");
+  // z = x·[A_1; ...; A_P]ᵀ  [T, R]
+  kernels::gemm_ex(false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(), in, 0.0f, z.raw(),
+                   zt, R, ctx);
+  for (std::size_t i = 0; i < parts_.size(); ++i) {
+    const Part& p = parts_[i];
+    const std::int64_t n = p.b.dim(0);
+    // y[:, col:col+n] += s·z_i·B_iᵀ  (z_i: columns [i·r, (i+1)·r) of z)
+    kernels::gemm_ex(false, true, T, n, r, scale_, at_col(z, static_cast<std::int64_t>(i) * r), zt, R, p.b.raw(),
+                     p.b.dtype(), r, 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_, ctx);
+  }
+}
+
+void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) {
+  const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
+  const Part& p0 = parts_.front();
+  const std::int64_t r = p0.a.dim(0), R = r * static_cast<std::int64_t>(parts_.size());
+  const DType zt = z_dtype(x, p0);
+  Tensor z = Tensor::empty({T, R}, zt, *ctx.alloc, "lora z");
+  kernels::gemm_ex(false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(), in, 0.0f, z.raw(),
+                   zt, R, ctx);
+  for (std::size_t i = 0; i < parts_.size(); ++i) {
+    Part& p = parts_[i];
+    const std::int64_t n = p.b.dim(0);
+    const std::uint8_t* dyp = at_col(dy, p.col);
+    void* zi = const_cast<std::uint8_t*>(at_col(z, static_cast<std::int64_t>(i) * r));
+    // dB_i += s·dy_iᵀ·z_i  [n, r]
+    if (p.db.defined()) {
+      kernels::gemm_ex(true, false, n, r, T, scale_, dyp, dy.dtype(), out_, zi, zt, R, 1.0f, p.db.raw(), p.db.dtype(),
+                       r, ctx);
+    }
+    // dz_i = s·dy_i·B_i  [T, r], over z_i (which only dB_i read)
+    kernels::gemm_ex(false, false, T, r, n, scale_, dyp, dy.dtype(), out_, p.b.raw(), p.b.dtype(), r, 0.0f, zi, zt, R,
+                     ctx);
+  }
+  // [dA_1; ...; dA_P] += dzᵀ·x  [R, in]
+  if (p0.da.defined()) {
+    kernels::gemm_ex(true, false, R, in, T, 1.0f, z.raw(), zt, R, x.raw(), x.dtype(), in, 1.0f, p0.da.raw(),
+                     p0.da.dtype(), in, ctx);
+  }
+  // dx += dz·[A_1; ...; A_P]  [T, in]
+  if (dx != nullptr && dx->defined()) {
+    kernels::gemm_ex(false, false, T, in, R, 1.0f, z.raw(), zt, R, p0.a.raw(), p0.a.dtype(), in, 1.0f, dx->raw(),
+                     dx->dtype(), in, ctx);
+  }
+}
+
 void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
   if (AdaptersOff::active()) return;  // the base model alone (DPO's reference forward)
+  if (stacked(ctx)) return forward_stacked(y, x, ctx);
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   for (const Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
@@ -69,6 +143,7 @@ void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
 }
 
 void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) {
+  if (stacked(ctx)) return backward_stacked(dx, dy, x, ctx);
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   for (Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);

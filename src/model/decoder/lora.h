@@ -4,7 +4,10 @@
 // lora_A [r, in], lora_B [n, r] and the part's output columns [col, col + n) of y:
 //   forward:  z = x·Aᵀ [T, r];  y[:, col:col+n] += s·z·Bᵀ
 //   backward: dB += s·dy[:, col:col+n]ᵀ·z;  dz = s·dy[:, col:col+n]·B;  dA += dzᵀ·x;  dx += dz·A
-// with s = alpha/r (alpha/√r: rslora). z is recomputed in backward (a [T, r] GEMM) rather than
+// with s = alpha/r (alpha/√r: rslora). When the parts share their input and their A's are adjacent
+// (the layout stores a layer's lora_A's before its lora_B's), z of all parts is one GEMM
+// x·[A_1; ...; A_P]ᵀ [T, P·r], and dA and dx one each: fewer, less skinny products over the same
+// input. z is recomputed in backward (a [T, r] GEMM) rather than
 // kept, so activation checkpointing and the memory plan need nothing of their own.
 // While an AdaptersOff guard lives (on the calling thread) the forward adds nothing: the base
 // model alone (DPO's reference log-probabilities under LoRA, train/dpo.h). Every product
@@ -46,11 +49,12 @@ class LoraAdapter final : public LinearAdapter {
     std::int64_t site = 2;  // dropout site of the module (lora_dropout_site)
   };
   LoraAdapter(std::vector<Part> parts, std::int64_t out_features, float scale, float dropout = 0.0f,
-              std::int64_t layer = 0)
-      : parts_(std::move(parts)), out_(out_features), scale_(scale), dropout_(dropout), layer_(layer) {}
+              std::int64_t layer = 0);
   void forward(Tensor& y, const Tensor& x, ExecContext& ctx) override;
   void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) override;
   const std::vector<Part>& parts() const { return parts_; }
+  // Whether the parts' A's are stacked (one GEMM per product over the shared input when no dropout).
+  bool stacks_parts() const { return stacked_; }
 
  private:
   std::vector<Part> parts_;
@@ -58,7 +62,14 @@ class LoraAdapter final : public LinearAdapter {
   float scale_;
   float dropout_;
   std::int64_t layer_;
+  bool stacked_ = false;  // every part's A (and dA) adjacent in memory, one rank and dtype: see stacked()
   bool dropping(const ExecContext& ctx) const { return dropout_ > 0.0f && ctx.train_step >= 0; }
+  // The parts' products with the shared input in one GEMM each (z = x·[A_1; ...; A_P]ᵀ, dA and dx
+  // likewise): more than one part, the A's stacked, and no dropout now (each part's dropout mask
+  // gives it its own input).
+  bool stacked(const ExecContext& ctx) const { return stacked_ && !dropping(ctx); }
+  void forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx);
+  void backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx);
   // x itself, or dropout(x) for this part in a new tensor (training with P > 0).
   Tensor adapter_input(const Tensor& x, const Part& p, ExecContext& ctx) const;
 };
