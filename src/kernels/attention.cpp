@@ -73,4 +73,10 @@ void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& ou
       .attention_flash_backward(dqkv, dout, out, lse, qkv, s, scale, ctx);
 }
 
+std::vector<std::size_t> attention_eager_cuda_workspace_blocks(const AttentionShape& s, bool backward, DType act) {
+  const auto n = static_cast<std::size_t>(s.n_kv_heads * s.seq * s.seq);
+  if (!backward) return {n * sizeof(float)};
+  return {n * sizeof(float), n * dtype_size(act)};
+}
+
 }  // namespace scalelab::kernels

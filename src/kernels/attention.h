@@ -24,6 +24,8 @@
 // how many bytes. Work is split statically (forward: a task per (batch, kv head, row tile), dealt
 // round-robin; backward: a task per (batch, kv head), which owns that head's dK/dV and its group's
 // dQ), so results are bit-identical from run to run at a given thread count.
+#include <vector>
+
 #include "core/context.h"
 #include "core/tensor.h"
 
@@ -52,6 +54,10 @@ std::size_t attention_eager_forward_workspace_bytes(const AttentionShape& s, int
                                                     DType out);
 std::size_t attention_eager_backward_workspace_bytes(const AttentionShape& s, int threads, DType qkv, DType dout,
                                                      DType probs, DType dqkv);
+// The CUDA backend's eager workspace (cuda/attention_eager.cu, its cuBLASLt path), in allocation
+// order: forward {nkv·S·S fp32 scores}; backward {nkv·S·S fp32 dP, nkv·S·S dS in `act`}. The meta
+// backend plans with these when ExecContext::options.planned_device is CUDA.
+std::vector<std::size_t> attention_eager_cuda_workspace_blocks(const AttentionShape& s, bool backward, DType act);
 
 // out[B*S, nh*hd] (assigned) and lse[B, nh, S] (assigned, saved for backward) from qkv.
 void attention_flash_forward(Tensor& out, Tensor& lse, const Tensor& qkv, const AttentionShape& s, float scale,

@@ -80,4 +80,13 @@ class CudaBackend final : public Backend {
   void scale_(Tensor& g, float factor, ExecContext& ctx) override;
 };
 
+// Strided batched product on cuBLASLt (matmul.cu), for the eager attention's per-head GEMMs:
+// for i in [0, batch): C_i = alpha·op(A_i)·op(B_i) + beta·C_i, with X_i = X + i·stride_x elements,
+// row-major as gemm_ex. A and B of one type (fp32, bf16 or fp16), C of that type or fp32. No
+// scratch (falls back to one product per item when cuBLASLt offers no batched algorithm).
+void gemm_strided_batched(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
+                          DType ab, std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
+                          std::int64_t stride_b, float beta, void* c, DType ct, std::int64_t ldc, std::int64_t stride_c,
+                          std::int64_t batch);
+
 }  // namespace scalelab::kernels::cuda

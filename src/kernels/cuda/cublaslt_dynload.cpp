@@ -24,6 +24,7 @@ struct Table {
   decltype(&::cublasLtMatmulDescSetAttribute) desc_set = nullptr;
   decltype(&::cublasLtMatrixLayoutCreate) layout_create = nullptr;
   decltype(&::cublasLtMatrixLayoutDestroy) layout_destroy = nullptr;
+  decltype(&::cublasLtMatrixLayoutSetAttribute) layout_set = nullptr;
   decltype(&::cublasLtMatmulPreferenceCreate) pref_create = nullptr;
   decltype(&::cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
   decltype(&::cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
@@ -59,6 +60,7 @@ const Table& table() {
     resolve(lib, "cublasLtMatmulDescSetAttribute", t.desc_set, t.error);
     resolve(lib, "cublasLtMatrixLayoutCreate", t.layout_create, t.error);
     resolve(lib, "cublasLtMatrixLayoutDestroy", t.layout_destroy, t.error);
+    resolve(lib, "cublasLtMatrixLayoutSetAttribute", t.layout_set, t.error);
     resolve(lib, "cublasLtMatmulPreferenceCreate", t.pref_create, t.error);
     resolve(lib, "cublasLtMatmulPreferenceDestroy", t.pref_destroy, t.error);
     resolve(lib, "cublasLtMatmulPreferenceSetAttribute", t.pref_set, t.error);
@@ -98,6 +100,10 @@ cublasStatus_t MatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType t
   return loaded().layout_create(layout, type, rows, cols, ld);
 }
 cublasStatus_t MatrixLayoutDestroy(cublasLtMatrixLayout_t layout) { return loaded().layout_destroy(layout); }
+cublasStatus_t MatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                        const void* buf, size_t size) {
+  return loaded().layout_set(layout, attr, buf, size);
+}
 cublasStatus_t MatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) { return loaded().pref_create(pref); }
 cublasStatus_t MatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) { return loaded().pref_destroy(pref); }
 cublasStatus_t MatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,

@@ -27,6 +27,8 @@ cublasStatus_t MatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulD
 cublasStatus_t MatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows, uint64_t cols,
                                   int64_t ld);
 cublasStatus_t MatrixLayoutDestroy(cublasLtMatrixLayout_t layout);
+cublasStatus_t MatrixLayoutSetAttribute(cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr,
+                                        const void* buf, size_t size);
 cublasStatus_t MatmulPreferenceCreate(cublasLtMatmulPreference_t* pref);
 cublasStatus_t MatmulPreferenceDestroy(cublasLtMatmulPreference_t pref);
 cublasStatus_t MatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,

@@ -178,7 +178,11 @@ struct PlanKey {
   std::int64_t m, n, k, lda, ldb, ldc;
   DType ab, c;
   unsigned align_a, align_b, align_c, align_bias;  // align_bias 0: no bias epilogue
-  auto tie() const { return std::tie(ta, tb, tf32, m, n, k, lda, ldb, ldc, ab, c, align_a, align_b, align_c, align_bias); }
+  std::int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;  // strided batched (gemm_strided_batched)
+  auto tie() const {
+    return std::tie(ta, tb, tf32, m, n, k, lda, ldb, ldc, ab, c, align_a, align_b, align_c, align_bias, batch,
+                    stride_a, stride_b, stride_c);
+  }
   bool operator<(const PlanKey& o) const { return tie() < o.tie(); }
 };
 
@@ -239,6 +243,18 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, const void* bias) {
                                           static_cast<std::uint64_t>(key.m), key.ldc),
                op);
 
+  if (key.batch > 1) {
+    const auto count = static_cast<std::int32_t>(key.batch);
+    // cuBLASLt's A is our B, its B our A.
+    const std::int64_t strides[3] = {key.stride_b, key.stride_a, key.stride_c};
+    cublasLtMatrixLayout_t layouts[3] = {p->a, p->b, p->c};
+    for (int i = 0; i < 3; ++i) {
+      check_cublas(lt::MatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count), op);
+      check_cublas(lt::MatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &strides[i],
+                                                sizeof strides[i]),
+                   op);
+    }
+  }
   cublasLtMatmulPreference_t pref = nullptr;
   check_cublas(lt::MatmulPreferenceCreate(&pref), op);
   struct PrefGuard {
@@ -274,9 +290,20 @@ std::unique_ptr<Plan> make_plan(const PlanKey& key, const void* bias) {
 // of type ab, C of type c (fp32 or ab); bias (type c, length n) only with a 16-byte aligned pointer.
 bool run_lt(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType ab,
             std::int64_t lda, const void* b, std::int64_t ldb, float beta, void* c, DType ct, std::int64_t ldc,
-            const void* bias) {
+            const void* bias, std::int64_t batch = 1, std::int64_t stride_a = 0, std::int64_t stride_b = 0,
+            std::int64_t stride_c = 0) {
   PlanKey key{ta, tb, ab == DType::kF32 && ct == DType::kF32 && allow_tf32(), m, n, k, lda, ldb, ldc, ab, ct,
-              alignment_of(a), alignment_of(b), alignment_of(c), bias ? alignment_of(bias) : 0u};
+              alignment_of(a), alignment_of(b), alignment_of(c), bias ? alignment_of(bias) : 0u,
+              batch, stride_a, stride_b, stride_c};
+  if (batch > 1) {  // every item's pointer is aligned as well as the first only if the strides keep it
+    const auto item_align = [](unsigned al, std::int64_t stride_bytes) {
+      while (al > 1 && stride_bytes % al != 0) al /= 2;
+      return al;
+    };
+    key.align_a = item_align(key.align_a, stride_a * static_cast<std::int64_t>(dtype_size(ab)));
+    key.align_b = item_align(key.align_b, stride_b * static_cast<std::int64_t>(dtype_size(ab)));
+    key.align_c = item_align(key.align_c, stride_c * static_cast<std::int64_t>(dtype_size(ct)));
+  }
   PlanCache& pc = plan_cache();
   std::lock_guard<std::mutex> lock(pc.mu);
   auto it = pc.plans.find(key);
@@ -318,6 +345,25 @@ void gemm_same_type(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64
 bool product_can_write(DType ab, DType ct) { return ct == DType::kF32 || ct == ab; }
 
 }  // namespace
+
+void gemm_strided_batched(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
+                          DType ab, std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
+                          std::int64_t stride_b, float beta, void* c, DType ct, std::int64_t ldc, std::int64_t stride_c,
+                          std::int64_t batch) {
+  SCALELAB_CHECK(product_can_write(ab, ct), "[gemm_strided_batched] the product cannot write C's dtype");
+  SCALELAB_CHECK(batch >= 0 && batch <= 0x7fffffffLL, "[gemm_strided_batched] batch out of range");
+  if (m == 0 || n == 0 || batch == 0) return;
+  SCALELAB_CHECK(k > 0, "[gemm_strided_batched] k must be positive");
+  if (batch > 1 && run_lt(ta, tb, m, n, k, alpha, a, ab, lda, b, ldb, beta, c, ct, ldc, nullptr, batch, stride_a,
+                          stride_b, stride_c))
+    return;
+  const std::size_t ea = dtype_size(ab), ec = dtype_size(ct);
+  for (std::int64_t i = 0; i < batch; ++i) {
+    gemm_same_type(ta, tb, m, n, k, alpha, static_cast<const char*>(a) + i * stride_a * static_cast<std::int64_t>(ea),
+                   ab, lda, static_cast<const char*>(b) + i * stride_b * static_cast<std::int64_t>(ea), ldb, beta,
+                   static_cast<char*>(c) + i * stride_c * static_cast<std::int64_t>(ec), ct, ldc);
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Backend methods

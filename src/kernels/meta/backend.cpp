@@ -104,6 +104,11 @@ void MetaBackend::linear_backward(Tensor* dx, Tensor& dw, Tensor*, const Tensor&
 
 void MetaBackend::attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const AttentionShape& s,
                                           float, ExecContext& ctx) {
+  if (ctx.options.planned_device == DeviceType::kCUDA) {
+    Workspace ws(ctx);
+    for (std::size_t b : attention_eager_cuda_workspace_blocks(s, false, qkv.dtype())) ws.take_bytes(b, "attention workspace");
+    return;
+  }
   const std::size_t bytes =
       attention_eager_forward_workspace_bytes(s, num_threads(), qkv.dtype(), probs.dtype(), out.dtype());
   Workspace ws(ctx);
@@ -113,6 +118,10 @@ void MetaBackend::attention_eager_forward(Tensor& out, Tensor& probs, const Tens
 void MetaBackend::attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& probs, const Tensor& qkv,
                                            const AttentionShape& s, float, ExecContext& ctx) {
   Workspace ws(ctx);
+  if (ctx.options.planned_device == DeviceType::kCUDA) {
+    for (std::size_t b : attention_eager_cuda_workspace_blocks(s, true, qkv.dtype())) ws.take_bytes(b, "attention workspace");
+    return;
+  }
   ws.take_bytes(attention_eager_backward_workspace_bytes(s, num_threads(), qkv.dtype(), dout.dtype(), probs.dtype(),
                                                          dqkv.dtype()),
                 "attention workspace");
