@@ -1,6 +1,9 @@
 // Front of the attention family (attention.h): validation, profiling, dispatch.
 #include "kernels/attention.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "kernels/backend.h"
 #include "kernels/kernel_common.h"
 
@@ -71,6 +74,14 @@ void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& ou
   require_numel(dqkv, qkv.numel(), op, "qkv gradient");
   backend_for(device_of(op, {&dqkv, &dout, &out, &lse, &qkv}), op)
       .attention_flash_backward(dqkv, dout, out, lse, qkv, s, scale, ctx);
+}
+
+bool cuda_eager_uses_cublaslt() {
+  static const bool on = [] {
+    const char* e = std::getenv("SCALELAB_CUDA_EAGER");
+    return e != nullptr && std::string(e) == "cublaslt";
+  }();
+  return on;
 }
 
 std::vector<std::size_t> attention_eager_cuda_workspace_blocks(const AttentionShape& s, bool backward, DType act) {

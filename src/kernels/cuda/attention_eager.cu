@@ -27,8 +27,8 @@
 //
 // This file: the eager methods (attention_flash.cu has the flash ones).
 //
-// The eager methods run on cuBLASLt by default (the FMA-tile kernels above stay behind
-// SCALELAB_CUDA_KERNELS=v1): the products are tensor-core GEMMs, strided-batched over the kv heads,
+// With SCALELAB_CUDA_EAGER=cublaslt (opt-in until a GPU run has checked it: compiled, not yet run)
+// the eager methods run on cuBLASLt instead of the FMA-tile kernels: the products are tensor-core GEMMs, strided-batched over the kv heads,
 // as the reference's eager attention multiplies with cuBLAS. For each batch element b and each
 // position g within a query-head group (heads h = j·G + g share kv head j):
 //   forward   scores_j = scale · Q_h · K_jᵀ (fp32 [S, S] each, "attention workspace"); a row
@@ -185,7 +185,7 @@ void CudaBackend::attention_eager_forward(Tensor& out, Tensor& probs, const Tens
   require_cuda_float(qkv, qkv.dtype(), op, "qkv");
   require_cuda_float(out, qkv.dtype(), op, "output");
   require_cuda_float(probs, qkv.dtype(), op, "probs");
-  if (!cuda_kernels_v1()) return eager_forward_lt(out, probs, qkv, s, scale, ctx, op);
+  if (cuda_eager_uses_cublaslt()) return eager_forward_lt(out, probs, qkv, s, scale, ctx, op);
   dispatch_float(qkv.dtype(), op, [&]<class T>() {
     dispatch_hd(g.hd, [&]<int HD>() {
       using C = Cfg<HD>;
@@ -211,7 +211,7 @@ void CudaBackend::attention_eager_backward(Tensor& dqkv, const Tensor& dout, con
   require_cuda_float(dout, qkv.dtype(), op, "output gradient");
   require_cuda_float(probs, qkv.dtype(), op, "probs");
   require_cuda_float(dqkv, qkv.dtype(), op, "qkv gradient");
-  if (!cuda_kernels_v1()) return eager_backward_lt(dqkv, dout, probs, qkv, s, scale, ctx, op);
+  if (cuda_eager_uses_cublaslt()) return eager_backward_lt(dqkv, dout, probs, qkv, s, scale, ctx, op);
   Tensor D = d_workspace(s, ctx);  // D = Σ_j P·dP per row, written by the rows kernel
   dispatch_float(qkv.dtype(), op, [&]<class T>() {
     launch_backward<T, true>(static_cast<T*>(dqkv.raw()), D.f32(), static_cast<const T*>(dout.raw()),

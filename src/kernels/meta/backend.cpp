@@ -104,7 +104,7 @@ void MetaBackend::linear_backward(Tensor* dx, Tensor& dw, Tensor*, const Tensor&
 
 void MetaBackend::attention_eager_forward(Tensor& out, Tensor& probs, const Tensor& qkv, const AttentionShape& s,
                                           float, ExecContext& ctx) {
-  if (ctx.options.planned_device == DeviceType::kCUDA) {
+  if (ctx.options.planned_device == DeviceType::kCUDA && cuda_eager_uses_cublaslt()) {
     Workspace ws(ctx);
     for (std::size_t b : attention_eager_cuda_workspace_blocks(s, false, qkv.dtype())) ws.take_bytes(b, "attention workspace");
     return;
@@ -118,7 +118,7 @@ void MetaBackend::attention_eager_forward(Tensor& out, Tensor& probs, const Tens
 void MetaBackend::attention_eager_backward(Tensor& dqkv, const Tensor& dout, const Tensor& probs, const Tensor& qkv,
                                            const AttentionShape& s, float, ExecContext& ctx) {
   Workspace ws(ctx);
-  if (ctx.options.planned_device == DeviceType::kCUDA) {
+  if (ctx.options.planned_device == DeviceType::kCUDA && cuda_eager_uses_cublaslt()) {
     for (std::size_t b : attention_eager_cuda_workspace_blocks(s, true, qkv.dtype())) ws.take_bytes(b, "attention workspace");
     return;
   }
