@@ -244,7 +244,8 @@ TEST(QatKernels, VectorPathEqualsScalarStepsOverManyGroupsPerRow) {
 // bf16 operands exactly, compute in fp32 and round each stored element to nearest even once, so
 // a bf16 output is the fp32 kernel's output on the widened values, rounded: forward, the STE
 // gradient assigned or accumulated (an accumulated bf16 gradient: old + ste in fp32, rounded
-// once). This is not torchao's arithmetic on a bf16 model, which computes the scales and zero
+// once), and scalelab quantize's q·scale rounded to bf16 is the bf16 fake-quantized weight.
+// This is not torchao's arithmetic on a bf16 model, which computes the scales and zero
 // points in bf16 (choose_qparams_affine divides in the input's dtype, then casts the scale to
 // fp32): there about 40 % of fake-quantized activations and 10 % of weights differ from these
 // (measured with torchao 0.18 on random [64, 256] tensors, group 32), so bf16 QAT is not
@@ -284,6 +285,15 @@ TEST(QatKernels, Bf16StorageIsTheFp32ArithmeticRoundedOnce) {
       EXPECT_EQ(std::memcmp(pairs[k].first->raw(), want.raw(), static_cast<std::size_t>(want.numel()) * 2), 0)
           << names[k] << (accumulate ? " (accumulate)" : "");
     }
+    // scalelab quantize of a bf16 checkpoint widens the weights and quantizes in fp32, so its
+    // q·scale, rounded to bf16, is the weight the bf16 training forward multiplied with.
+    std::vector<std::int8_t> q(static_cast<std::size_t>(w.numel()));
+    std::vector<float> s(static_cast<std::size_t>(w.numel() / group));
+    kernels::quantize_int4_grouped(q.data(), s.data(), ww.f32(), rows, n, group);
+    Tensor back = c.zeros(w.shape());
+    for (std::int64_t i = 0; i < w.numel(); ++i) back.f32()[i] = static_cast<float>(q[i]) * s[i / group];
+    Tensor back16 = to(back, DType::kBF16);
+    EXPECT_EQ(std::memcmp(back16.raw(), fw.raw(), static_cast<std::size_t>(w.numel()) * 2), 0) << "int4 q·scale";
   }
 }
 
