@@ -9,8 +9,8 @@ differ: torchao on a bf16 tensor against torchao on the same values in fp32, rou
 is what scalelab computes). Reference tooling only (no golden written); run it in the virtualenv of
 requirements-qat.txt:  $SCALELAB_QAT_VENV/bin/python tests/golden/check_qat_bf16_torchao.py
 Measured (torch 2.15.0, torchao 0.18.0): activations 41 % of elements (every row), weights 10 %
-of elements (59 % of groups), the largest weight difference 0.11 of the largest weight (one int4
-step of a group is 1/7.5 of its largest magnitude).
+of elements (59 % of groups), the largest weight difference one whole int4 step of its group (1.02
+steps: the scales differ slightly too).
 """
 import warnings
 
@@ -32,3 +32,6 @@ da, dw = a16 != a32, w16 != w32
 print(f"activations: {da.float().mean():.1%} of elements differ, {da.any(1).float().mean():.0%} of rows")
 print(f"weights: {dw.float().mean():.1%} of elements differ, {dw.view(out, -1, group).any(2).float().mean():.0%} of groups; "
       f"largest difference {(w16.float() - w32.float()).abs().max() / w32.float().abs().max():.3g} of the largest weight")
+step = w.float().view(out, -1, group).abs().amax(2, keepdim=True) / 7.5  # a group's int4 step
+diff = (w16.float() - w32.float()).view(out, -1, group).abs() / step
+print(f"weights: the largest difference {diff.max():.2f} int4 steps of its group")
