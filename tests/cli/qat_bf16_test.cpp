@@ -64,8 +64,9 @@ const nlohmann::json* plan_item(const nlohmann::json& rec, const std::string& na
   return nullptr;
 }
 
-// The bound (a first-order argument, not a proof). The bf16 run computes the fp32 run's function on operands that each carry one
-// rounding (relative error <= u): the weights, and every stored activation. To first order the
+// The bound (a first-order argument, not a proof). The bf16 run computes the fp32 run's function
+// on operands that each carry one rounding (relative error <= u): the weights, and every stored
+// activation. To first order the
 // relative change of the loss is the sum of those errors weighted by the loss's sensitivity to
 // each; at these tiny models' near-uniform predictions (loss ~ ln 256 = 5.5) the loss is
 // dominated by the log-sum-exp of small logits, which moves by less than the logits' own
