@@ -4,7 +4,9 @@
 //     fp32 reduction-order tolerance), with and without gradient accumulation; ZeRO-1 like DDP;
 //   - a rank that fails (unreadable data on rank 1 only) ends the job, naming it, within a bound;
 //   - ranks launched with different flags refuse to run, naming the key;
-//   - `scalelab scale --ranks 1,2` records both trials and `results` reproduces its table.
+//   - `scalelab scale --ranks 1,2` records both trials and `results` reproduces its table;
+//   - `scalelab dpo` (full, LoRA, QLoRA; Llama and OPT; DDP and ZeRO-1): 2 ranks x b pairs train and
+//     evaluate like 1 rank x 2b, and --save-every / --resume continue bit for bit.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -616,15 +618,15 @@ class DpoMpi : public TrainMpi, public ::testing::WithParamInterface<DpoMpiCase>
 // (rank r takes pairs [r·b, (r+1)·b) of each 2b, in file order), the rewards' means over the ranks
 // are the means over the 2b pairs, and the held-out pairs are evaluated each once either way (the
 // wrapped pair past the end of the set not counted). Tolerance 1e-5 absolute on the loss, rewards,
-// margin, accuracy and the evaluations: the two runs differ only in summation order — a GEMM over 2b
-// rows against two over b (the per-token log-probabilities of a row, ~10 completion tokens of
-// |log p| <= ln V ~ 7 in fp32, differ by a few ulps: |Δπ| <= ~10 · 7 · 4 · 2^-24 ~ 2e-5 at worst, in
-// practice far less as the errors do not all align, and rewards and z scale that by β <= 0.5), and
-// the gradient's sum over ranks against the one process's sum over rows (the later steps' weights
-// then differ by AdamW's drift on the rounding-level elements, whose first-order effect on a loss is
-// Σ g·Δw with g at rounding level: second order). The accuracy is a mean of 0/1 indicators: equal
-// unless a pair's margin is within rounding of 0, which these cases do not have (|margin| > 1e-4).
-// The gradient norm: 1e-4 relative (a sum of squares over ~10^4..10^5 elements in another order).
+// margin, accuracy and the evaluations: the two runs differ only in summation order (GEMMs over 2b
+// rows against b, the gradient's sum over ranks against the one process's sum over rows). Step 1 is
+// exact (policy = reference, z = 0 bit for bit); after it a row's log-probability sums ~10 completion
+// tokens of |log p| <= ln V ~ 7 in fp32, each a few ulps (~4e-7 per ulp) off, independently: ~1e-6
+// per row (1.7e-5 only if every error aligned), times beta <= 0.5 in z and the rewards; the weights'
+// AdamW drift (expect_same_losses above) moves a loss at second order. 1e-5 is also the golden
+// tests' tolerance against PyTorch: two scalelab runs must agree at least as well (measured <= 5e-7).
+// The accuracy is a mean of 0/1 indicators: equal unless a pair's margin is within rounding of 0.
+// The gradient norm: 1e-4 relative (a sum of squares in another order; measured <= 6e-6).
 TEST_P(DpoMpi, TwoRanksTrainAndEvaluateLikeOneProcessWithTheDoubleBatch) {
   const DpoMpiCase c = GetParam();
   const nlohmann::json one = run_dpo(0, dpo_case_flags(case_dir(), 2 * c.per_rank, 5) + c.extra, "one");
@@ -664,7 +666,7 @@ TEST_P(DpoMpi, TwoRanksTrainAndEvaluateLikeOneProcessWithTheDoubleBatch) {
 // uninterrupted one bit for bit (same ranks, same threads: the same arithmetic in the same order) —
 // losses, gradient norms, rewards, the evaluations after the checkpoint and the saved model or
 // adapter. Under full fine-tuning each rank rebuilds the reference from --model (checked against
-// the CRC-32 in the checkpoint); ZeRO-1's optimizer shards are gathered into the checkpoint and
+// the CRC-32 in the checkpoint: a changed --model is refused); ZeRO-1's optimizer shards are gathered into the checkpoint and
 // scattered again on resume. A 2-rank DPO checkpoint resumed by one process is refused (the pairs
 // are split by rank).
 class DpoMpiResume : public DpoMpi {};
@@ -709,6 +711,40 @@ TEST_P(DpoMpiResume, CheckpointsResumeBitForBit) {
   const SubprocessResult alone = scalelab(0, flags + " --resume " + ckpt + " --save " + path("alone"));
   EXPECT_EQ(alone.exit_code(), 2) << alone.output;
   EXPECT_NE(alone.output.find("world_size"), std::string::npos) << alone.output;
+
+  if (std::string(c.name) != "llama_full") return;
+  // Full fine-tuning rebuilds the reference from --model on each rank: a model with the same config
+  // and one weight changed is refused by the checksum (exit 2, the job ended by mpirun).
+  const std::string other = path("other");
+  fs::create_directories(other);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json"})
+    fs::copy_file(case_dir() + "/" + f, other + "/" + f);
+  {
+    const std::string file = other + "/model.safetensors";
+    std::size_t at = 0;
+    {
+      const SafetensorsFile f = SafetensorsFile::open(file);
+      const SafetensorsTensor* t = f.find("model.layers.1.mlp.down_proj.weight");
+      ASSERT_NE(t, nullptr);
+      std::uint64_t header = 0;
+      std::ifstream in(file, std::ios::binary);
+      in.read(reinterpret_cast<char*>(&header), 8);  // the header's length (little-endian)
+      at = 8 + header + t->begin;
+    }
+    std::fstream out(file, std::ios::in | std::ios::out | std::ios::binary);
+    const float v = 0.5f;
+    out.seekp(static_cast<std::streamoff>(at));
+    out.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  std::string moved = flags;
+  moved.replace(moved.find("--model " + case_dir()), 8 + case_dir().size(), "--model " + other);
+  const SubprocessResult refused = scalelab(2, moved + " --resume " + ckpt + " --save " + path("refused"));
+  EXPECT_FALSE(refused.timed_out) << refused.output;
+  EXPECT_EQ(refused.exit_code(), 2) << refused.output;
+  EXPECT_NE(refused.output.find("the DPO reference model (the initial weights) rebuilt from --model"),
+            std::string::npos)
+      << refused.output;
 }
 
 // fp32 compute (the cases compared with one process).
@@ -727,7 +763,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DpoMpi, ::testing::ValuesIn(dpo_fp32_cases()), d
 
 // Resume adds bf16 autocast (bit for bit needs no tolerance). Not compared with one process: bf16
 // rounds every matmul's output to 8 bits, so a rounding-level difference of two fp32 accumulations
-// can become a bf16 ulp (2^-8 relative) — measured 5e-5 on the loss, no bound derived.
+// can become a bf16 ulp (2^-8 relative) — measured 1.9e-5 on the loss (Llama full), no bound derived.
 std::vector<DpoMpiCase> dpo_resume_cases() {
   std::vector<DpoMpiCase> v = dpo_fp32_cases();
   v.push_back({"llama_full_bf16", "full_eval", 1, " --mixed-precision bf16"});
