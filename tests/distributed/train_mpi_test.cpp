@@ -669,6 +669,28 @@ TEST_P(DpoMpi, TwoRanksTrainAndEvaluateLikeOneProcessWithTheDoubleBatch) {
 // the CRC-32 in the checkpoint: a changed --model is refused); ZeRO-1's optimizer shards are gathered into the checkpoint and
 // scattered again on resume. A 2-rank DPO checkpoint resumed by one process is refused (the pairs
 // are split by rank).
+// A DPO rank that fails mid-run (rank 1 cannot read its third micro-batch of pairs) ends the job
+// naming it, within the bound, and rank 0's record says so (as TrainMpi.AFailingRankEndsTheJobNamingIt
+// for SFT): the other rank waits in the gradient all-reduce, and only the failure notice ends it in time.
+TEST_F(TrainMpi, AFailingDpoRankEndsTheJobNamingIt) {
+  const std::string golden = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/dpo/";
+  for (const std::string c : {"full_eval", "lora_qv_smoothing"}) {
+    const std::string json = path(c + ".json");
+    const SubprocessResult r = scalelab(2, dpo_case_flags(golden + c, 1, 5) + " --comm-timeout 300 --json " + json,
+                                        {{"SCALELAB_INJECT_DATA_FAULT", "1:2"}});
+    EXPECT_FALSE(r.timed_out) << c << "\n" << r.output;
+    EXPECT_FALSE(r.ok()) << c << "\n" << r.output;
+    EXPECT_NE(r.output.find("cannot read micro-batch 2 of pairs"), std::string::npos) << c << "\n" << r.output;
+    EXPECT_NE(r.output.find("on rank 1"), std::string::npos) << c << "\n" << r.output;
+    EXPECT_NE(r.output.find("[dist] rank 1 failed"), std::string::npos) << c << "\n" << r.output;
+    std::ifstream in(json);
+    ASSERT_TRUE(in) << c << ": rank 0 wrote no record";
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["status"], "error") << c;
+    EXPECT_NE(j["error"].get<std::string>().find("rank 1 failed"), std::string::npos) << c << ": " << j["error"];
+  }
+}
+
 class DpoMpiResume : public DpoMpi {};
 
 TEST_P(DpoMpiResume, CheckpointsResumeBitForBit) {
