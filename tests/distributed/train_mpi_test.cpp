@@ -595,8 +595,9 @@ std::string dpo_case_flags(const std::string& dir, std::int64_t micro_batch, std
 struct DpoMpiCase {
   const char* name;
   const char* golden;      // tests/golden/data/dpo/<golden>
-  std::int64_t per_rank;   // the micro-batch of each of 2 ranks (one process takes twice it)
+  std::int64_t per_rank;   // the micro-batch of each rank (one process takes ranks x it)
   const char* extra;
+  int ranks = 2;
 };
 
 class DpoMpi : public TrainMpi, public ::testing::WithParamInterface<DpoMpiCase> {
@@ -614,9 +615,9 @@ class DpoMpi : public TrainMpi, public ::testing::WithParamInterface<DpoMpiCase>
   }
 };
 
-// 2 ranks x b pairs per micro-step against 1 process x 2b pairs: the same pairs per global micro-step
-// (rank r takes pairs [r·b, (r+1)·b) of each 2b, in file order), the rewards' means over the ranks
-// are the means over the 2b pairs, and the held-out pairs are evaluated each once either way (the
+// N ranks x b pairs per micro-step (N = 2; 3 in one case) against 1 process x N·b pairs: the same
+// pairs per global micro-step (rank r takes pairs [r·b, (r+1)·b) of each N·b, in file order), the
+// rewards' means over the ranks are the means over the N·b pairs, and the held-out pairs are evaluated each once either way (the
 // wrapped pair past the end of the set not counted). Tolerance 1e-5 absolute on the loss, rewards,
 // margin, accuracy and the evaluations: the two runs differ only in summation order (GEMMs over 2b
 // rows against b, the gradient's sum over ranks against the one process's sum over rows). Step 1 is
@@ -627,13 +628,13 @@ class DpoMpi : public TrainMpi, public ::testing::WithParamInterface<DpoMpiCase>
 // tests' tolerance against PyTorch: two scalelab runs must agree at least as well (measured <= 5e-7).
 // The accuracy is a mean of 0/1 indicators: equal unless a pair's margin is within rounding of 0.
 // The gradient norm: 1e-4 relative (a sum of squares in another order; measured <= 6e-6).
-TEST_P(DpoMpi, TwoRanksTrainAndEvaluateLikeOneProcessWithTheDoubleBatch) {
+TEST_P(DpoMpi, RanksTrainAndEvaluateLikeOneProcessWithTheirBatchesTogether) {
   const DpoMpiCase c = GetParam();
-  const nlohmann::json one = run_dpo(0, dpo_case_flags(case_dir(), 2 * c.per_rank, 5) + c.extra, "one");
-  const nlohmann::json two = run_dpo(2, dpo_case_flags(case_dir(), c.per_rank, 5) + c.extra, "two");
+  const nlohmann::json one = run_dpo(0, dpo_case_flags(case_dir(), c.ranks * c.per_rank, 5) + c.extra, "one");
+  const nlohmann::json two = run_dpo(c.ranks, dpo_case_flags(case_dir(), c.per_rank, 5) + c.extra, "two");
   ASSERT_FALSE(one.is_null() || two.is_null());
   EXPECT_EQ(one["world_size"], 1);
-  EXPECT_EQ(two["world_size"], 2);
+  EXPECT_EQ(two["world_size"], c.ranks);
   EXPECT_EQ(two["data_parallel"]["mode"], std::string(c.extra).find("--zero 1") != std::string::npos ? "zero1" : "ddp");
   EXPECT_EQ(two["trainable_params"], one["trainable_params"]);
   ASSERT_EQ(one["losses"].size(), 5u);
@@ -662,12 +663,12 @@ TEST_P(DpoMpi, TwoRanksTrainAndEvaluateLikeOneProcessWithTheDoubleBatch) {
   EXPECT_NEAR(two["val_loss"].get<double>(), one["val_loss"].get<double>(), 1e-5);
 }
 
-// --save-every 2 / --resume checkpoint-2 under mpirun -np 2: the resumed job continues the
+// --save-every 2 / --resume checkpoint-2 under mpirun -np 2 (3 in one case): the resumed job continues the
 // uninterrupted one bit for bit (same ranks, same threads: the same arithmetic in the same order) —
 // losses, gradient norms, rewards, the evaluations after the checkpoint and the saved model or
 // adapter. Under full fine-tuning each rank rebuilds the reference from --model (checked against
 // the CRC-32 in the checkpoint: a changed --model is refused); ZeRO-1's optimizer shards are gathered into the checkpoint and
-// scattered again on resume. A 2-rank DPO checkpoint resumed by one process is refused (the pairs
+// scattered again on resume. A multi-rank DPO checkpoint resumed by one process is refused (the pairs
 // are split by rank).
 // A DPO rank that fails mid-run (rank 1 cannot read its third micro-batch of pairs) ends the job
 // naming it, within the bound, and rank 0's record says so (as TrainMpi.AFailingRankEndsTheJobNamingIt
@@ -696,14 +697,14 @@ class DpoMpiResume : public DpoMpi {};
 TEST_P(DpoMpiResume, CheckpointsResumeBitForBit) {
   const DpoMpiCase c = GetParam();
   const std::string flags = dpo_case_flags(case_dir(), c.per_rank, 5) + c.extra;
-  const nlohmann::json full = run_dpo(2, flags + " --save-every 2", "full");
+  const nlohmann::json full = run_dpo(c.ranks, flags + " --save-every 2", "full");
   ASSERT_FALSE(full.is_null());
   const std::string ckpt = path("full") + "/checkpoint-2";
   ASSERT_TRUE(fs::exists(ckpt + "/trainer_state.json")) << ckpt;
-  const nlohmann::json resumed = run_dpo(2, flags + " --resume " + ckpt, "resumed");
+  const nlohmann::json resumed = run_dpo(c.ranks, flags + " --resume " + ckpt, "resumed");
   ASSERT_FALSE(resumed.is_null());
   EXPECT_EQ(resumed["resumed_from_step"], 2);
-  EXPECT_EQ(resumed["world_size"], 2);
+  EXPECT_EQ(resumed["world_size"], c.ranks);
   ASSERT_EQ(full["losses"].size(), 5u);
   ASSERT_EQ(resumed["losses"].size(), 3u);
   for (std::size_t i = 0; i < 3; ++i) {
@@ -778,7 +779,10 @@ std::vector<DpoMpiCase> dpo_fp32_cases() {
           {"llama_qlora", "lora_qv_smoothing", 2, " --quantize-base nf4-bnb"},
           {"llama_lora_zero1", "lora_qv_smoothing", 2, " --zero 1"},
           {"opt_lora", "opt_lora_eval", 2, ""},
-          {"opt_full_accum2", "opt_full_eval", 1, ""}};
+          {"opt_full_accum2", "opt_full_eval", 1, ""},
+          // 3 ranks: 8 training pairs wrap around mid micro-batch, 5 held-out pairs leave rank 1 and 2
+          // a last micro-batch past the set (not counted).
+          {"opt_lora_3ranks", "opt_lora_eval", 1, "", 3}};
 }
 auto dpo_case_name = [](const ::testing::TestParamInfo<DpoMpiCase>& i) { return std::string(i.param.name); };
 INSTANTIATE_TEST_SUITE_P(Cases, DpoMpi, ::testing::ValuesIn(dpo_fp32_cases()), dpo_case_name);
