@@ -599,6 +599,8 @@ struct DpoMpiCase {
   const char* extra;
   int ranks = 2;
 };
+// gtest prints the parameter in the test's listing (ctest's name): the case's name, not its bytes.
+void PrintTo(const DpoMpiCase& c, std::ostream* os) { *os << c.name; }
 
 class DpoMpi : public TrainMpi, public ::testing::WithParamInterface<DpoMpiCase> {
  protected:
