@@ -35,6 +35,7 @@ class FaultyData final : public DataSource {
     for (std::int64_t i = 0; i < micro_batches; ++i) next(scratch);  // the fault fires as it would when read
   }
   std::string describe() const override { return inner_->describe(); }
+  std::int64_t num_samples() const override { return inner_->num_samples(); }
 
  private:
   std::unique_ptr<DataSource> inner_;

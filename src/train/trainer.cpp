@@ -796,9 +796,11 @@ void TrainSession::build() {
   loss_scale_ = prec_.loss_scaling ? 65536.0 : 1.0;  // torch.cuda.amp.GradScaler defaults
   DataOptions dopt{o.data, o.seq_len, o.micro_batch_size, cfg.vocab_size, o.seed, dp_ ? dp_->rank() : 0, world_};
   if (o.dpo.enabled) {
-    data_ = make_preference_source(
-        read_preference_pairs(o.dpo.pairs, o.seq_len, cfg.vocab_size, TextSourceOptions{o.tokenizer, o.model, "--pairs"}),
-        o.micro_batch_size, o.seq_len, dopt.rank, world_);
+    data_ = with_injected_data_fault(
+        make_preference_source(read_preference_pairs(o.dpo.pairs, o.seq_len, cfg.vocab_size,
+                                                     TextSourceOptions{o.tokenizer, o.model, "--pairs"}),
+                               o.micro_batch_size, o.seq_len, dopt.rank, world_),
+        dopt.rank);
   } else {
     data_ = with_injected_data_fault(make_data_source(dopt, TextSourceOptions{o.tokenizer, o.model, "--data"}), dopt.rank);
   }

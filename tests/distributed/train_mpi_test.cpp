@@ -4,13 +4,17 @@
 //     fp32 reduction-order tolerance), with and without gradient accumulation; ZeRO-1 like DDP;
 //   - a rank that fails (unreadable data on rank 1 only) ends the job, naming it, within a bound;
 //   - ranks launched with different flags refuse to run, naming the key;
-//   - `scalelab scale --ranks 1,2` records both trials and `results` reproduces its table.
+//   - `scalelab scale --ranks 1,2` records both trials and `results` reproduces its table;
+//   - `scalelab dpo` (full, LoRA, QLoRA; Llama and OPT; DDP and ZeRO-1): 2 ranks x b pairs train and
+//     evaluate like 1 rank x 2b, and --save-every / --resume continue bit for bit.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -67,8 +71,9 @@ SubprocessResult scalelab(int np, const std::string& args, std::vector<std::pair
 class TrainMpi : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("scalelab_train_mpi_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');  // a parameterized test's "Test/case"
+    dir_ = fs::temp_directory_path() / ("scalelab_train_mpi_" + std::to_string(::getpid()) + "_" + name);
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -556,6 +561,244 @@ TEST_F(TrainMpi, DpoOverTwoRanksMatchesTheReference) {
     }
   }
 }
+
+// DPO over ranks against one process. A golden case's flags (tests/golden/data/dpo/<dir>/expected.json)
+// with the micro-batch given; LoRA starts from the case's adapter, and the held-out pairs are the
+// case's pairs_val.jsonl, else its training pairs (any fixed set serves to compare two runs).
+std::string dpo_case_flags(const std::string& dir, std::int64_t micro_batch, std::int64_t steps) {
+  std::ifstream in(dir + "/expected.json");
+  const nlohmann::json e = nlohmann::json::parse(in);
+  const nlohmann::json& t = e["training"];
+  auto s = [&](const char* k) { return std::to_string(t[k].get<double>()); };
+  auto i = [&](const char* k) { return std::to_string(t[k].get<std::int64_t>()); };
+  std::string f = "dpo --model " + dir + " --pairs " + dir + "/pairs.jsonl --beta " +
+                  std::to_string(e["beta"].get<double>()) + " --label-smoothing " +
+                  std::to_string(e["label_smoothing"].get<double>()) + " --micro-batch-size " +
+                  std::to_string(micro_batch) + " --seq-len " + i("seq_len") + " --max-steps " +
+                  std::to_string(steps) + " --warmup-steps " + i("warmup_steps") + " --grad-accum-steps " +
+                  i("grad_accum_steps") + " --lr " + s("lr") + " --weight-decay " + s("weight_decay") +
+                  " --threads 1 --bench-warmup-steps 0 --quiet --eval-every 2 --val-data " + dir +
+                  (fs::exists(dir + "/pairs_val.jsonl") ? "/pairs_val.jsonl" : "/pairs.jsonl");
+  if (!e["lora"].is_null()) {
+    std::string targets;
+    for (const auto& x : e["lora"]["targets"]) {
+      if (!targets.empty()) targets += ',';
+      targets += x.get<std::string>();
+    }
+    f += " --lora-rank " + std::to_string(e["lora"]["r"].get<int>()) + " --lora-alpha " +
+         std::to_string(e["lora"]["alpha"].get<double>()) + " --lora-targets " + targets + " --adapter " + dir +
+         "/adapter_init";
+  }
+  return f;
+}
+
+struct DpoMpiCase {
+  const char* name;
+  const char* golden;      // tests/golden/data/dpo/<golden>
+  std::int64_t per_rank;   // the micro-batch of each rank (one process takes ranks x it)
+  const char* extra;
+  int ranks = 2;
+};
+// gtest prints the parameter in the test's listing (ctest's name): the case's name, not its bytes.
+void PrintTo(const DpoMpiCase& c, std::ostream* os) { *os << c.name; }
+
+class DpoMpi : public TrainMpi, public ::testing::WithParamInterface<DpoMpiCase> {
+ protected:
+  std::string case_dir() const { return std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/dpo/" + GetParam().golden; }
+  nlohmann::json run_dpo(int np, const std::string& flags, const std::string& name) {
+    const SubprocessResult r = scalelab(np, flags + " --json " + path(name + ".json") + " --save " + path(name));
+    EXPECT_TRUE(r.ok()) << r.describe() << "\n" << r.output;
+    std::ifstream in(path(name + ".json"));
+    if (!in) {
+      ADD_FAILURE() << "no run record " << name;
+      return {};
+    }
+    return nlohmann::json::parse(in);
+  }
+};
+
+// N ranks x b pairs per micro-step (N = 2; 3 in one case) against 1 process x N·b pairs: the same
+// pairs per global micro-step (rank r takes pairs [r·b, (r+1)·b) of each N·b, in file order), the
+// rewards' means over the ranks are the means over the N·b pairs, and the held-out pairs are evaluated each once either way (the
+// wrapped pair past the end of the set not counted). Tolerance 1e-5 absolute on the loss, rewards,
+// margin, accuracy and the evaluations: the two runs differ only in summation order (GEMMs over 2b
+// rows against b, the gradient's sum over ranks against the one process's sum over rows). Step 1 is
+// exact (policy = reference, z = 0 bit for bit); after it a row's log-probability sums ~10 completion
+// tokens of |log p| <= ln V ~ 7 in fp32, each a few ulps (~4e-7 per ulp) off, independently: ~1e-6
+// per row (1.7e-5 only if every error aligned), times beta <= 0.5 in z and the rewards; the weights'
+// AdamW drift (expect_same_losses above) moves a loss at second order. 1e-5 is also the golden
+// tests' tolerance against PyTorch: two scalelab runs must agree at least as well (measured <= 5e-7).
+// The accuracy is a mean of 0/1 indicators: equal unless a pair's margin is within rounding of 0.
+// The gradient norm: 1e-4 relative (a sum of squares in another order; measured <= 6e-6).
+TEST_P(DpoMpi, RanksTrainAndEvaluateLikeOneProcessWithTheirBatchesTogether) {
+  const DpoMpiCase c = GetParam();
+  const nlohmann::json one = run_dpo(0, dpo_case_flags(case_dir(), c.ranks * c.per_rank, 5) + c.extra, "one");
+  const nlohmann::json two = run_dpo(c.ranks, dpo_case_flags(case_dir(), c.per_rank, 5) + c.extra, "two");
+  ASSERT_FALSE(one.is_null() || two.is_null());
+  EXPECT_EQ(one["world_size"], 1);
+  EXPECT_EQ(two["world_size"], c.ranks);
+  EXPECT_EQ(two["data_parallel"]["mode"], std::string(c.extra).find("--zero 1") != std::string::npos ? "zero1" : "ddp");
+  EXPECT_EQ(two["trainable_params"], one["trainable_params"]);
+  ASSERT_EQ(one["losses"].size(), 5u);
+  ASSERT_EQ(two["losses"].size(), 5u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(two["losses"][i].get<double>(), one["losses"][i].get<double>(), 1e-5) << "step " << i + 1;
+    for (const char* k : {"rewards_chosen", "rewards_rejected", "reward_margins", "reward_accuracies"})
+      EXPECT_NEAR(two["dpo"][k][i].get<double>(), one["dpo"][k][i].get<double>(), 1e-5) << k << " step " << i + 1;
+    const double gn = one["grad_norms"][i].get<double>();
+    EXPECT_NEAR(two["grad_norms"][i].get<double>(), gn, 1e-4 * gn) << "grad norm, step " << i + 1;
+  }
+  // The weights moved: the later steps compare trained models, not the initial one.
+  EXPECT_GT(std::fabs(one["losses"][4].get<double>() - one["losses"][0].get<double>()), 1e-3);
+  // Evaluations after steps 2, 4 and 5 (the last), every held-out pair once.
+  ASSERT_EQ(one["evals"].size(), 3u);
+  ASSERT_EQ(two["evals"].size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const auto &a = one["evals"][i], &b = two["evals"][i];
+    EXPECT_EQ(b["step"], a["step"]);
+    EXPECT_EQ(b["val_pairs"], a["val_pairs"]) << "eval " << i;
+    EXPECT_EQ(b["val_batches"], a["val_batches"]) << "eval " << i;
+    for (const char* k : {"val_loss", "val_rewards_chosen", "val_rewards_rejected", "val_reward_margin",
+                          "val_reward_accuracy"})
+      EXPECT_NEAR(b[k].get<double>(), a[k].get<double>(), 1e-5) << k << " eval " << i;
+  }
+  EXPECT_NEAR(two["val_loss"].get<double>(), one["val_loss"].get<double>(), 1e-5);
+}
+
+// --save-every 2 / --resume checkpoint-2 under mpirun -np 2 (3 in one case): the resumed job continues the
+// uninterrupted one bit for bit (same ranks, same threads: the same arithmetic in the same order) —
+// losses, gradient norms, rewards, the evaluations after the checkpoint and the saved model or
+// adapter. Under full fine-tuning each rank rebuilds the reference from --model (checked against
+// the CRC-32 in the checkpoint: a changed --model is refused); ZeRO-1's optimizer shards are gathered into the checkpoint and
+// scattered again on resume. A multi-rank DPO checkpoint resumed by one process is refused (the pairs
+// are split by rank).
+// A DPO rank that fails mid-run (rank 1 cannot read its third micro-batch of pairs) ends the job
+// naming it, within the bound, and rank 0's record says so (as TrainMpi.AFailingRankEndsTheJobNamingIt
+// for SFT): the other rank waits in the gradient all-reduce, and only the failure notice ends it in time.
+TEST_F(TrainMpi, AFailingDpoRankEndsTheJobNamingIt) {
+  const std::string golden = std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/data/dpo/";
+  for (const std::string c : {"full_eval", "lora_qv_smoothing"}) {
+    const std::string json = path(c + ".json");
+    const SubprocessResult r = scalelab(2, dpo_case_flags(golden + c, 1, 5) + " --comm-timeout 300 --json " + json,
+                                        {{"SCALELAB_INJECT_DATA_FAULT", "1:2"}});
+    EXPECT_FALSE(r.timed_out) << c << "\n" << r.output;
+    EXPECT_FALSE(r.ok()) << c << "\n" << r.output;
+    EXPECT_NE(r.output.find("cannot read micro-batch 2 of pairs"), std::string::npos) << c << "\n" << r.output;
+    EXPECT_NE(r.output.find("on rank 1"), std::string::npos) << c << "\n" << r.output;
+    EXPECT_NE(r.output.find("[dist] rank 1 failed"), std::string::npos) << c << "\n" << r.output;
+    std::ifstream in(json);
+    ASSERT_TRUE(in) << c << ": rank 0 wrote no record";
+    const nlohmann::json j = nlohmann::json::parse(in);
+    EXPECT_EQ(j["status"], "error") << c;
+    EXPECT_NE(j["error"].get<std::string>().find("rank 1 failed"), std::string::npos) << c << ": " << j["error"];
+  }
+}
+
+class DpoMpiResume : public DpoMpi {};
+
+TEST_P(DpoMpiResume, CheckpointsResumeBitForBit) {
+  const DpoMpiCase c = GetParam();
+  const std::string flags = dpo_case_flags(case_dir(), c.per_rank, 5) + c.extra;
+  const nlohmann::json full = run_dpo(c.ranks, flags + " --save-every 2", "full");
+  ASSERT_FALSE(full.is_null());
+  const std::string ckpt = path("full") + "/checkpoint-2";
+  ASSERT_TRUE(fs::exists(ckpt + "/trainer_state.json")) << ckpt;
+  const nlohmann::json resumed = run_dpo(c.ranks, flags + " --resume " + ckpt, "resumed");
+  ASSERT_FALSE(resumed.is_null());
+  EXPECT_EQ(resumed["resumed_from_step"], 2);
+  EXPECT_EQ(resumed["world_size"], c.ranks);
+  ASSERT_EQ(full["losses"].size(), 5u);
+  ASSERT_EQ(resumed["losses"].size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed["losses"][i].get<double>(), full["losses"][i + 2].get<double>()) << "step " << i + 3;
+    EXPECT_EQ(resumed["grad_norms"][i].get<double>(), full["grad_norms"][i + 2].get<double>()) << "step " << i + 3;
+    for (const char* k : {"rewards_chosen", "rewards_rejected", "reward_margins", "reward_accuracies"})
+      EXPECT_EQ(resumed["dpo"][k][i].get<double>(), full["dpo"][k][i + 2].get<double>()) << k << " step " << i + 3;
+  }
+  ASSERT_EQ(full["evals"].size(), 3u);
+  ASSERT_EQ(resumed["evals"].size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    nlohmann::json a = full["evals"][i + 1], b = resumed["evals"][i];
+    a.erase("seconds");
+    b.erase("seconds");
+    EXPECT_EQ(a, b) << "eval " << i;
+  }
+  const bool lora = flags.find("--lora-rank") != std::string::npos;
+  const std::string saved = lora ? "/adapter_model.safetensors" : "/model.safetensors";
+  auto bytes = [](const std::string& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string a = bytes(path("full") + saved), b = bytes(path("resumed") + saved);
+  EXPECT_FALSE(a.empty()) << saved;
+  EXPECT_TRUE(a == b) << "the saved result " << saved;
+
+  const SubprocessResult alone = scalelab(0, flags + " --resume " + ckpt + " --save " + path("alone"));
+  EXPECT_EQ(alone.exit_code(), 2) << alone.output;
+  EXPECT_NE(alone.output.find("world_size"), std::string::npos) << alone.output;
+
+  if (std::string(c.name) != "llama_full") return;
+  // Full fine-tuning rebuilds the reference from --model on each rank: a model with the same config
+  // and one weight changed is refused by the checksum (exit 2, the job ended by mpirun).
+  const std::string other = path("other");
+  fs::create_directories(other);
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                        "tokenizer_config.json"})
+    fs::copy_file(case_dir() + "/" + f, other + "/" + f);
+  {
+    const std::string file = other + "/model.safetensors";
+    std::size_t at = 0;
+    {
+      const SafetensorsFile f = SafetensorsFile::open(file);
+      const SafetensorsTensor* t = f.find("model.layers.1.mlp.down_proj.weight");
+      ASSERT_NE(t, nullptr);
+      std::uint64_t header = 0;
+      std::ifstream in(file, std::ios::binary);
+      in.read(reinterpret_cast<char*>(&header), 8);  // the header's length (little-endian)
+      at = 8 + header + t->begin;
+    }
+    std::fstream out(file, std::ios::in | std::ios::out | std::ios::binary);
+    const float v = 0.5f;
+    out.seekp(static_cast<std::streamoff>(at));
+    out.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  std::string moved = flags;
+  moved.replace(moved.find("--model " + case_dir()), 8 + case_dir().size(), "--model " + other);
+  const SubprocessResult refused = scalelab(2, moved + " --resume " + ckpt + " --save " + path("refused"));
+  EXPECT_FALSE(refused.timed_out) << refused.output;
+  EXPECT_EQ(refused.exit_code(), 2) << refused.output;
+  EXPECT_NE(refused.output.find("the DPO reference model (the initial weights) rebuilt from --model"),
+            std::string::npos)
+      << refused.output;
+}
+
+// fp32 compute (the cases compared with one process).
+std::vector<DpoMpiCase> dpo_fp32_cases() {
+  return {{"llama_full", "full_eval", 1, ""},
+          {"llama_full_zero1", "full_eval", 1, " --zero 1"},
+          {"llama_full_accum2", "full_accum2", 1, ""},
+          {"llama_lora", "lora_qv_smoothing", 2, ""},
+          {"llama_qlora", "lora_qv_smoothing", 2, " --quantize-base nf4-bnb"},
+          {"llama_lora_zero1", "lora_qv_smoothing", 2, " --zero 1"},
+          {"opt_lora", "opt_lora_eval", 2, ""},
+          {"opt_full_accum2", "opt_full_eval", 1, ""},
+          // 3 ranks: 8 training pairs wrap around mid micro-batch, 5 held-out pairs leave rank 1 and 2
+          // a last micro-batch past the set (not counted).
+          {"opt_lora_3ranks", "opt_lora_eval", 1, "", 3}};
+}
+auto dpo_case_name = [](const ::testing::TestParamInfo<DpoMpiCase>& i) { return std::string(i.param.name); };
+INSTANTIATE_TEST_SUITE_P(Cases, DpoMpi, ::testing::ValuesIn(dpo_fp32_cases()), dpo_case_name);
+
+// Resume adds bf16 autocast (bit for bit needs no tolerance). Not compared with one process: bf16
+// rounds every matmul's output to 8 bits, so a rounding-level difference of two fp32 accumulations
+// can become a bf16 ulp (2^-8 relative) — measured 1.9e-5 on the loss (Llama full), no bound derived.
+std::vector<DpoMpiCase> dpo_resume_cases() {
+  std::vector<DpoMpiCase> v = dpo_fp32_cases();
+  v.push_back({"llama_full_bf16", "full_eval", 1, " --mixed-precision bf16"});
+  v.push_back({"llama_lora_bf16", "lora_qv_smoothing", 2, " --mixed-precision bf16"});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Cases, DpoMpiResume, ::testing::ValuesIn(dpo_resume_cases()), dpo_case_name);
 
 #endif  // SCALELAB_MPIRUN
 
