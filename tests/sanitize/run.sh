@@ -7,7 +7,8 @@
 # fast one (the slow one on every allocation would multiply the suite's time many times).
 here="$(cd "$(dirname "$0")" && pwd)"
 # (ReportInBrowser.ScaleStudyCostChart runs `scale --ranks 1,2`, which starts mpirun.)
-mpi='^(MpiJob|TrainMpi|dist)\.|^ReportInBrowser\.ScaleStudyCostChart$'
+# (Cases/DpoMpi*: the DPO tests over mpirun ranks, parameterized.)
+mpi='^(MpiJob|TrainMpi|dist)\.|^Cases/DpoMpi|^ReportInBrowser\.ScaleStudyCostChart$'
 "$here/env.sh" ctest --output-on-failure -E "$mpi" "$@"
 rc=$?
 LSAN_OPTIONS="fast_unwind_on_malloc=0" "$here/env.sh" ctest --output-on-failure -R "$mpi" "$@"
