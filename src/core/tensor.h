@@ -70,6 +70,11 @@ class Tensor {
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype_); }
 
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
+  // Whether this view begins where `prev` ends, in the same storage (no pointer arithmetic, so it
+  // holds for storages without host-visible data too: the meta device's).
+  bool follows(const Tensor& prev) const {
+    return storage_ != nullptr && storage_ == prev.storage_ && offset_ == prev.offset_ + prev.nbytes();
+  }
   template <class T>
   T* data() const {
     return static_cast<T*>(raw());

@@ -59,15 +59,10 @@ LoraAdapter::LoraAdapter(std::vector<Part> parts, std::int64_t out_features, flo
   stacked_ = parts_.size() > 1;
   for (std::size_t i = 1; stacked_ && i < parts_.size(); ++i) {
     const Part &p = parts_[i - 1], &q = parts_[i];
-    const std::size_t bytes = static_cast<std::size_t>(p.a.numel()) * dtype_size(p.a.dtype());
     stacked_ = q.a.dtype() == p.a.dtype() && q.a.dim(0) == p.a.dim(0) && q.a.dim(1) == p.a.dim(1) &&
-               q.b.dtype() == p.b.dtype() && static_cast<const std::uint8_t*>(q.a.raw()) ==
-                                                 static_cast<const std::uint8_t*>(p.a.raw()) + bytes;
+               q.b.dtype() == p.b.dtype() && q.a.follows(p.a);
     if (stacked_ && (p.da.defined() || q.da.defined())) {
-      stacked_ = p.da.defined() && q.da.defined() && q.da.dtype() == p.da.dtype() &&
-                 static_cast<const std::uint8_t*>(q.da.raw()) ==
-                     static_cast<const std::uint8_t*>(p.da.raw()) +
-                         static_cast<std::size_t>(p.da.numel()) * dtype_size(p.da.dtype());
+      stacked_ = p.da.defined() && q.da.defined() && q.da.dtype() == p.da.dtype() && q.da.follows(p.da);
     }
   }
 }
