@@ -44,8 +44,10 @@ struct DeviceOptions {
   // torch.backends.cuda.matmul.allow_tf32. Off by default: fp32 means fp32. The CPU ignores it.
   bool allow_tf32 = false;
   // On the meta device (the memory plan): the device whose size choices kernels mirror, where they
-  // differ by device (the fused loss's default chunk). Ignored on real devices.
+  // differ by device (the fused loss's default chunk, the NF4 tile). Ignored on real devices.
   DeviceType planned_device = DeviceType::kCPU;
+  // The device whose choices a tensor on `d` follows: `d` itself, or the planned device on meta.
+  DeviceType run_device(DeviceType d) const { return d == DeviceType::kMeta ? planned_device : d; }
 };
 
 class Tracer;

@@ -152,7 +152,7 @@ namespace {
 // the device the plan is for).
 std::int64_t resolve_chunk(std::int64_t chunk_tokens, std::int64_t vocab, const Tensor& w, const ExecContext& ctx) {
   if (chunk_tokens > 0) return chunk_tokens;
-  const DeviceType d = w.device() == DeviceType::kMeta ? ctx.options.planned_device : w.device();
+  const DeviceType d = ctx.options.run_device(w.device());
   return fused_linear_cross_entropy_default_chunk(vocab, d);
 }
 }  // namespace

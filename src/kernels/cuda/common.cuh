@@ -85,6 +85,10 @@ __device__ __forceinline__ void store_pack(T* p, std::int64_t pack_index, const 
   reinterpret_cast<Pack<T>*>(p)[pack_index] = x;
 }
 
+// Blocks of `threads` for a grid-stride loop over n packs: enough to fill every multiprocessor
+// (32 blocks each), no more (the loop takes the rest).
+unsigned pack_grid(std::int64_t n, unsigned threads = 256);
+
 inline bool aligned_to(const void* p, std::size_t bytes) {
   return (reinterpret_cast<std::uintptr_t>(p) % bytes) == 0;
 }

@@ -61,11 +61,9 @@ __global__ void add_vec_kernel(T* out, const T* a, const T* b, std::int64_t n) {
   }
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
-
 void add_any(void* out, DType ot, const void* a, DType at, const void* b, DType bt, std::int64_t n, const char* op) {
   if (n <= 0) return;
-  if (ot == at && at == bt && aligned16(out) && aligned16(a) && aligned16(b)) {
+  if (ot == at && at == bt && aligned_to(out, 16) && aligned_to(a, 16) && aligned_to(b, 16)) {
     dispatch_float(ot, op, [&]<class T>() {
       const std::int64_t vecs = std::max<std::int64_t>(n / static_cast<std::int64_t>(16 / sizeof(T)), 1);
       add_vec_kernel<T><<<grid_for(vecs), 256, 0, stream()>>>(static_cast<T*>(out), static_cast<const T*>(a),
@@ -188,7 +186,7 @@ bool swiglu_packed_ok(std::int64_t T, std::int64_t I, std::initializer_list<cons
 
 template <class F>
 void launch_packs(F&& launch, std::int64_t packs) {
-  launch(static_cast<unsigned>(std::min<std::int64_t>(grid_for(packs), 132 * 32)), 256);
+  launch(pack_grid(packs), 256);
 }
 
 std::int64_t swiglu_tokens(const Tensor& h_like, const Tensor& gu, const char* op) {

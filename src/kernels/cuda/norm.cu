@@ -269,6 +269,43 @@ unsigned rms_packed_threads(std::int64_t H, std::initializer_list<const Tensor*>
   return static_cast<unsigned>(threads);
 }
 
+// RMSNorm forward over rows (h and delta: the residual form), packed when it applies.
+template <bool kResidual>
+void rms_forward_launch(Tensor* h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor* delta, const Tensor& w,
+                        std::int64_t rows, std::int64_t H, float eps, const char* op) {
+  const unsigned th = kResidual ? rms_packed_threads(H, {h, &y, &x, delta, &w}) : rms_packed_threads(H, {&y, &x, &w});
+  if (th != 0) {
+    dispatch_float(x.dtype(), op, [&]<class E>() {
+      rms_forward_packed<E, kResidual><<<row_blocks(rows), th, 0, stream()>>>(
+          kResidual ? static_cast<E*>(h->raw()) : nullptr, static_cast<E*>(y.raw()), rstd.f32(),
+          static_cast<const E*>(x.raw()), kResidual ? static_cast<const E*>(delta->raw()) : nullptr,
+          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), eps);
+    });
+  } else {
+    rms_forward_kernel<kResidual><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
+        kResidual ? out_of(h) : Out{}, out_of(y), rstd.f32(), in_of(x), kResidual ? in_of(delta) : In{}, in_of(w),
+        rows, H, eps);
+  }
+  check_launch(op);
+}
+
+// RMSNorm backward over rows into dx (the residual form: dh, always accumulated), packed when it applies.
+template <bool kResidual>
+void rms_backward_launch(Tensor& dx, const Tensor& dy, const Tensor& x, const Tensor& rstd, const Tensor& w,
+                         std::int64_t rows, std::int64_t H, bool accumulate, const char* op) {
+  if (const unsigned th = rms_packed_threads(H, {&dx, &dy, &x, &w})) {
+    dispatch_float(x.dtype(), op, [&]<class E>() {
+      rms_backward_packed<E, kResidual><<<row_blocks(rows), th, 0, stream()>>>(
+          static_cast<E*>(dx.raw()), static_cast<const E*>(dy.raw()), static_cast<const E*>(x.raw()), rstd.f32(),
+          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), accumulate);
+    });
+  } else {
+    rms_backward_kernel<kResidual><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
+        out_of(dx), in_of(dy), in_of(x), rstd.f32(), in_of(w), rows, H, accumulate);
+  }
+  check_launch(op);
+}
+
 // dw column term: dy · (x · rstd).
 struct RmsDwTerm {
   In dy, x;
@@ -462,18 +499,7 @@ void CudaBackend::rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, cons
   require_numel(rstd, rows, op, "rstd");
   require_dtype(rstd, DType::kF32, op, "rstd");
   if (rows == 0) return;
-  if (const unsigned th = rms_packed_threads(H, {&y, &x, &w})) {
-    dispatch_float(x.dtype(), op, [&]<class E>() {
-      rms_forward_packed<E, false><<<row_blocks(rows), th, 0, stream()>>>(
-          nullptr, static_cast<E*>(y.raw()), rstd.f32(), static_cast<const E*>(x.raw()), nullptr,
-          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), eps);
-    });
-    check_launch(op);
-    return;
-  }
-  rms_forward_kernel<false><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
-      Out{}, out_of(y), rstd.f32(), in_of(x), In{}, in_of(w), rows, H, eps);
-  check_launch(op);
+  rms_forward_launch<false>(nullptr, y, rstd, x, nullptr, w, rows, H, eps, op);
 }
 
 void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, const Tensor& x, const Tensor& rstd,
@@ -486,18 +512,7 @@ void CudaBackend::rmsnorm_backward(Tensor& dx, Tensor& dw, const Tensor& dy, con
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
   if (dw.defined()) column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(x), rstd.f32(), H}, rows, H, ctx, op);
-  if (const unsigned th = rms_packed_threads(H, {&dx, &dy, &x, &w})) {
-    dispatch_float(x.dtype(), op, [&]<class E>() {
-      rms_backward_packed<E, false><<<row_blocks(rows), th, 0, stream()>>>(
-          static_cast<E*>(dx.raw()), static_cast<const E*>(dy.raw()), static_cast<const E*>(x.raw()), rstd.f32(),
-          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), accumulate_dx);
-    });
-    check_launch(op);
-    return;
-  }
-  rms_backward_kernel<false><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
-      out_of(dx), in_of(dy), in_of(x), rstd.f32(), in_of(w), rows, H, accumulate_dx);
-  check_launch(op);
+  rms_backward_launch<false>(dx, dy, x, rstd, w, rows, H, accumulate_dx, op);
 }
 
 void CudaBackend::rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& delta,
@@ -510,19 +525,7 @@ void CudaBackend::rmsnorm_residual_forward(Tensor& h, Tensor& y, Tensor& rstd, c
   require_numel(rstd, rows, op, "rstd");
   require_dtype(rstd, DType::kF32, op, "rstd");
   if (rows == 0) return;
-  if (const unsigned th = rms_packed_threads(H, {&h, &y, &x, &delta, &w})) {
-    dispatch_float(x.dtype(), op, [&]<class E>() {
-      rms_forward_packed<E, true><<<row_blocks(rows), th, 0, stream()>>>(
-          static_cast<E*>(h.raw()), static_cast<E*>(y.raw()), rstd.f32(), static_cast<const E*>(x.raw()),
-          static_cast<const E*>(delta.raw()), static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN),
-          eps);
-    });
-    check_launch(op);
-    return;
-  }
-  rms_forward_kernel<true><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
-      out_of(h), out_of(y), rstd.f32(), in_of(x), in_of(delta), in_of(w), rows, H, eps);
-  check_launch(op);
+  rms_forward_launch<true>(&h, y, rstd, x, &delta, w, rows, H, eps, op);
 }
 
 void CudaBackend::rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor& dy, const Tensor& h,
@@ -535,18 +538,7 @@ void CudaBackend::rmsnorm_residual_backward(Tensor& dh, Tensor& dw, const Tensor
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
   if (dw.defined()) column_sum_into(out_of(dw), RmsDwTerm{in_of(dy), in_of(h), rstd.f32(), H}, rows, H, ctx, op);
-  if (const unsigned th = rms_packed_threads(H, {&dh, &dy, &h, &w})) {
-    dispatch_float(h.dtype(), op, [&]<class E>() {
-      rms_backward_packed<E, true><<<row_blocks(rows), th, 0, stream()>>>(
-          static_cast<E*>(dh.raw()), static_cast<const E*>(dy.raw()), static_cast<const E*>(h.raw()), rstd.f32(),
-          static_cast<const E*>(w.raw()), rows, static_cast<int>(H / Pack<E>::kN), true);
-    });
-    check_launch(op);
-    return;
-  }
-  rms_backward_kernel<true><<<row_blocks(rows), row_threads(H), 0, stream()>>>(
-      out_of(dh), in_of(dy), in_of(h), rstd.f32(), in_of(w), rows, H, true);
-  check_launch(op);
+  rms_backward_launch<true>(dh, dy, h, rstd, w, rows, H, true, op);
 }
 
 void CudaBackend::rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rstd, const Tensor& w,
@@ -560,7 +552,7 @@ void CudaBackend::rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rs
     dispatch_float(h.dtype(), op, [&]<class E>() {
       const auto row_packs = static_cast<std::uint32_t>(H / Pack<E>::kN);
       const auto packs = static_cast<std::uint32_t>(rows * row_packs);
-      rms_recompute_packed<E><<<std::min<unsigned>(grid_for(packs), 132 * 32), 256, 0, stream()>>>(
+      rms_recompute_packed<E><<<pack_grid(packs), 256, 0, stream()>>>(
           static_cast<E*>(y.raw()), rstd.f32(), static_cast<const E*>(h.raw()), static_cast<const E*>(w.raw()), packs,
           row_packs);
     });

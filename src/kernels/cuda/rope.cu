@@ -178,8 +178,7 @@ void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_hea
       n / kn < (std::int64_t{1} << 32) && seq_len < (std::int64_t{1} << 32)) {
     const std::int64_t head_packs = half / kn, row_packs = n_heads * head_packs, packs = rows * row_packs;
     dispatch_float(x.dtype(), op, [&]<class E>() {
-      rope_packed_kernel<E><<<static_cast<unsigned>(std::min<std::int64_t>(grid_for(packs), 132 * 32)), 256, 0,
-                              stream()>>>(static_cast<E*>(x.raw()), dev, dev + count,
+      rope_packed_kernel<E><<<pack_grid(packs), 256, 0, stream()>>>(static_cast<E*>(x.raw()), dev, dev + count,
                                           static_cast<std::uint32_t>(packs), static_cast<std::uint32_t>(head_packs),
                                           static_cast<std::uint32_t>(row_packs), col, ld, head_dim, half,
                                           static_cast<std::uint32_t>(seq_len), sign);

@@ -1,5 +1,6 @@
 // The CUDA device runtime: which GPU this process drives, its stream and library handles, device
 // memory for the caching allocator (cudaMalloc segments), fills, copies and dtype conversion.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -25,6 +26,11 @@ void check_cublas(cublasStatus_t s, const char* where) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
   throw RuntimeError(std::string("[") + where + "] cuBLASLt error " + std::to_string(static_cast<int>(s)) +
                      " — shapes or dtypes the library does not support here");
+}
+
+unsigned pack_grid(std::int64_t n, unsigned threads) {
+  const auto cap = static_cast<unsigned>(std::max(1, device_props().multiProcessorCount) * 32);
+  return std::min(grid_for(n, threads), cap);
 }
 
 bool cuda_kernels_v1() {

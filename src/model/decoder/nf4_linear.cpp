@@ -26,16 +26,11 @@ DType Nf4Linear::tile_dtype(DType act) {
   return (act == DType::kBF16 || act == DType::kF16) ? act : DType::kF32;
 }
 
-namespace {
-DeviceType run_device(const Tensor& t, const ExecContext& ctx) {
-  return t.device() == DeviceType::kMeta ? ctx.options.planned_device : t.device();
-}
-}  // namespace
 
 void Nf4Linear::forward(Tensor& y, const Tensor& x, const Tensor* bias, ExecContext& ctx) const {
   const std::int64_t T = x.numel() / in_;
   for (const Part& p : parts_) {
-    const std::int64_t step = tile_rows(p.w.rows, in_, run_device(x, ctx));
+    const std::int64_t step = tile_rows(p.w.rows, in_, ctx.options.run_device(x.device()));
     const DType tt = tile_dtype(x.dtype());
     Tensor tile = Tensor::empty({step, in_}, tt, *ctx.alloc, "nf4 tile");
     for (std::int64_t r0 = 0; r0 < p.w.rows; r0 += step) {
@@ -53,7 +48,7 @@ void Nf4Linear::backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, b
   const std::int64_t T = dy.numel() / out_;
   bool first = !accumulate;
   for (const Part& p : parts_) {
-    const std::int64_t step = tile_rows(p.w.rows, in_, run_device(dy, ctx));
+    const std::int64_t step = tile_rows(p.w.rows, in_, ctx.options.run_device(dy.device()));
     const DType tt = tile_dtype(dy.dtype());
     Tensor tile = Tensor::empty({step, in_}, tt, *ctx.alloc, "nf4 tile");
     for (std::int64_t r0 = 0; r0 < p.w.rows; r0 += step) {
