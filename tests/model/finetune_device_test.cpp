@@ -186,17 +186,21 @@ TEST_F(FinetuneOnDevice, LlamaEveryMethodMatchesTheCpu) {
   for (const Method& m : methods) expect_same_run_on_both(tiny("llama-tiny"), m);
 }
 
-TEST_F(FinetuneOnDevice, LlamaDpoMatchesTheCpu) {
-  const std::string dir = testing::golden_dir("dpo/full_accum2");  // a Llama with its tokenizer and pairs
+// DPO with LoRA and full on the golden model in `dir` (its tokenizer and pairs beside it).
+void expect_dpo_same_on_both(const std::string& dir, const char* targets) {
   const std::vector<Method> methods = {
       {"DPO + LoRA (reference: adapters off)",
        [&](TrainOptions& o) {
          dpo(o, dir);
-         lora(o, kLlamaTargets);
+         lora(o, targets);
        }},
       {"DPO, full (reference: a frozen copy)", [&](TrainOptions& o) { dpo(o, dir); }},
   };
   for (const Method& m : methods) expect_same_run_on_both(tiny(dir), m);
+}
+
+TEST_F(FinetuneOnDevice, LlamaDpoMatchesTheCpu) {
+  expect_dpo_same_on_both(testing::golden_dir("dpo/full_accum2"), kLlamaTargets);
 }
 
 TEST_F(FinetuneOnDevice, OptEveryMethodMatchesTheCpu) {
@@ -223,16 +227,7 @@ TEST_F(FinetuneOnDevice, OptEveryMethodMatchesTheCpu) {
 }
 
 TEST_F(FinetuneOnDevice, OptDpoMatchesTheCpu) {
-  const std::string dir = testing::golden_dir("dpo/opt_full_eval");  // an OPT with its tokenizer and pairs
-  const std::vector<Method> methods = {
-      {"DPO + LoRA (reference: adapters off)",
-       [&](TrainOptions& o) {
-         dpo(o, dir);
-         lora(o, kOptTargets);
-       }},
-      {"DPO, full (reference: a frozen copy)", [&](TrainOptions& o) { dpo(o, dir); }},
-  };
-  for (const Method& m : methods) expect_same_run_on_both(tiny(dir), m);
+  expect_dpo_same_on_both(testing::golden_dir("dpo/opt_full_eval"), kOptTargets);
 }
 
 }  // namespace
