@@ -172,21 +172,17 @@ __global__ void swiglu_backward_packed(T* dgu, T* act, const T* dh, const T* gu,
   }
 }
 
-// The packed path applies: one dtype, rows of whole packs, 16-byte aligned, fewer than 2^32 packs.
+// The packed path applies: one dtype, rows of whole packs, 16-byte aligned, fewer than 2^31 packs
+// (the kernels' 32-bit grid-stride index then never wraps).
 bool swiglu_packed_ok(std::int64_t T, std::int64_t I, std::initializer_list<const Tensor*> ts) {
   if (cuda_kernels_v1()) return false;
   const DType dt = (*ts.begin())->dtype();
   const std::int64_t per = 16 / static_cast<std::int64_t>(dtype_size(dt));
-  if (I % per != 0 || (T * I) / per >= (std::int64_t{1} << 32)) return false;
+  if (I % per != 0 || (T * I) / per >= (std::int64_t{1} << 31)) return false;
   for (const Tensor* t : ts) {
     if (t->dtype() != dt || !aligned_to(t->raw(), 16)) return false;
   }
   return true;
-}
-
-template <class F>
-void launch_packs(F&& launch, std::int64_t packs) {
-  launch(pack_grid(packs), 256);
 }
 
 std::int64_t swiglu_tokens(const Tensor& h_like, const Tensor& gu, const char* op) {
@@ -296,10 +292,8 @@ void CudaBackend::swiglu_forward(Tensor& h, const Tensor& gu, ExecContext& ctx) 
     dispatch_float(h.dtype(), op, [&]<class E>() {
       const auto row_packs = static_cast<std::uint32_t>(I / Pack<E>::kN);
       const auto packs = static_cast<std::uint32_t>(T * row_packs);
-      launch_packs([&](unsigned blocks, unsigned threads) {
-        swiglu_forward_packed<E><<<blocks, threads, 0, stream()>>>(static_cast<E*>(h.raw()),
-                                                                   static_cast<const E*>(gu.raw()), packs, row_packs);
-      }, packs);
+      swiglu_forward_packed<E><<<pack_grid(packs), 256, 0, stream()>>>(static_cast<E*>(h.raw()),
+                                                                       static_cast<const E*>(gu.raw()), packs, row_packs);
     });
     check_launch(op);
     return;
@@ -317,17 +311,15 @@ bool swiglu_backward_packed_launch(Tensor& dgu, Tensor* act, const Tensor& dh, c
   dispatch_float(dgu.dtype(), op, [&]<class E>() {
     const auto row_packs = static_cast<std::uint32_t>(I / Pack<E>::kN);
     const auto packs = static_cast<std::uint32_t>(T * row_packs);
-    launch_packs([&](unsigned blocks, unsigned threads) {
-      if (act != nullptr) {
-        swiglu_backward_packed<E, true><<<blocks, threads, 0, stream()>>>(
-            static_cast<E*>(dgu.raw()), static_cast<E*>(act->raw()), static_cast<const E*>(dh.raw()),
-            static_cast<const E*>(gu.raw()), packs, row_packs);
-      } else {
-        swiglu_backward_packed<E, false><<<blocks, threads, 0, stream()>>>(
-            static_cast<E*>(dgu.raw()), nullptr, static_cast<const E*>(dh.raw()), static_cast<const E*>(gu.raw()),
-            packs, row_packs);
-      }
-    }, packs);
+    if (act != nullptr) {
+      swiglu_backward_packed<E, true><<<pack_grid(packs), 256, 0, stream()>>>(
+          static_cast<E*>(dgu.raw()), static_cast<E*>(act->raw()), static_cast<const E*>(dh.raw()),
+          static_cast<const E*>(gu.raw()), packs, row_packs);
+    } else {
+      swiglu_backward_packed<E, false><<<pack_grid(packs), 256, 0, stream()>>>(
+          static_cast<E*>(dgu.raw()), nullptr, static_cast<const E*>(dh.raw()), static_cast<const E*>(gu.raw()),
+          packs, row_packs);
+    }
   });
   check_launch(op);
   return true;

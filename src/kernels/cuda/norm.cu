@@ -548,7 +548,7 @@ void CudaBackend::rmsnorm_recompute(Tensor& y, const Tensor& h, const Tensor& rs
   require_numel(y, rows * H, op, "output");
   require_numel(rstd, rows, op, "rstd");
   if (rows == 0) return;
-  if (rms_packed_threads(H, {&y, &h, &w}) != 0 && (rows * H) / (16 / static_cast<std::int64_t>(dtype_size(h.dtype()))) < (std::int64_t{1} << 32)) {
+  if (rms_packed_threads(H, {&y, &h, &w}) != 0 && (rows * H) / (16 / static_cast<std::int64_t>(dtype_size(h.dtype()))) < (std::int64_t{1} << 31)) {
     dispatch_float(h.dtype(), op, [&]<class E>() {
       const auto row_packs = static_cast<std::uint32_t>(H / Pack<E>::kN);
       const auto packs = static_cast<std::uint32_t>(rows * row_packs);

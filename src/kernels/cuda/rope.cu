@@ -175,7 +175,7 @@ void rope_apply(Tensor& x, std::int64_t col, std::int64_t ld, std::int64_t n_hea
   const std::size_t count = table.cos.size();
   const std::int64_t kn = 16 / static_cast<std::int64_t>(dtype_size(x.dtype()));
   if (!cuda_kernels_v1() && half % kn == 0 && col % kn == 0 && ld % kn == 0 && aligned_to(x.raw(), 16) &&
-      n / kn < (std::int64_t{1} << 32) && seq_len < (std::int64_t{1} << 32)) {
+      n / kn < (std::int64_t{1} << 31) && seq_len < (std::int64_t{1} << 31)) {
     const std::int64_t head_packs = half / kn, row_packs = n_heads * head_packs, packs = rows * row_packs;
     dispatch_float(x.dtype(), op, [&]<class E>() {
       rope_packed_kernel<E><<<pack_grid(packs), 256, 0, stream()>>>(static_cast<E*>(x.raw()), dev, dev + count,
