@@ -26,7 +26,6 @@ DType Nf4Linear::tile_dtype(DType act) {
   return (act == DType::kBF16 || act == DType::kF16) ? act : DType::kF32;
 }
 
-
 void Nf4Linear::forward(Tensor& y, const Tensor& x, const Tensor* bias, ExecContext& ctx) const {
   const std::int64_t T = x.numel() / in_;
   for (const Part& p : parts_) {
