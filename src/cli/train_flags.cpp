@@ -65,6 +65,10 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--qat-group-size", o.qat_group_size, "QAT: input columns per int4 weight scale (must divide them)")
       ->capture_default_str();
   app->add_flag("--activation-checkpointing", o.activation_checkpointing, "Keep only layer inputs; recompute in backward");
+  app->add_flag("--optimizer-in-backward", o.optimizer_in_backward,
+                "Apply each layer's AdamW update in backward as soon as its gradients are final: gradient memory "
+                "for one layer instead of the whole model (needs --max-grad-norm 0 and --grad-accum-steps 1; "
+                "docs/memory.md)");
   app->add_option("--device", o.device, "cpu | cuda (plan: also meta)")->capture_default_str();
   app->add_flag("--allow-tf32", o.allow_tf32,
                 "CUDA: let fp32 matmuls use TF32 tensor cores (faster, 10-bit mantissa inputs); off by default");

@@ -30,6 +30,10 @@ struct AdamWHyper {
   // Multiplies every gradient as it is read: the clipping coefficient (and the inverse fp16 loss
   // scale) folded into the update, which saves a pass over the gradients.
   float grad_scale = 1.0f;
+  // Added to an element's index in the buffers for its stochastic-rounding bits: an update of a
+  // slice [b, e) of the whole buffer (--optimizer-in-backward, layer by layer) passes b, so each
+  // element gets the bits the whole-buffer update would give it.
+  std::int64_t index_base = 0;
 };
 
 struct ElementRange {

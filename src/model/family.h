@@ -48,6 +48,9 @@ struct ModelFamilySpec {
   std::function<void(const ModelConfig& c, ParamLayout& layout)> build_layout;
   // The token embedding's name; a tied checkpoint's lm_head.weight must equal it.
   std::string token_embedding;
+  // The name prefix of decoder layer `layer`'s parameters ("model.layers.3."): what the model's
+  // per-layer grad-ready ranges cover (--optimizer-in-backward shares one gradient slot over them).
+  std::function<std::string(std::int64_t layer)> layer_prefix;
   // The token embedding honours config.pad_token_id as torch's padding_idx (zero row at init, no
   // gradient from lookups of that id).
   bool embedding_padding_idx = false;

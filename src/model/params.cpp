@@ -168,6 +168,8 @@ void ParamLayout::add_lora(const LoraConfig& lora) {
 }
 
 void ParamLayout::relayout() {
+  grad_segments_.clear();  // offsets change: a shared-gradient mapping no longer applies
+  grad_numel_ = 0;
   std::int64_t off = 0;
   for (auto& p : params_)
     if (p.trainable) {
@@ -243,7 +245,66 @@ Tensor ParamLayout::view(const Tensor& flat, const std::string& name) const { re
 
 Tensor ParamLayout::grad_view(const Tensor& grads, const std::string& name) const {
   const ParamInfo* p = find(name);
-  return p && p->trainable ? view(grads, *p) : Tensor();
+  return p ? grad_view(grads, *p) : Tensor();
+}
+
+Tensor ParamLayout::grad_view(const Tensor& grads, const ParamInfo& p) const {
+  if (!p.trainable) return Tensor();
+  const std::int64_t g = grad_offset(p.offset);
+  SCALELAB_CHECK(grad_offset(p.offset + p.numel - 1) == g + p.numel - 1,
+                 "[model] " + p.name + "'s gradient is split across gradient segments (a bug)");
+  return grads.view({grads.numel()}).slice(g, g + p.numel).view(p.shape);
+}
+
+void ParamLayout::share_layer_gradients(const std::vector<std::pair<std::int64_t, std::int64_t>>& layer_ranges) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> layers;
+  for (const auto& r : layer_ranges)
+    if (r.second > r.first) layers.push_back(r);
+  std::sort(layers.begin(), layers.end());
+  std::int64_t slot = 0, prev_end = 0;
+  for (const auto& r : layers) {
+    SCALELAB_CHECK(r.first >= prev_end && r.second <= trainable_, "[model] layer gradient ranges overlap (a bug)");
+    prev_end = r.second;
+    slot = std::max(slot, r.second - r.first);
+  }
+  // Outside the layers: the gaps between their ranges, packed in order.
+  std::vector<GradSegment> segs;
+  std::int64_t packed = 0, at = 0;
+  auto own = [&](std::int64_t b, std::int64_t e) {
+    if (e <= b) return;
+    segs.push_back({b, e, packed, false});
+    packed += e - b;
+  };
+  for (const auto& r : layers) {
+    own(at, r.first);
+    at = r.second;
+  }
+  own(at, trainable_);
+  for (const auto& r : layers) segs.push_back({r.first, r.second, packed, true});
+  std::sort(segs.begin(), segs.end(), [](const GradSegment& a, const GradSegment& b) { return a.begin < b.begin; });
+  grad_segments_ = std::move(segs);
+  grad_numel_ = packed + slot;
+}
+
+std::int64_t ParamLayout::grad_offset(std::int64_t offset) const {
+  if (grad_segments_.empty()) return offset;
+  auto it = std::upper_bound(grad_segments_.begin(), grad_segments_.end(), offset,
+                             [](std::int64_t o, const GradSegment& s) { return o < s.begin; });
+  SCALELAB_CHECK(it != grad_segments_.begin() && offset < std::prev(it)->end,
+                 "[model] offset " + std::to_string(offset) + " is outside the trainable buffer (a bug)");
+  --it;
+  return it->grad_begin + (offset - it->begin);
+}
+
+std::vector<ParamLayout::GradSegment> ParamLayout::grad_segments(std::int64_t begin, std::int64_t end) const {
+  std::vector<GradSegment> out;
+  if (end <= begin) return out;
+  if (grad_segments_.empty()) return {{begin, end, begin, false}};
+  for (const auto& s : grad_segments_) {
+    const std::int64_t b = std::max(begin, s.begin), e = std::min(end, s.end);
+    if (e > b) out.push_back({b, e, s.grad_begin + (b - s.begin), s.shared});
+  }
+  return out;
 }
 
 }  // namespace scalelab

@@ -147,9 +147,35 @@ class ParamLayout {
   // A view of one parameter inside a flat buffer of this layout.
   Tensor view(const Tensor& flat, const std::string& name) const;
   Tensor view(const Tensor& flat, const ParamInfo& p) const;
-  // A view of one parameter's gradient inside a gradient buffer of trainable_numel() elements;
+  // A view of one parameter's gradient inside a gradient buffer of grad_numel() elements;
   // undefined for a frozen parameter (or an absent name), which has no gradient.
   Tensor grad_view(const Tensor& grads, const std::string& name) const;
+  Tensor grad_view(const Tensor& grads, const ParamInfo& p) const;
+
+  // Where gradients live. By default the gradient buffer has the trainable buffer's layout
+  // (grad_numel() == trainable_numel(), grad_offset(o) == o). With shared layer gradients
+  // (--optimizer-in-backward, train/trainer.h) it is compact: the trainable parameters outside
+  // the decoder layers (embeddings, final norm, an untied head) keep their own places, packed
+  // first in layout order, and every decoder layer's gradients map onto one shared slot after
+  // them, sized for the largest layer. A layer's gradients therefore live only from its backward
+  // until its optimizer update, which must consume and zero them before the next layer's
+  // backward writes the slot. `layer_ranges` are the layers' trainable runs [begin, end) in the
+  // trainable buffer (model/decoder/linear.h param_range; empty runs skipped). Re-laying the
+  // buffer out (freeze, add_lora) drops the mapping: call this last.
+  void share_layer_gradients(const std::vector<std::pair<std::int64_t, std::int64_t>>& layer_ranges);
+  bool shares_layer_gradients() const { return !grad_segments_.empty(); }
+  std::int64_t grad_numel() const { return grad_segments_.empty() ? trainable_ : grad_numel_; }
+  // A piece of the trainable buffer whose gradients sit contiguously at grad_begin (the
+  // affine map from parameter offsets to gradient offsets, piece by piece).
+  struct GradSegment {
+    std::int64_t begin = 0, end = 0;  // trainable-buffer offsets
+    std::int64_t grad_begin = 0;      // offset of `begin`'s gradient in the gradient buffer
+    bool shared = false;              // in the layers' shared slot
+  };
+  // The pieces of [begin, end) (trainable offsets), each with its gradient's place, in order.
+  std::vector<GradSegment> grad_segments(std::int64_t begin, std::int64_t end) const;
+  // The gradient offset of trainable offset `offset`.
+  std::int64_t grad_offset(std::int64_t offset) const;
 
  private:
   std::vector<ParamInfo> params_;
@@ -160,6 +186,8 @@ class ParamLayout {
   LoraConfig lora_;
   std::shared_ptr<const Nf4Store> nf4_;
   QatConfig qat_;
+  std::vector<GradSegment> grad_segments_;  // empty: gradients in the trainable buffer's layout
+  std::int64_t grad_numel_ = 0;
   // Lays the buffer out again: trainable parameters first, then frozen ones, each in order.
   void relayout();
 };

@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "distributed/zero.h"
 #include "kernels/fused.h"
+#include "model/decoder/linear.h"
+#include "model/family.h"
 #include "model/nf4.h"
 #include "model/params.h"
 #include "train/data.h"
@@ -117,7 +119,7 @@ std::size_t measure_step(const PlanInput& in, std::size_t capacity, std::vector<
   alloc.set_trace(events);
   {
     StepBuffers b = allocate_step_buffers(alloc, in.precision, P, Pt, optimizer_state_numel(in, Pt),
-                                          in.zero_stage == 1 && in.world_size > 1);
+                                          in.zero_stage == 1 && in.world_size > 1, layout.grad_numel());
     if (layout.quantized_numel() > 0) {  // QLoRA: the NF4 store, where the trainer allocates it
       layout.attach_nf4(std::make_shared<Nf4Store>(layout, *parse_quantize_base(in.lora.quantize_base), alloc));
     }
@@ -182,6 +184,14 @@ std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
              (Pq > 0 ? " (QLoRA: " + std::to_string(Pq) + " of them in " + in.lora.quantize_base + ", " +
                            format_bytes(labels_at_peak("weights")["weights (nf4)"]) + ")"
                      : "");
+    if (cat == "gradients" && layout.shares_layer_gradients()) {
+      std::int64_t outside = 0;
+      for (const auto& s : layout.grad_segments(0, Pt))
+        if (!s.shared) outside += s.end - s.begin;
+      return std::string(dtype_name(pr.grad)) + ", --optimizer-in-backward: one decoder layer's slot (" +
+             std::to_string(layout.grad_numel() - outside) + " parameters) shared by every layer + the " +
+             std::to_string(outside) + " outside the layers, of " + std::to_string(Pt) + " trainable";
+    }
     if (cat == "gradients")
       return std::string(dtype_name(pr.grad)) + ", same layout as the weights" + frozen_note +
              (zero_note.empty() ? "" : " (+ the fp32 reduce-scatter output" + zero_note + ")");
@@ -235,6 +245,14 @@ bool fits_capacity(const PlanInput& in, std::size_t capacity) {
 ParamLayout build_layout(const PlanInput& in) {
   ParamLayout layout = ParamLayout::build(in.config, in.freeze, in.lora);
   layout.set_qat(in.qat);  // InvalidInput: a group size that does not divide a module's input features
+  if (in.optimizer_in_backward) {
+    // The layers' trainable runs are the model's grad-ready ranges (each family's model fires its
+    // hook with param_range of the same prefix).
+    const ModelFamilySpec& fam = family_of(in.config);
+    std::vector<std::pair<std::int64_t, std::int64_t>> layers;
+    for (std::int64_t l = 0; l < in.config.num_hidden_layers; ++l) layers.push_back(param_range(layout, fam.layer_prefix(l)));
+    layout.share_layer_gradients(layers);
+  }
   return layout;
 }
 

@@ -49,6 +49,9 @@ struct PlanInput {
   // The device the plan is for (--device): the meta run mirrors its kernels' size choices where
   // they differ from the CPU's (the fused loss's chunk, kernels/fused.h).
   DeviceType device = DeviceType::kCPU;
+  // --optimizer-in-backward: the gradient buffer is one decoder layer's shared slot plus the
+  // parameters outside the layers (ParamLayout::share_layer_gradients).
+  bool optimizer_in_backward = false;
 };
 
 // The run's parameter layout: the family's, with in.freeze applied (InvalidInput on a bad regex).

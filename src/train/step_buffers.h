@@ -20,7 +20,7 @@ struct StepBuffers {
   Tensor compute_weights;    // the weights the model multiplies with: params itself, or a copy [P]
   Tensor trainable;          // params[0, Pt): what AdamW updates (a view)
   Tensor compute_trainable;  // compute_weights[0, Pt): refreshed from `trainable` after each update
-  Tensor grads;              // [Pt], zeroed
+  Tensor grads;              // [Pt] (or the compact layout's grad_numel), zeroed
   Tensor m, v;               // AdamW states of this rank's shard [S] of the trainable buffer, zeroed
   Tensor zero_recv;          // ZeRO-1: the shard's reduce-scatter output (fp32), else undefined
 };
@@ -29,7 +29,10 @@ struct StepBuffers {
 // it), zero_shard: ZeRO-1 with more than one rank. Throws OutOfMemory as any allocation does. The
 // micro-batch's ids come next (make_batch / make_staged_batch), after the weights are loaded and
 // the model is built.
+// grad_numel: the gradient buffer's elements when it is not laid out like the trainable buffer
+// (ParamLayout::grad_numel with --optimizer-in-backward); < 0: trainable_params.
 StepBuffers allocate_step_buffers(DeviceAllocator& alloc, const PrecisionPlan& prec, std::int64_t total_params,
-                                  std::int64_t trainable_params, std::int64_t state_numel, bool zero_shard);
+                                  std::int64_t trainable_params, std::int64_t state_numel, bool zero_shard,
+                                  std::int64_t grad_numel = -1);
 
 }  // namespace scalelab

@@ -59,6 +59,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"attn", attn},
           {"fused_kernels", fused_kernels},
           {"activation_checkpointing", activation_checkpointing},
+          {"optimizer_in_backward", optimizer_in_backward},
           {"dropout", dropout >= 0 ? nlohmann::json(dropout) : nlohmann::json(nullptr)},
           {"device", device},
           {"device_memory", device_memory},
@@ -316,6 +317,29 @@ void validate_train_options(const TrainOptions& o) {
   if (!o.qat.empty() && !o.quantize_base.empty()) refuse_qat_over_nf4();
 
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
+  if (o.optimizer_in_backward) {
+    // Each layer is updated as soon as its backward is done: nothing that needs every gradient of
+    // the step first can run (torchtune's optimizer_in_bwd refuses the same).
+    if (o.grad_accum_steps > 1) {
+      throw InvalidInput("[--optimizer-in-backward] updates each layer as soon as its gradients are final, which with "
+                         "--grad-accum-steps " + std::to_string(o.grad_accum_steps) +
+                         " they are only after the last micro-batch — use --grad-accum-steps 1 (a larger "
+                         "--micro-batch-size), or drop --optimizer-in-backward");
+    }
+    if (o.max_grad_norm > 0) {
+      char norm[32];
+      std::snprintf(norm, sizeof norm, "%g", o.max_grad_norm);
+      throw InvalidInput(std::string("[--optimizer-in-backward] clipping by the global gradient norm (--max-grad-norm ") +
+                         norm + (o.max_grad_norm == 1.0 ? ", the default" : "") + ") needs every gradient before the first "
+                         "update — pass --max-grad-norm 0 (no clipping; the norm is still reported), or drop "
+                         "--optimizer-in-backward");
+    }
+    if (o.mixed_precision == "fp16") {
+      throw InvalidInput("[--optimizer-in-backward] fp16 loss scaling skips a step whose gradients hold inf/NaN, which "
+                         "is known only after the whole backward — use --mixed-precision bf16 (no loss scaling), "
+                         "or drop --optimizer-in-backward");
+    }
+  }
   if (o.attn != "eager" && o.attn != "flash") throw InvalidInput("[--attn] must be eager or flash, got '" + o.attn + "'");
   // cpu, cuda or meta (the memory plan's device; train refuses it: parse_train_device).
   parse_device_type(o.device, "--device");
@@ -375,6 +399,7 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.options.attention = o.attn == "flash" ? AttentionImpl::kFlash : AttentionImpl::kEager;
   in.options.fused_kernels = o.fused_kernels;
   in.options.activation_checkpointing = o.activation_checkpointing;
+  in.optimizer_in_backward = o.optimizer_in_backward;
   in.options.seed = o.seed;
   in.options.dropout = resolve_dropout(in.config, o.dropout);
   check_model_options(in.config, in.options);  // the family's switches (model/family.h)
@@ -510,6 +535,14 @@ class TrainSession {
   std::optional<PreferenceData> val_pairs_;  // DPO with --val-data: the held-out pairs
   std::optional<StagedBatch> batch_;
   std::vector<kernels::ElementRange> ranges_;
+  // --optimizer-in-backward: the update the model's grad-ready hook applies to each range as its
+  // gradients become final (update_in_backward), with this step's hyperparameters; what the
+  // step's ranges added to the gradient norm and how many parameters they covered.
+  kernels::AdamWHyper in_backward_hp_;
+  double in_backward_sum_sq_ = 0;
+  std::int64_t in_backward_covered_ = 0;
+  void update_in_backward(std::int64_t begin, std::int64_t end);
+  kernels::AdamWHyper hyper(double lr, std::int64_t step, double grad_scale) const;
   double loss_scale_ = 1.0;
   std::int64_t good_steps_ = 0;
   std::int64_t start_step_ = 0;          // --resume: the checkpoint's step
@@ -525,6 +558,11 @@ TrainSession::TrainSession(const TrainOptions& requested, DistContext* dist)
     throw InvalidInput("[--device] data-parallel training (" + std::to_string(dist->world_size()) +
                        " ranks) runs on the CPU only for now: the gradient collectives read host memory — "
                        "use --device cpu, or one rank with --device " + requested.device);
+  }
+  if (dist && requested.optimizer_in_backward) {
+    throw InvalidInput("[--optimizer-in-backward] runs in one process for now: with " +
+                       std::to_string(dist->world_size()) + " ranks each layer's gradients would have to be "
+                       "all-reduced before its update — drop --optimizer-in-backward, or run one rank");
   }
   if (dist) {
     o_.threads = threads_for_rank(requested.threads, dist->env());  // --threads 0: this rank's share
@@ -668,7 +706,8 @@ void TrainSession::build() {
   // QLoRA: the quantized weights are not in the flat buffer (ParamLayout::dense_numel).
   const std::int64_t P = layout_.dense_numel(), Pt = layout_.trainable_numel();
   const std::int64_t S = dp_ ? dp_->state_numel() : Pt;  // ZeRO-1: this rank's shard
-  bufs_ = allocate_step_buffers(alloc, prec_, P, Pt, S, dp_ && dp_->zero());
+  // --optimizer-in-backward: the gradient buffer is the compact layout's (one layer's slot).
+  bufs_ = allocate_step_buffers(alloc, prec_, P, Pt, S, dp_ && dp_->zero(), layout_.grad_numel());
   std::shared_ptr<Nf4Store> nf4;
   if (layout_.quantized_numel() > 0) {
     nf4 = std::make_shared<Nf4Store>(layout_, *parse_quantize_base(layout_.lora().quantize_base), alloc);
@@ -829,6 +868,9 @@ void TrainSession::build() {
   // The data source writes host memory; on a device the batch is copied up each micro-step.
   batch_.emplace(make_staged_batch((o.dpo.enabled ? 2 : 1) * o.micro_batch_size, o.seq_len, dev_));
   ranges_ = optimizer_ranges(layout_);
+  if (o.optimizer_in_backward) {
+    model_->set_grad_ready_hook([this](std::int64_t begin, std::int64_t end) { update_in_backward(begin, end); });
+  }
   if (resumed) {
     start_step_ = resumed->global_step;
     res_.resumed_from_step = start_step_;
@@ -861,6 +903,13 @@ StepRecord TrainSession::step(std::int64_t step) {
   if (tracer_ && step == bench_warmup_) tracer_->set_other("measured_from_us", tracer_->us(t0));
   StepSpan span(tracer_.get(), step, t0);
   bufs_.grads.zero_();
+  const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);
+  if (o.optimizer_in_backward) {
+    // No clipping and no loss scaling (validate_train_options): the update needs nothing but lr.
+    in_backward_hp_ = hyper(lr, step, 1.0);
+    in_backward_sum_sq_ = 0;
+    in_backward_covered_ = 0;
+  }
   double loss = 0;
   std::optional<DpoStats> dpo;
   for (std::int64_t micro = 0; micro < o.grad_accum_steps; ++micro) {
@@ -889,14 +938,21 @@ StepRecord TrainSession::step(std::int64_t step) {
     ctx.train_step = -1;  // evaluation and anything else: no dropout
   }
   loss /= static_cast<double>(o.grad_accum_steps);
-  const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);
   // The loss (above) and the gradient norm (below) come back to the host as doubles: on CUDA each
   // is a synchronization point per micro-step / step. Acceptable for now (the step's other work
   // queues behind it anyway); reading them a step late would let the host run ahead.
   // One pass over the gradients: their norm (and, with fp16 loss scaling, whether any is
   // inf/NaN); the clipping coefficient and the loss-scale inverse fold into the update.
   double sum_sq = 0;
-  {
+  if (o.optimizer_in_backward) {
+    // Every trainable parameter was updated in backward, exactly once.
+    if (in_backward_covered_ != layout_.trainable_numel()) {
+      throw RuntimeError("[train] --optimizer-in-backward: the backward reported " +
+                         std::to_string(in_backward_covered_) + " of " + std::to_string(layout_.trainable_numel()) +
+                         " trainable parameters final (a bug in the model's grad-ready ranges)");
+    }
+    sum_sq = in_backward_sum_sq_;
+  } else {
     RegionScope r(ctx, "gradient sync", Phase::kComm);
     sum_sq = dp_ ? dp_->sync_gradients() : kernels::sum_of_squares(bufs_.grads, ctx);
   }
@@ -924,16 +980,8 @@ StepRecord TrainSession::step(std::int64_t step) {
   }
   const double norm = std::sqrt(sum_sq) / loss_scale_;
   const double coef = kernels::clip_coefficient(norm, o.max_grad_norm);
-  kernels::AdamWHyper hp;
-  hp.rounding_seed = o.seed;
-  hp.lr = static_cast<float>(lr);
-  hp.beta1 = static_cast<float>(o.adam_beta1);
-  hp.beta2 = static_cast<float>(o.adam_beta2);
-  hp.eps = static_cast<float>(o.adam_epsilon);
-  hp.weight_decay = static_cast<float>(o.weight_decay);
-  hp.step = step + 1;
-  hp.grad_scale = static_cast<float>(coef / loss_scale_);
-  {
+  const kernels::AdamWHyper hp = hyper(lr, step, coef / loss_scale_);
+  if (!o.optimizer_in_backward) {
     RegionScope r(ctx, "optimizer", Phase::kOptimizer);
     if (dp_) dp_->update(ranges_, hp, ctx);
     else kernels::adamw_update(bufs_.trainable, bufs_.m, bufs_.v, bufs_.grads, ranges_, hp, ctx);
@@ -975,6 +1023,49 @@ StepRecord TrainSession::step(std::int64_t step) {
                        " — lower --lr or enable clipping (--max-grad-norm)");
   }
   return {loss, lr, norm, dt, dpo};
+}
+
+kernels::AdamWHyper TrainSession::hyper(double lr, std::int64_t step, double grad_scale) const {
+  kernels::AdamWHyper hp;
+  hp.rounding_seed = o_.seed;
+  hp.lr = static_cast<float>(lr);
+  hp.beta1 = static_cast<float>(o_.adam_beta1);
+  hp.beta2 = static_cast<float>(o_.adam_beta2);
+  hp.eps = static_cast<float>(o_.adam_epsilon);
+  hp.weight_decay = static_cast<float>(o_.weight_decay);
+  hp.step = step + 1;
+  hp.grad_scale = static_cast<float>(grad_scale);
+  return hp;
+}
+
+// --optimizer-in-backward: the model's hook says [begin, end) of the trainable buffer has its final
+// gradients. The step-end update restricted to that range (the same per-element arithmetic and
+// stochastic-rounding bits: index_base), its contribution to the gradient norm, the compute copy
+// refreshed, and the gradients zeroed: a layer's sit in the slot the next layer's backward writes.
+void TrainSession::update_in_backward(std::int64_t begin, std::int64_t end) {
+  ExecContext& ctx = *ctx_;
+  RegionScope region(ctx, "optimizer", Phase::kOptimizer);
+  for (const auto& seg : layout_.grad_segments(begin, end)) {
+    const std::int64_t n = seg.end - seg.begin;
+    Tensor g = bufs_.grads.slice(seg.grad_begin, seg.grad_begin + n);
+    in_backward_sum_sq_ += kernels::sum_of_squares(g, ctx);
+    std::vector<kernels::ElementRange> local;
+    for (const auto& r : ranges_) {
+      const std::int64_t lo = std::max(r.begin, seg.begin), hi = std::min(r.end, seg.end);
+      if (hi > lo) local.push_back({lo - seg.begin, hi - seg.begin, r.decay});
+    }
+    Tensor p = bufs_.trainable.slice(seg.begin, seg.end);
+    Tensor m = bufs_.m.slice(seg.begin, seg.end), v = bufs_.v.slice(seg.begin, seg.end);
+    kernels::AdamWHyper hp = in_backward_hp_;
+    hp.index_base = seg.begin;
+    kernels::adamw_update(p, m, v, g, local, hp, ctx);
+    if (prec_.weight_copy) {
+      Tensor c = bufs_.compute_trainable.slice(seg.begin, seg.end);
+      c.copy_from(p);
+    }
+    g.zero_();
+    in_backward_covered_ += n;
+  }
 }
 
 void TrainSession::maybe_evaluate(std::int64_t steps_done, bool last) {

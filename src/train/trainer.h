@@ -38,6 +38,14 @@ struct TrainOptions {
   std::string attn = "eager";
   bool fused_kernels = false;
   bool activation_checkpointing = false;
+  // --optimizer-in-backward (torchtune's optimizer_in_bwd): each decoder layer's AdamW update runs
+  // in backward as soon as its gradients are final, so the gradient buffer holds one layer's
+  // gradients (plus the embeddings', final norm's and an untied head's) instead of all of them
+  // (ParamLayout::share_layer_gradients). The same arithmetic as the step-end update; it needs
+  // every gradient of a parameter in one backward and no global quantity: no gradient
+  // accumulation, no clipping by the global norm (--max-grad-norm 0), no fp16 loss scaling, one
+  // process (no mpirun).
+  bool optimizer_in_backward = false;
   double dropout = -1.0;  // OPT residual dropout; < 0: the model config's
   std::string device = "cpu";
   std::string device_memory;  // empty: the device's physical memory

@@ -99,7 +99,7 @@ void CpuBackend::adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor
         store_row(vp, elem(v.raw(), vt, b), vt, k);
         if (pt == DType::kBF16) {
           bf16* dst = static_cast<bf16*>(elem(params.raw(), pt, b));
-          for (std::int64_t i = 0; i < k; ++i) dst[i] = stochastic_round_bf16(p[i], rounding_bits(hp.rounding_seed, hp.step, b + i));
+          for (std::int64_t i = 0; i < k; ++i) dst[i] = stochastic_round_bf16(p[i], rounding_bits(hp.rounding_seed, hp.step, hp.index_base + b + i));
         } else {
           store_row(p, elem(params.raw(), pt, b), pt, k);
         }

@@ -123,6 +123,7 @@ struct AdamStep {
   float gs, b1, b2, omb1, omb2, step_size, bc2_sqrt, eps;
   std::uint64_t seed;
   std::int64_t step;
+  std::int64_t index_base;  // AdamWHyper::index_base: added to an element's index for its random bits
 };
 
 // The CPU's expression with the CPU's roundings:
@@ -164,7 +165,7 @@ __global__ void adamw_kernel(void* params, int pt, void* m, int mt, void* v, int
     store_f32(m, mt, e, mi);
     store_f32(v, vt, e, vi);
     if (pt == kStoreBF16) {
-      static_cast<std::uint16_t*>(params)[e] = stochastic_round_bf16_dev(p, rounding_bits_dev(s.seed, s.step, e));
+      static_cast<std::uint16_t*>(params)[e] = stochastic_round_bf16_dev(p, rounding_bits_dev(s.seed, s.step, s.index_base + e));
     } else {
       store_f32(params, pt, e, p);
     }
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(kAdamThreads) adamw_tiled_kernel(void* params,
       store_f32(m, mt, e, M[u]);
       store_f32(v, vt, e, V[u]);
       if (pt == kStoreBF16) {
-        static_cast<std::uint16_t*>(params)[e] = stochastic_round_bf16_dev(P[u], rounding_bits_dev(s.seed, s.step, e));
+        static_cast<std::uint16_t*>(params)[e] = stochastic_round_bf16_dev(P[u], rounding_bits_dev(s.seed, s.step, s.index_base + e));
       } else {
         store_f32(params, pt, e, P[u]);
       }
@@ -299,6 +300,7 @@ void CudaBackend::adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tenso
   s.eps = hp.eps;
   s.seed = hp.rounding_seed;
   s.step = hp.step;
+  s.index_base = hp.index_base;
   const float lr_wd = hp.lr * hp.weight_decay;
   const float decay = 1.0f - lr_wd;
 

@@ -43,7 +43,7 @@ Tensor optional_view(const ParamLayout& layout, const Tensor& flat, const std::s
 }
 
 Tensor contiguous_view(const ParamLayout& layout, const Tensor& flat, const std::vector<std::string>& names,
-                       std::int64_t cols) {
+                       std::int64_t cols, bool gradients) {
   SCALELAB_CHECK(!names.empty(), "[model] contiguous_view of no parameters");
   const ParamInfo& first = layout.at(names.front());
   std::int64_t end = first.offset;
@@ -53,7 +53,14 @@ Tensor contiguous_view(const ParamLayout& layout, const Tensor& flat, const std:
                                         "'s run in the parameter layout — the fused view needs them adjacent");
     end += p.numel;
   }
-  Tensor v = flat.view({flat.numel()}).slice(first.offset, end);
+  // A gradient buffer may be laid out apart from the parameters (ParamLayout::share_layer_gradients):
+  // the run's gradients must then be one contiguous piece of it too.
+  const std::int64_t begin = gradients ? layout.grad_offset(first.offset) : first.offset;
+  if (gradients) {
+    SCALELAB_CHECK(layout.grad_offset(end - 1) == begin + (end - 1 - first.offset),
+                   "[model] the gradients of " + names.front() + "'s fused run are not contiguous (a bug)");
+  }
+  Tensor v = flat.view({flat.numel()}).slice(begin, begin + (end - first.offset));
   return cols > 0 ? v.view({(end - first.offset) / cols, cols}) : v;
 }
 
@@ -99,12 +106,13 @@ Linear bind_linear(const ParamLayout& layout, const Tensor& params, const Tensor
     l.w = weights.size() == 1 ? layout.view(params, weights.front()) : contiguous_view(layout, params, weights, in);
   }
   if (!l.frozen) {
-    l.dw = weights.size() == 1 ? layout.view(grads, weights.front()) : contiguous_view(layout, grads, weights, in);
+    l.dw = weights.size() == 1 ? layout.grad_view(grads, weights.front())
+                                : contiguous_view(layout, grads, weights, in, /*gradients=*/true);
   }
   if (!biases.empty() && layout.find(biases.front()) != nullptr) {
     const bool bias_trains = trains_together(layout, biases);
     l.b = contiguous_view(layout, params, biases, 0);
-    if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0);
+    if (bias_trains) l.db = contiguous_view(layout, grads, biases, 0, /*gradients=*/true);
   }
   l.adapter = bind_lora(layout, params, grads, weights);  // LoRA (--lora-rank), else none
   l.quant = bind_qat(layout, weights);                    // QAT (--qat), else none

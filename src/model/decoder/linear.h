@@ -83,8 +83,9 @@ struct Linear {
 Tensor optional_view(const ParamLayout& layout, const Tensor& flat, const std::string& name);
 // The parameters `names`, adjacent in this order in the layout, as one [rows, cols] matrix (cols
 // 0: a vector); RuntimeError when they are not adjacent (a bug in the family's layout).
+// gradients: `flat` is a gradient buffer (its offsets are ParamLayout::grad_offset's).
 Tensor contiguous_view(const ParamLayout& layout, const Tensor& flat, const std::vector<std::string>& names,
-                       std::int64_t cols);
+                       std::int64_t cols, bool gradients = false);
 // A Linear over `weights` (one name, or several adjacent ones fused) and optional `biases` (all
 // present or all absent in the layout). Fused weights (and fused biases) must be all frozen or
 // all trainable: InvalidInput naming --freeze otherwise (one GEMM computes their gradient).

@@ -208,6 +208,7 @@ const ModelFamilySpec& llama_family() {
     f.explicit_head_dim = true;
     f.describe = describe_llama_like;
     f.build_layout = build_llama_layout;
+    f.layer_prefix = llama_layer_prefix;
     f.token_embedding = "model.embed_tokens.weight";
     f.ignored_tensor_suffixes = {".rotary_emb.inv_freq"};
     f.make_model = make_llama_model;

@@ -186,6 +186,7 @@ const ModelFamilySpec& opt_family() {
     f.intermediate_key = "ffn_dim";
     f.describe = describe;
     f.build_layout = build_layout;
+    f.layer_prefix = opt_layer_prefix;
     f.token_embedding = "model.decoder.embed_tokens.weight";
     f.embedding_padding_idx = true;
     f.dropout = true;

@@ -95,6 +95,7 @@ const ModelFamilySpec& qwen2_family() {
     f.validate = validate;
     f.describe = describe_llama_like;
     f.build_layout = build_llama_layout;  // with the q/k/v biases (qkv_bias)
+    f.layer_prefix = llama_layer_prefix;
     f.token_embedding = "model.embed_tokens.weight";
     f.embedding_padding_idx = true;
     f.ignored_tensor_suffixes = {".rotary_emb.inv_freq"};
