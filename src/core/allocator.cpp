@@ -127,11 +127,14 @@ void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
     b = it->second;
     free_set.erase(it);
   } else {
-    // A new segment: 2 MiB for the small pool, the request rounded up to 2 MiB for the large one;
-    // under a capacity too tight for that (an emulated small device), just the request.
-    std::size_t seg_bytes = small ? kSegmentBytes : (req + kSegmentBytes - 1) / kSegmentBytes * kSegmentBytes;
+    // A new segment: 2 MiB for the small pool, 20 MiB for a mid-size request (shared by the next
+    // ones), else the request rounded up to 2 MiB; under a capacity too tight for that (an emulated
+    // small device), the request rounded to 2 MiB, then just the request.
+    const std::size_t rounded = (req + kSegmentBytes - 1) / kSegmentBytes * kSegmentBytes;
+    std::size_t seg_bytes = small ? kSegmentBytes : req < kMidRequest ? kMidSegmentBytes : rounded;
     if (stats_.reserved + seg_bytes > capacity_) {
       if (release_cached_locked()) ++stats_.num_cache_flushes;
+      if (stats_.reserved + seg_bytes > capacity_) seg_bytes = std::max(req, std::min(seg_bytes, rounded));
       if (stats_.reserved + seg_bytes > capacity_) seg_bytes = req;
     }
     void* p = nullptr;

@@ -10,8 +10,11 @@
 // segments; a segment is cut into blocks; a request takes the best-fitting free block (rounded to
 // kRoundBytes) and splits off the rest when it is large enough to serve another request; a freed
 // block merges with free neighbours of its segment. Requests up to kSmallRequest come from 2 MiB
-// segments of their own pool, larger ones from segments of their size rounded up to 2 MiB, so
-// small tensors never pin a large segment. "allocated" counts the bytes of live blocks;
+// segments of their own pool; mid-size ones (up to kMidRequest) from kMidSegmentBytes (20 MiB)
+// segments of the large pool that several of them share, as PyTorch's kLargeBuffer (a 1.1 MiB
+// activation given a 2 MiB segment of its own would leave 0.9 MiB no other request can use: 2.7
+// MiB per layer of SmolLM2 at 512 tokens); larger ones from segments of their size rounded up to
+// 2 MiB. Small tensors never pin a large segment. "allocated" counts the bytes of live blocks;
 // "reserved" counts segments. When a new segment would exceed the capacity, every segment that is
 // entirely free is released first and it retries; only then does it fail.
 #include <cstddef>
@@ -92,6 +95,8 @@ class DeviceAllocator {
   static constexpr std::size_t kRoundBytes = 512;
   static constexpr std::size_t kSmallRequest = std::size_t{1} << 20;  // up to 1 MiB: the small pool
   static constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;  // 2 MiB segments / rounding
+  static constexpr std::size_t kMidRequest = std::size_t{10} << 20;      // below 10 MiB: shared segments
+  static constexpr std::size_t kMidSegmentBytes = std::size_t{20} << 20; // of 20 MiB (PyTorch's kLargeBuffer)
 
   DeviceAllocator(std::unique_ptr<MemoryBackend> backend, std::size_t capacity);
   ~DeviceAllocator();

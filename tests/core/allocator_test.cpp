@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -24,6 +26,38 @@ TEST(Allocator, CachesAndCountsPeaks) {
   EXPECT_EQ(a.stats().reserved, 0u);
   EXPECT_EQ(a.stats().peak_reserved, 1024u);
   EXPECT_EQ(a.stats().peak_allocated, 1024u);
+}
+
+TEST(Allocator, MidSizeRequestsShareTwentyMiBSegments) {
+  const std::size_t MiB = std::size_t{1} << 20;
+  DeviceAllocator a(make_host_backend(), std::size_t{1} << 30);
+  // 1.125 MiB (one SmolLM2 activation at 512 tokens): above the small pool, below kMidRequest.
+  const std::size_t act = 1179648;
+  std::vector<void*> live;
+  for (int i = 0; i < 17; ++i) live.push_back(a.allocate(act));
+  // Seventeen of them in one 20 MiB segment, adjacent; a 2 MiB segment each would be 34 MiB.
+  EXPECT_EQ(a.stats().reserved, DeviceAllocator::kMidSegmentBytes);
+  EXPECT_EQ(a.stats().num_backend_allocations, 1u);
+  for (int i = 1; i < 17; ++i) EXPECT_EQ(static_cast<char*>(live[i]) - static_cast<char*>(live[i - 1]), static_cast<std::ptrdiff_t>(act));
+  // The segment's last 0.875 MiB cannot hold another: a new segment.
+  live.push_back(a.allocate(act));
+  EXPECT_EQ(a.stats().reserved, 2 * DeviceAllocator::kMidSegmentBytes);
+  for (void* p : live) a.deallocate(p);
+  // Freed, the segments serve any large request that fits (here 10 MiB + 1 from the first).
+  void* fits = a.allocate(DeviceAllocator::kMidRequest + 1);
+  EXPECT_EQ(fits, live[0]);
+  EXPECT_EQ(a.stats().reserved, 2 * DeviceAllocator::kMidSegmentBytes);
+  a.deallocate(fits);
+  // kMidRequest and above, with nothing cached: the request rounded up to 2 MiB, as before.
+  DeviceAllocator fresh(make_host_backend(), std::size_t{1} << 30);
+  void* big = fresh.allocate(DeviceAllocator::kMidRequest + 1);
+  EXPECT_EQ(fresh.stats().reserved, 12 * MiB);
+  fresh.deallocate(big);
+  // Under a capacity too tight for 20 MiB: the request rounded to 2 MiB.
+  DeviceAllocator tight(make_host_backend(), 8 * MiB);
+  void* p = tight.allocate(3 * MiB);
+  EXPECT_EQ(tight.stats().reserved, 4 * MiB);
+  tight.deallocate(p);
 }
 
 TEST(Allocator, SplitsBlocksAndMergesThemBack) {
