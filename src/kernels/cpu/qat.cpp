@@ -119,16 +119,19 @@ void ste_run_t(float* d, const float* g, const float* x, std::int64_t n, const q
   }
 #endif
   for (; i < n; ++i) {
-    const float v = qat::ste(g[i], x[i], a);
+    const float v = qat::ste_t<kT>(g[i], x[i], a);
     d[i] = accumulate ? d[i] + v : v;
   }
 }
 
-void ste_run(float* d, const float* g, const float* x, std::int64_t n, const qat::Affine& a, bool accumulate) {
-  switch (a.t) {
-    case DType::kBF16: ste_run_t<DType::kBF16>(d, g, x, n, a, accumulate); return;
-    case DType::kF16: ste_run_t<DType::kF16>(d, g, x, n, a, accumulate); return;
-    default: ste_run_t<DType::kF32>(d, g, x, n, a, accumulate); return;
+// Runs f.template operator()<kT>() with kT = t, a compile-time constant: the dtype is tested once
+// per call, not once per run (a weight group of 32 elements is too short to pay for it).
+template <class F>
+void with_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kBF16: f.template operator()<DType::kBF16>(); return;
+    case DType::kF16: f.template operator()<DType::kF16>(); return;
+    default: f.template operator()<DType::kF32>(); return;
   }
 }
 
@@ -142,78 +145,86 @@ std::int64_t qat_grain(std::int64_t row_elements) {
   return std::max<std::int64_t>(1, (std::int64_t{1} << 18) / std::max<std::int64_t>(1, row_elements));
 }
 
-// The parameters of a run of a tensor of dtype t (its values widened into x).
-qat::Affine row_params(const float* x, std::int64_t n, DType t) {
+// The parameters of a run of a tensor of dtype kT (its values widened into x).
+template <DType kT>
+qat::Affine row_params(const float* x, std::int64_t n) {
   float lo, hi;
   min_max(x, n, lo, hi);
-  return qat::per_token_params(lo, hi, t);
+  return qat::per_token_params_t<kT>(lo, hi);
 }
 
-qat::Affine group_params(const float* w, std::int64_t n, DType t) {
+template <DType kT>
+qat::Affine group_params(const float* w, std::int64_t n) {
   float lo, hi;
   min_max(w, n, lo, hi);
-  return qat::group_params(lo, hi, t);
+  return qat::group_params_t<kT>(lo, hi);
 }
 
 }  // namespace
 
 void CpuBackend::fake_quant_per_token_forward(Tensor& y, const Tensor& x, ExecContext&) {
   const std::int64_t n = x.dim(x.rank() - 1), rows = x.numel() / n;
-  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = load_row(elem(x.raw(), x.dtype(), r * n), x.dtype(), n, 0);
-      void* yp = elem(y.raw(), y.dtype(), r * n);
-      float* yr = out_row(yp, y.dtype(), n, 1);
-      fake_quant_run(yr, xr, n, row_params(xr, n, x.dtype()));
-      store_row(yr, yp, y.dtype(), n);
-    }
+  with_dtype(x.dtype(), [&]<DType kT>() {
+    parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* xr = load_row(elem(x.raw(), x.dtype(), r * n), x.dtype(), n, 0);
+        void* yp = elem(y.raw(), y.dtype(), r * n);
+        float* yr = out_row(yp, y.dtype(), n, 1);
+        fake_quant_run(yr, xr, n, row_params<kT>(xr, n));
+        store_row(yr, yp, y.dtype(), n);
+      }
+    });
   });
 }
 
 void CpuBackend::fake_quant_per_token_backward(Tensor& dx, const Tensor& dy, const Tensor& x, bool accumulate,
                                                ExecContext&) {
   const std::int64_t n = x.dim(x.rank() - 1), rows = x.numel() / n;
-  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* xr = load_row(elem(x.raw(), x.dtype(), r * n), x.dtype(), n, 0);
-      const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * n), dy.dtype(), n, 1);
-      void* dp = elem(dx.raw(), dx.dtype(), r * n);
-      float* dr = accumulate ? inout_row(dp, dx.dtype(), n, 2) : out_row(dp, dx.dtype(), n, 2);
-      ste_run(dr, gr, xr, n, row_params(xr, n, x.dtype()), accumulate);
-      store_row(dr, dp, dx.dtype(), n);
-    }
+  with_dtype(x.dtype(), [&]<DType kT>() {
+    parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* xr = load_row(elem(x.raw(), x.dtype(), r * n), x.dtype(), n, 0);
+        const float* gr = load_row(elem(dy.raw(), dy.dtype(), r * n), dy.dtype(), n, 1);
+        void* dp = elem(dx.raw(), dx.dtype(), r * n);
+        float* dr = accumulate ? inout_row(dp, dx.dtype(), n, 2) : out_row(dp, dx.dtype(), n, 2);
+        ste_run_t<kT>(dr, gr, xr, n, row_params<kT>(xr, n), accumulate);
+        store_row(dr, dp, dx.dtype(), n);
+      }
+    });
   });
 }
 
 void CpuBackend::fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int64_t group, ExecContext&) {
   const std::int64_t n = w.dim(w.rank() - 1), rows = w.numel() / n;
-  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
-      void* qp = elem(wq.raw(), wq.dtype(), r * n);
-      float* qr = out_row(qp, wq.dtype(), n, 1);
-      for (std::int64_t c = 0; c < n; c += group) {
-        fake_quant_run(qr + c, wr + c, group, group_params(wr + c, group, w.dtype()));
+  with_dtype(w.dtype(), [&]<DType kT>() {
+    parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
+        void* qp = elem(wq.raw(), wq.dtype(), r * n);
+        float* qr = out_row(qp, wq.dtype(), n, 1);
+        for (std::int64_t c = 0; c < n; c += group) fake_quant_run(qr + c, wr + c, group, group_params<kT>(wr + c, group));
+        store_row(qr, qp, wq.dtype(), n);
       }
-      store_row(qr, qp, wq.dtype(), n);
-    }
+    });
   });
 }
 
 void CpuBackend::fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std::int64_t group,
                                            ExecContext&) {
   const std::int64_t n = w.dim(w.rank() - 1), rows = w.numel() / n;
-  parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
-    for (std::int64_t r = r0; r < r1; ++r) {
-      const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
-      const float* gr = load_row(elem(g.raw(), g.dtype(), r * n), g.dtype(), n, 1);
-      void* dp = elem(dw.raw(), dw.dtype(), r * n);
-      float* dr = inout_row(dp, dw.dtype(), n, 2);
-      for (std::int64_t c = 0; c < n; c += group) {
-        ste_run(dr + c, gr + c, wr + c, group, group_params(wr + c, group, w.dtype()), /*accumulate=*/true);
+  with_dtype(w.dtype(), [&]<DType kT>() {
+    parallel_for(rows, qat_grain(n), [&](std::int64_t r0, std::int64_t r1) {
+      for (std::int64_t r = r0; r < r1; ++r) {
+        const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
+        const float* gr = load_row(elem(g.raw(), g.dtype(), r * n), g.dtype(), n, 1);
+        void* dp = elem(dw.raw(), dw.dtype(), r * n);
+        float* dr = inout_row(dp, dw.dtype(), n, 2);
+        for (std::int64_t c = 0; c < n; c += group) {
+          ste_run_t<kT>(dr + c, gr + c, wr + c, group, group_params<kT>(wr + c, group), /*accumulate=*/true);
+        }
+        store_row(dr, dp, dw.dtype(), n);
       }
-      store_row(dr, dp, dw.dtype(), n);
-    }
+    });
   });
 }
 
