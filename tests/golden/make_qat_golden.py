@@ -30,6 +30,9 @@ each dtype D in bf16, fp16 (every tensor of dtype D unless said otherwise):
   D.wK.q (I8), D.wK.scales, D.wK.zeros   quantizer.convert of a D model holding w: the int4 values
                                          and the fp32 scales / zeros (scalelab quantize of a D
                                          checkpoint must equal them)
+  bf16.linear.y, .dy, .dx, .dw            the whole Int8DynActInt4WeightQATLinear(64, 16, group 32) of a
+                                         bf16 model on bf16.a0.x with weight bf16.w0.w: y, an upstream
+                                         gradient, x.grad and weight.grad (bf16 GEMMs: a tolerance)
 The cases of kernels.safetensors (fp32) are not repeated here.
 
 trajectory/: a tiny Llama (GQA, tied embeddings), base model as transformers saves it
@@ -214,6 +217,19 @@ def make_kernels_lowp(out):
             t.update({p + "w": w, p + "fq": fq.detach(), p + "g": g, p + "ste": wr.grad,
                       p + "group": torch.tensor([group], dtype=torch.int32), p + "q": conv.weight.detach(),
                       p + "scales": conv.scales.detach().float(), p + "zeros": conv.zeros.detach().float()})
+    # The whole linear on a bf16 model (precision=bfloat16): y = F.linear(fq(x), fq(w)) in bf16 and its
+    # backward, from the bf16 case 0 activations and weights.
+    x, w = t["bf16.a0.x"], t["bf16.w0.w"]
+    lin = Int8DynActInt4WeightQATLinear(64, 16, bias=False, groupsize=32, precision=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    xl = x.clone().requires_grad_(True)
+    y = lin(xl)
+    dy = torch.randn(y.shape, generator=gen).to(torch.bfloat16)
+    y.backward(dy)
+    assert y.dtype == xl.grad.dtype == lin.weight.grad.dtype == torch.bfloat16
+    t.update({"bf16.linear.y": y.detach(), "bf16.linear.dy": dy, "bf16.linear.dx": xl.grad,
+              "bf16.linear.dw": lin.weight.grad})
     save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, "kernels_lowp.safetensors"))
     print("kernels_lowp: elements where the fp32 arithmetic rounded once differs:", ", ".join(counts))
 

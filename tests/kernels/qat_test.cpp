@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -450,6 +453,64 @@ TEST(QatKernels, LowPrecisionVectorPathEqualsScalarSteps) {
       }
     }
   }
+}
+
+// QatLinear (model/decoder/qat.h) on a bf16 model against torchao's Int8DynActInt4WeightQATLinear
+// of a bf16 model: its fake quantizations are bit-exact (above); the GEMMs are bf16 on both sides
+// with fp32 accumulation in different orders, so each output may differ by the fp32 sums' order
+// (at most n·2^-24·Σ|a||b| over the n products) and then by where the two round to bf16 (an ulp,
+// 2^-8 of the value); the STE's two roundings of dx and dw add at most two more ulps of a gradient
+// element that entered them one ulp apart: |got − want| <= 2^-6·|want| + n·2^-22·Σ|a||b|.
+TEST(QatKernels, QatLinearOnBf16IsTorchaosBf16LinearWithinTheGemmsRounding) {
+  LowpGolden g;
+  Tensor x = g.get("bf16.a0.x"), w = g.get("bf16.w0.w"), dy = g.get("bf16.linear.dy");
+  ASSERT_EQ(x.dtype(), DType::kBF16);
+  const Tensor fx = g.get("bf16.a0.fq", DType::kF32), fw = g.get("bf16.w0.fq", DType::kF32),
+               dy32 = g.get("bf16.linear.dy", DType::kF32);
+  const std::int64_t T = x.dim(0), in = x.dim(1), out = w.dim(0);
+  QatLinear lin(32);
+  Tensor y = Tensor::empty({T, out}, DType::kBF16, *g.cpu.alloc);
+  lin.forward(y, x, w, nullptr, g.cpu.ctx);
+  Tensor dx = Tensor::empty(x.shape(), DType::kBF16, *g.cpu.alloc), dw = negative_zeros(g.cpu, w.shape(), DType::kBF16);
+  lin.backward(&dx, dw, nullptr, dy, x, w, g.cpu.ctx, false);
+  auto widen = [&](const Tensor& t) {
+    Tensor o = g.cpu.zeros(t.shape());
+    convert(t.raw(), t.dtype(), o.raw(), DType::kF32, static_cast<std::size_t>(t.numel()));
+    return o;
+  };
+  // sum_abs(i, j): Σ_k |a[i, k]·b[k, j]| for the GEMM that made element (i, j), over n products.
+  auto check = [&](const Tensor& got_t, const char* name, std::int64_t n,
+                   const std::function<double(std::int64_t, std::int64_t)>& sum_abs) {
+    const Tensor got = widen(got_t), want = g.get(std::string("bf16.linear.") + name, DType::kF32);
+    const std::int64_t cols = got.dim(1);
+    int bad = 0, differing = 0;
+    for (std::int64_t k = 0; k < got.numel(); ++k) {
+      const double a = got.f32()[k], b = want.f32()[k];
+      const double tol = std::ldexp(std::fabs(b), -6) + static_cast<double>(n) * std::ldexp(sum_abs(k / cols, k % cols), -22);
+      differing += a != b;
+      if (!(std::fabs(a - b) <= tol) && ++bad <= 5) {
+        ADD_FAILURE() << name << " element " << k << ": " << a << " vs torchao " << b << " (tolerance " << tol << ")";
+      }
+    }
+    EXPECT_EQ(bad, 0) << name;
+    std::printf("QatLinear bf16 %s: %d of %lld elements differ from torchao's bits (within the bound)\n", name,
+                differing, static_cast<long long>(got.numel()));
+  };
+  check(y, "y", in, [&](std::int64_t t, std::int64_t o) {
+    double s = 0;
+    for (std::int64_t k = 0; k < in; ++k) s += std::fabs(double{fx.f32()[t * in + k]} * fw.f32()[o * in + k]);
+    return s;
+  });
+  check(dx, "dx", out, [&](std::int64_t t, std::int64_t c) {
+    double s = 0;
+    for (std::int64_t o = 0; o < out; ++o) s += std::fabs(double{dy32.f32()[t * out + o]} * fw.f32()[o * in + c]);
+    return s;
+  });
+  check(dw, "dw", T, [&](std::int64_t o, std::int64_t c) {
+    double s = 0;
+    for (std::int64_t t = 0; t < T; ++t) s += std::fabs(double{dy32.f32()[t * out + o]} * fx.f32()[t * in + c]);
+    return s;
+  });
 }
 
 // The fp32 arithmetic is untouched by the dtype parameter: qat_math.h's steps with t = fp32 are the
