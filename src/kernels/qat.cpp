@@ -72,7 +72,8 @@ void fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std
 void quantize_int4_grouped(std::int8_t* q, float* scales, const float* w, std::int64_t rows, std::int64_t cols,
                            std::int64_t group, DType t) {
   if (!is_float_type(t)) {
-    throw InvalidInput(std::string("[quantize] the weights must be fp32, bf16 or fp16, got ") + std::string(dtype_name(t)));
+    throw InvalidInput(std::string("[quantize] the weights must be fp32, bf16 or fp16, got ") +
+                       std::string(dtype_name(t)));
   }
   if (group <= 1 || cols % group != 0) {
     throw InvalidInput("[quantize] group size " + std::to_string(group) + " must be > 1 and divide the weight's " +

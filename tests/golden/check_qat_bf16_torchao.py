@@ -7,8 +7,8 @@ kernels_lowp.safetensors). Run it in the virtualenv of requirements-qat.txt:
 
 1. A bf16 model (--model-precision bf16): torchao 0.18 on a bf16 tensor computes the scale and zero
    point in bf16 (each op of choose_qparams_affine rounded to bf16, then cast to fp32) and rounds
-   the straight-through gradient's two products to bf16. scalelab's kernels do the same since the
-   qatexact change (kernels/qat.h); before it they computed in fp32 and rounded once. The script
+   the straight-through gradient's two products to bf16. scalelab's kernels do the same since
+   2026-11-26 (kernels/qat.h); before, they computed in fp32 and rounded once. The script
    emulates both with numpy and counts the elements that differ from torchao on random tensors.
    Measured (torch 2.15.0, torchao 0.18.0; 20 random [64, 256] pairs, groups 8 to 256): the
    dtype's arithmetic differs in 0 elements, bf16 and fp16, forward and STE; the old fp32 arithmetic

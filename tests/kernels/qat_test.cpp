@@ -265,11 +265,17 @@ struct LowpGolden {
   Tensor get(const std::string& name, std::optional<DType> as = std::nullopt) {
     const SafetensorsTensor* t = find(name);
     if (t == nullptr) return Tensor();
-    Tensor out = Tensor::empty({t->shape[0], t->shape.size() > 1 ? t->shape[1] : 1}, as.value_or(*t->dtype), *cpu.alloc);
+    const Shape shape{t->shape[0], t->shape.size() > 1 ? t->shape[1] : 1};
+    Tensor out = Tensor::empty(shape, as.value_or(*t->dtype), *cpu.alloc);
     file.read(*t, out.raw(), out.dtype());
     return out;
   }
   bool has(const std::string& name) const { return file.find(name) != nullptr; }
+  std::int64_t group(const std::string& prefix) {  // the I32 [1] tensor prefix + "group"
+    std::int32_t v = 0;
+    std::memcpy(&v, file.bytes(*find(prefix + "group")), 4);
+    return v;
+  }
 };
 
 // Bit equality of two tensors of the same 16-bit dtype (the first 5 differences reported).
@@ -329,7 +335,7 @@ TEST(QatKernels, LowPrecisionFakeQuantizationIsTorchaosBitForBit) {
     for (int k = 0; g.has(std::string(d) + ".w" + std::to_string(k) + ".w"); ++k, ++weights) {
       const std::string p = std::string(d) + ".w" + std::to_string(k) + ".";
       Tensor w = g.get(p + "w"), gw = g.get(p + "g"), want_fq = g.get(p + "fq"), want_ste = g.get(p + "ste");
-      const std::int64_t group = *static_cast<const std::int32_t*>(static_cast<const void*>(g.file.bytes(*g.find(p + "group"))));
+      const std::int64_t group = g.group(p);
       Tensor wq = Tensor::empty(w.shape(), w.dtype(), *g.cpu.alloc);
       kernels::fake_quant_group_forward(wq, w, group, g.cpu.ctx);
       expect_bits16(wq, want_fq, p + "fq");
@@ -353,7 +359,7 @@ TEST(QatKernels, LowPrecisionInt4ConversionIsTorchaosConvert) {
       const DType dt = *g.find(p + "w")->dtype;
       Tensor w = g.get(p + "w", DType::kF32), fq = g.get(p + "fq");
       const std::int64_t rows = w.dim(0), cols = w.dim(1);
-      const std::int64_t group = *static_cast<const std::int32_t*>(static_cast<const void*>(g.file.bytes(*g.find(p + "group"))));
+      const std::int64_t group = g.group(p);
       std::vector<std::int8_t> q(static_cast<std::size_t>(w.numel()));
       std::vector<float> s(static_cast<std::size_t>(w.numel() / group));
       kernels::quantize_int4_grouped(q.data(), s.data(), w.f32(), rows, cols, group, dt);
@@ -441,7 +447,8 @@ TEST(QatKernels, LowPrecisionVectorPathEqualsScalarSteps) {
           using kernels::qat::stored;
           const float want[4] = {stored(kernels::qat::fake_quant(xv.f32()[k], ax), dt),
                                  stored(kernels::qat::fake_quant(wv.f32()[k], aw), dt),
-                                 stored((acc ? sx0.f32()[k] : -0.0f) + kernels::qat::ste(gv.f32()[k], xv.f32()[k], ax), dt),
+                                 stored((acc ? sx0.f32()[k] : -0.0f) +
+                                            kernels::qat::ste(gv.f32()[k], xv.f32()[k], ax), dt),
                                  stored(sw0.f32()[k] + kernels::qat::ste(gv.f32()[k], wv.f32()[k], aw), dt)};
           const float got[4] = {fx32.f32()[k], fw32.f32()[k], sx32.f32()[k], sw32.f32()[k]};
           for (int j = 0; j < 4; ++j) {
@@ -486,7 +493,8 @@ TEST(QatKernels, QatLinearOnBf16IsTorchaosBf16LinearWithinTheGemmsRounding) {
     int bad = 0, differing = 0;
     for (std::int64_t k = 0; k < got.numel(); ++k) {
       const double a = got.f32()[k], b = want.f32()[k];
-      const double tol = std::ldexp(std::fabs(b), -6) + static_cast<double>(n) * std::ldexp(sum_abs(k / cols, k % cols), -22);
+      const double tol =
+          std::ldexp(std::fabs(b), -6) + static_cast<double>(n) * std::ldexp(sum_abs(k / cols, k % cols), -22);
       differing += a != b;
       if (!(std::fabs(a - b) <= tol) && ++bad <= 5) {
         ADD_FAILURE() << name << " element " << k << ": " << a << " vs torchao " << b << " (tolerance " << tol << ")";

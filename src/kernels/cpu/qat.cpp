@@ -202,7 +202,9 @@ void CpuBackend::fake_quant_group_forward(Tensor& wq, const Tensor& w, std::int6
         const float* wr = load_row(elem(w.raw(), w.dtype(), r * n), w.dtype(), n, 0);
         void* qp = elem(wq.raw(), wq.dtype(), r * n);
         float* qr = out_row(qp, wq.dtype(), n, 1);
-        for (std::int64_t c = 0; c < n; c += group) fake_quant_run(qr + c, wr + c, group, group_params<kT>(wr + c, group));
+        for (std::int64_t c = 0; c < n; c += group) {
+          fake_quant_run(qr + c, wr + c, group, group_params<kT>(wr + c, group));
+        }
         store_row(qr, qp, wq.dtype(), n);
       }
     });
