@@ -70,7 +70,11 @@ void fake_quant_group_backward(Tensor& dw, const Tensor& g, const Tensor& w, std
 }
 
 void quantize_int4_grouped(std::int8_t* q, float* scales, const float* w, std::int64_t rows, std::int64_t cols,
-                           std::int64_t group) {
+                           std::int64_t group, DType t) {
+  if (!is_float_type(t)) {
+    throw InvalidInput(std::string("[quantize] the weights must be fp32, bf16 or fp16, got ") +
+                       std::string(dtype_name(t)));
+  }
   if (group <= 1 || cols % group != 0) {
     throw InvalidInput("[quantize] group size " + std::to_string(group) + " must be > 1 and divide the weight's " +
                        std::to_string(cols) + " columns");
@@ -84,7 +88,7 @@ void quantize_int4_grouped(std::int8_t* q, float* scales, const float* w, std::i
         lo = wg[i] < lo ? wg[i] : lo;
         hi = wg[i] > hi ? wg[i] : hi;
       }
-      const qat::Affine a = qat::group_params(lo, hi);
+      const qat::Affine a = qat::group_params(lo, hi, t);
       scales[r * groups + g] = a.scale;
       for (std::int64_t i = 0; i < group; ++i) {
         q[r * cols + g * group + i] = static_cast<std::int8_t>(qat::clamp_q(qat::unclamped(wg[i], a), a));

@@ -132,7 +132,7 @@ QuantizeReport quantize_checkpoint(const std::string& dir, const std::string& ou
       ++rep.copied;
       continue;
     }
-    if (t.shape.size() != 2 || !t.dtype) {
+    if (t.shape.size() != 2 || !t.dtype || *t.dtype == DType::kI32) {
       throw InvalidInput("[quantize] " + file.path() + ": " + t.name + " is " + t.dtype_name + " " + t.shape_str() +
                          " — expected a float [out, in] weight");
     }
@@ -141,8 +141,10 @@ QuantizeReport quantize_checkpoint(const std::string& dir, const std::string& ou
     file.read(t, w.data(), DType::kF32);
     std::vector<std::int8_t> q(w.size());
     std::vector<std::uint8_t> scales(static_cast<std::size_t>(rows * groups) * 4);
+    // The arithmetic of the checkpoint's dtype: a bf16 checkpoint (--model-precision bf16) gets
+    // the bf16 scales its training forward used, as torchao's convert on a bf16 model.
     kernels::quantize_int4_grouped(q.data(), reinterpret_cast<float*>(scales.data()), w.data(), rows, cols,
-                                   o.group_size);
+                                   o.group_size, *t.dtype);
     std::vector<std::uint8_t> weight;
     if (o.to == "int4") {
       weight.resize(q.size() / 2);

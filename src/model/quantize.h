@@ -3,8 +3,9 @@
 // as torchao's Int8DynActInt4WeightQATQuantizer.convert does: every linear weight of the decoder
 // layers (the modules --qat fake-quantizes, ParamLayout::qat_applies) becomes int4 values q in
 // [−8, 7] with one fp32 scale per group of G input columns (symmetric: w ≈ q·scale, zero point 0;
-// kernels::quantize_int4_grouped, the same arithmetic as the fake quantization, so q·scale is
-// bit for bit what training's forward used). Activations stay dynamic (int8 per token, computed at
+// kernels::quantize_int4_grouped, the same arithmetic as the fake quantization — in the
+// checkpoint's dtype: bf16 scales for a bf16 checkpoint, as torchao's convert on a bf16 model — so
+// q·scale, rounded to the checkpoint's dtype, is bit for bit what training's forward used). Activations stay dynamic (int8 per token, computed at
 // run time), so they have no tensors.
 //
 // Layout of <out>/model.safetensors (docs/finetuning.md), per converted module <m>:

@@ -17,6 +17,24 @@ kernels.safetensors (fp32 unless said otherwise), from torchao's Int8DynActInt4W
   g_w, ste_w       an upstream gradient and w.grad through the weight fake quantizer
   dy, y, dx, dw    the whole linear: y = linear(x), y.backward(dy): x.grad, weight.grad
 
+kernels_lowp.safetensors: torchao's fake quantizers of Int8DynActInt4WeightQATLinear on bf16 and
+fp16 tensors (the quantizer computes in its input's dtype: kernels/qat.h has the op sequence), for
+each dtype D in bf16, fp16 (every tensor of dtype D unless said otherwise):
+  D.aK.x, D.aK.fq, D.aK.g, D.aK.ste      activation case K: x [rows, cols], fq(x), an upstream
+                                         gradient and x.grad — rows of different ranges, all-zero,
+                                         all-positive, all-negative, ties at scale 1 (hi − lo = 255)
+  D.wK.w, D.wK.fq, D.wK.g, D.wK.ste      weight case K: w [out, in], fq(w), a gradient and w.grad
+  D.wK.group (I32 [1])                   its group size; groups of ties (amax 7.5: scale 1, +7.5
+                                         clamped), all-zero groups, groups whose scale falls under
+                                         the dtype's smallest normal (clamped), random groups
+  D.wK.q (I8), D.wK.scales, D.wK.zeros   quantizer.convert of a D model holding w: the int4 values
+                                         and the fp32 scales / zeros (scalelab quantize of a D
+                                         checkpoint must equal them)
+  bf16.linear.y, .dy, .dx, .dw            the whole Int8DynActInt4WeightQATLinear(64, 16, group 32) of a
+                                         bf16 model on bf16.a0.x with weight bf16.w0.w: y, an upstream
+                                         gradient, x.grad and weight.grad (bf16 GEMMs: a tolerance)
+The cases of kernels.safetensors (fp32) are not repeated here.
+
 trajectory/: a tiny Llama (GQA, tied embeddings), base model as transformers saves it
 (config.json, model.safetensors) and tokens.bin (flat little-endian uint32, seq_len + 1 per sample,
 in the order the steps consume them); torchao's quantizer.prepare on model.model.layers (every
@@ -110,6 +128,110 @@ def make_kernels(out):
     save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, "kernels.safetensors"))
     clamped = int((wr.grad == 0).sum()) - int((g_w == 0).sum())
     print(f"kernels: {clamped} clamped weight elements, fq_x levels/row {[len(r.unique()) for r in fq_x.detach()]}")
+
+
+# (rows, cols) of the activation cases and (out, in, group) of the weight cases of kernels_lowp.
+LOWP_ACTS = [(8, 64), (5, 200), (32, 128)]
+LOWP_WEIGHTS = [(16, 64, 32), (6, 96, 8), (4, 256, 256), (32, 128, 32), (8, 128, 16)]
+
+
+def lowp_activation(gen, rows, cols, case):
+    x = torch.randn(rows, cols, generator=gen) * (10.0 ** (case - 1))
+    if rows >= 8:
+        x[0] = 0.0
+        x[1] = x[1].abs() + 0.1
+        x[2] = -(x[2].abs() + 0.1)
+        x[3] *= 100.0
+        x[4] *= 1e-3
+        # scale exactly 1 in bf16 and fp16 (hi − lo = 255), zero point −64, values on exact halves
+        # below 128 (exact in bf16's 8 significant bits): round-half-even ties
+        halves = torch.arange(-64, 127, 1, dtype=torch.float32) + 0.5
+        pick = torch.randint(0, len(halves), (cols - 2,), generator=gen)
+        x[5] = torch.cat([torch.tensor([-64.0, 191.0]), halves[pick]])
+        x[6] = torch.randn(cols, generator=gen) * 3 + 5
+    return x
+
+
+def lowp_weight(gen, out, cols, group, dtype):
+    w = torch.randn(out, cols, generator=gen) * 0.05
+    groups = cols // group
+    ties = torch.arange(-7.5, 8.0, 0.5)  # 31 values, amax 7.5: scale 1
+    for r in range(out):
+        for k in range(groups):
+            g = slice(k * group, (k + 1) * group)
+            kind = (r * groups + k) % 6
+            if kind == 0 and r == 0:
+                w[r, g] = 0.0
+            elif kind == 1:
+                idx = torch.randint(0, len(ties), (group,), generator=gen)
+                v = ties[idx]
+                v[0] = 7.5 if (r + k) % 2 else -7.5  # the scale is 1 either way
+                w[r, g] = v
+            elif kind == 2:
+                w[r, g] *= 100.0
+            elif kind == 3:
+                # a scale below the dtype's smallest normal, clamped to it (bf16: 2^-126, fp16: 2^-14)
+                w[r, g] *= 1e-38 * 20 if dtype == torch.bfloat16 else 1e-3
+            elif kind == 4:
+                w[r, g] = w[r, g].abs()
+    return w
+
+
+def make_kernels_lowp(out):
+    """torchao's fake quantizers (and convert) on bf16 and fp16 tensors."""
+    from torchao.quantization.qat import Int8DynActInt4WeightQATQuantizer as Quantizer
+    gen = torch.Generator().manual_seed(SEED + 7)
+    t = {}
+    counts = []
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        for k, (rows, cols) in enumerate(LOWP_ACTS):
+            lin = Int8DynActInt4WeightQATLinear(cols, 8, bias=False, groupsize=cols)
+            x = lowp_activation(gen, rows, cols, k).to(dtype)
+            xr = x.clone().requires_grad_(True)
+            fq = lin.activation_fake_quantizer(xr)
+            g = torch.randn(fq.shape, generator=gen).to(dtype)
+            fq.backward(g)
+            assert fq.dtype == dtype and xr.grad.dtype == dtype
+            # what scalelab did before (fp32 arithmetic, one rounding): how many elements differ
+            f32 = lin.activation_fake_quantizer(x.float()).to(dtype)
+            counts.append(f"{name}.a{k}: {int((f32 != fq.detach()).sum())}/{fq.numel()}")
+            p = f"{name}.a{k}."
+            t.update({p + "x": x, p + "fq": fq.detach(), p + "g": g, p + "ste": xr.grad})
+        for k, (rows, cols, group) in enumerate(LOWP_WEIGHTS):
+            w = lowp_weight(gen, rows, cols, group, dtype).to(dtype)
+            lin = Int8DynActInt4WeightQATLinear(cols, rows, bias=False, groupsize=group, precision=dtype)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+            wr = w.clone().requires_grad_(True)
+            fq = lin.weight_fake_quantizer(wr)
+            g = torch.randn(fq.shape, generator=gen).to(dtype)
+            fq.backward(g)
+            assert fq.dtype == dtype and wr.grad.dtype == dtype
+            f32 = lin.weight_fake_quantizer(w.float()).to(dtype)
+            counts.append(f"{name}.w{k}: {int((f32 != fq.detach()).sum())}/{fq.numel()}")
+            model = torch.nn.Sequential(lin)
+            Quantizer(groupsize=group).convert(model)
+            conv = model[0]
+            assert conv.weight.dtype == torch.int8, conv.weight.dtype
+            p = f"{name}.w{k}."
+            t.update({p + "w": w, p + "fq": fq.detach(), p + "g": g, p + "ste": wr.grad,
+                      p + "group": torch.tensor([group], dtype=torch.int32), p + "q": conv.weight.detach(),
+                      p + "scales": conv.scales.detach().float(), p + "zeros": conv.zeros.detach().float()})
+    # The whole linear on a bf16 model (precision=bfloat16): y = F.linear(fq(x), fq(w)) in bf16 and its
+    # backward, from the bf16 case 0 activations and weights.
+    x, w = t["bf16.a0.x"], t["bf16.w0.w"]
+    lin = Int8DynActInt4WeightQATLinear(64, 16, bias=False, groupsize=32, precision=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(w)
+    xl = x.clone().requires_grad_(True)
+    y = lin(xl)
+    dy = torch.randn(y.shape, generator=gen).to(torch.bfloat16)
+    y.backward(dy)
+    assert y.dtype == xl.grad.dtype == lin.weight.grad.dtype == torch.bfloat16
+    t.update({"bf16.linear.y": y.detach(), "bf16.linear.dy": dy, "bf16.linear.dx": xl.grad,
+              "bf16.linear.dw": lin.weight.grad})
+    save_file({k: v.contiguous() for k, v in t.items()}, os.path.join(out, "kernels_lowp.safetensors"))
+    print("kernels_lowp: elements where the fp32 arithmetic rounded once differs:", ", ".join(counts))
 
 
 def make_tokens(gen, vocab, n_samples, seq_len):
@@ -228,12 +350,19 @@ def make_trajectory(out_root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", choices=["kernels_lowp"],
+                    help="write only this part into --out (keeping the rest of the directory)")
     a = ap.parse_args()
+    torch.set_num_threads(1)
+    if a.only == "kernels_lowp":
+        os.makedirs(a.out, exist_ok=True)
+        make_kernels_lowp(a.out)
+        return
     if os.path.exists(a.out):
         shutil.rmtree(a.out)
     os.makedirs(a.out)
-    torch.set_num_threads(1)
     make_kernels(a.out)
+    make_kernels_lowp(a.out)
     make_trajectory(a.out)
 
 

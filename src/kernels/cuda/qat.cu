@@ -1,9 +1,12 @@
 // Fake quantization on CUDA (kernels/qat.h) with the CPU's arithmetic (kernels/qat_math.h, the same
-// fp32 operations in the same order, so the same bits). One warp per run (an activation row or a
+// operations in the same order, so the same bits — for bf16/fp16 tensors torchao's arithmetic on
+// that dtype, each rounding through CUDA's __float2bfloat16_rn / __float2half_rn, which round as
+// core/dtype.h's host conversions do). One warp per run (an activation row or a
 // weight group): its lanes read the run with a stride of 32 (coalesced), reduce the minimum and
 // maximum with shuffles (min and max are exact, so the order cannot change them; the clamps
 // against +0 in qat_math.h erase the sign of a zero), then each lane writes its elements.
-// Compiled here, not yet run on a GPU.
+// Compiled here; the bf16/fp16 arithmetic of qat_math.h (torchao's on that dtype) was compiled
+// but has not run on a GPU yet (the qat selftest family compares it with the CPU bit for bit).
 #include <cstdint>
 
 #include "kernels/cuda/backend.h"
@@ -39,7 +42,8 @@ __global__ void qat_runs_kernel(Out out, In x, In g, std::int64_t runs, std::int
       lo = l < lo ? l : lo;
       hi = h > hi ? h : hi;
     }
-    const qat::Affine a = per_token ? qat::per_token_params(lo, hi) : qat::group_params(lo, hi);
+    // x.t: the quantized tensor's dtype sets the arithmetic (qat_math.h), as on the CPU
+    const qat::Affine a = per_token ? qat::per_token_params(lo, hi, x.t) : qat::group_params(lo, hi, x.t);
     for (std::int64_t i = lane; i < n; i += 32) {
       if constexpr (kSte) {
         const float v = qat::ste(g[base + i], x[base + i], a);

@@ -6,8 +6,11 @@
 // minimum and maximum of a run (exact in any order; the clamps against +0 erase the sign of a
 // zero), then one IEEE fp32 operation at a time with no multiply feeding an add (nothing for an
 // FMA contraction to fuse; nvcc is not given --use_fast_math, so the divisions are IEEE), and
-// bf16 / fp16 storage is loaded exactly and rounded to nearest even once per stored element on
-// both sides. So every stored bit is the CPU's, including the sign of zeros and the elements
+// bf16 / fp16 storage is loaded exactly and rounded to nearest even per stored element on both
+// sides; for bf16 / fp16 tensors the intermediate roundings of torchao's arithmetic in that dtype
+// (the scale and zero point, the STE's two products: qat_math.h's `stored`) are round-to-nearest-
+// even on both sides too (core/dtype.h's conversions and AVX2 bit arithmetic / F16C on the CPU,
+// __float2bfloat16_rn / __float2half_rn on the GPU). So every stored bit is the CPU's, including the sign of zeros and the elements
 // whose gradient the clamp mask drops. Outputs "NAME (bits)": the "rel error" column of these
 // rows is the number of elements whose bits differ (a NaN-poisoned element never written counts).
 //
