@@ -180,7 +180,7 @@ def main():
         per_round = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(res[(m, "scalelab")], res[(m, "hf")])]
         rss = statistics.median(r["rss"] for r in res[(m, "scalelab")]) / statistics.median(r["rss"] for r in res[(m, "hf")])
         print(f"{m:>16} tokens/s ratio per round {', '.join(f'{x:.2f}x' for x in per_round)}; median "
-              f"{statistics.median(per_round):.2f}x (goal >= 1.5x); peak RSS median ratio {rss:.2f}x (goal <= 0.6x)")
+              f"{statistics.median(per_round):.2f}x (goal >= 1.5x); peak RSS median ratio {rss:.3f}x (goal <= 0.6x)")
     loads = [r["load"] for v in res.values() for r in v]
     print(f"load average (1 min) at the runs' starts: {min(loads):.1f}-{max(loads):.1f}")
 
