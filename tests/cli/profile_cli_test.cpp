@@ -128,6 +128,46 @@ TEST(ProfileCli, OptAndTheMemorySaversNestToo) {
   }
 }
 
+// Every GEMM of the fine-tuning methods is inside an op scope: LoRA's adapter products as their own
+// family ("lora"), QLoRA's NF4 tile products and QAT's weight-gradient product as "matmul".
+// (kernels::gemm_ex does not profile itself; before, these fell between the profiled ops.)
+TEST(ProfileCli, FineTuningMethodsGemmsAreProfiled) {
+  auto ops = [](const json& t) {
+    std::map<std::string, int> n;  // "family phase" -> op events
+    for (const auto& e : t["traceEvents"])
+      if (e["ph"] == "X" && e["cat"] == "op")
+        ++n[e["name"].get<std::string>() + " " + e["args"]["phase"].get<std::string>()];
+    return n;
+  };
+  const std::string base = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 1 --threads 1 --quiet ";
+  const std::string all = " --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
+  const std::string trace = testing::TempDir() + "prof_methods.trace.json";
+  // LoRA on all 7 projections of 2 layers; q/k/v and gate/up stacked (one z GEMM each). Forward per
+  // layer: qkv z + 3 B, o z + B, gate/up z + 2 B, down z + B = 11. Backward per layer: qkv z, 3 x
+  // (dB, dz), dA, dx = 9; o z, dB, dz, dA, dx = 5; gate/up 1 + 4 + 2 = 7; down 5 = 26.
+  CmdResult r = run(base + "--lora-rank 4" + all + " --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::map<std::string, int> n = ops(read_json(trace));
+  EXPECT_EQ(n["lora forward"], 2 * 11);
+  EXPECT_EQ(n["lora backward"], 2 * 26);
+  // QLoRA: each quantized weight is one tile here, one product forward and one backward (input
+  // gradient) per weight: 7 per layer, besides the LM head's.
+  r = run(base + "--lora-rank 4 --quantize-base nf4-bnb" + all + " --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  n = ops(read_json(trace));
+  EXPECT_EQ(n["nf4 forward"], 2 * 2 * 7);  // dequantized forward and again for backward
+  EXPECT_GE(n["matmul forward"], 2 * 7 + 1);
+  EXPECT_GE(n["matmul backward"], 2 * 7 + 1);
+  // QAT: the weight gradient of each fake-quantized module is its own product.
+  const std::string plain = testing::TempDir() + "prof_plain.trace.json";
+  r = run(base + "--trace " + plain);
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(base + "--qat 8da4w --qat-group-size 32 --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(ops(read_json(trace))["matmul backward"] - ops(read_json(plain))["matmul backward"], 2 * 4)
+      << "one weight-gradient GEMM per QAT module (q/k/v, o, gate/up, down) and layer";
+}
+
 TEST(ProfileCli, SummaryOfEachSourceInEachFormat) {
   for (const std::string& file : std::vector<std::string>{"nsys_stats.csv", "torch_cpu_trace.json", "torch_gpu_trace.json"}) {
     const CmdResult md = run("profile-summary " + kData + file);

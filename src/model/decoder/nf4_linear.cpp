@@ -36,6 +36,7 @@ void Nf4Linear::forward(Tensor& y, const Tensor& x, const Tensor* bias, ExecCont
       const std::int64_t n = std::min(step, p.w.rows - r0);
       Tensor t = n == step ? tile : tile.slice(0, n * in_).view({n, in_});
       kernels::nf4_dequantize(t, p.w, r0, ctx);
+      ProfileScope prof(ctx, "matmul", Phase::kForward);  // gemm_ex does not profile itself
       kernels::gemm_ex(false, true, T, n, in_, 1.0f, x.raw(), x.dtype(), in_, t.raw(), tt, in_, 0.0f,
                        at_col(y, p.col + r0), y.dtype(), out_, ctx);
     }
@@ -54,6 +55,7 @@ void Nf4Linear::backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, b
       const std::int64_t n = std::min(step, p.w.rows - r0);
       Tensor t = n == step ? tile : tile.slice(0, n * in_).view({n, in_});
       kernels::nf4_dequantize(t, p.w, r0, ctx);
+      ProfileScope prof(ctx, "matmul", Phase::kBackward);  // gemm_ex does not profile itself
       kernels::gemm_ex(false, false, T, in_, n, 1.0f, at_col(dy, p.col + r0), dy.dtype(), out_, t.raw(), tt,
                        in_, first ? 0.0f : 1.0f, dx.raw(), dx.dtype(), in_, ctx);
       first = false;

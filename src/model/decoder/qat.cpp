@@ -32,8 +32,11 @@ void QatLinear::backward(Tensor* dx, Tensor& dw, Tensor* db, const Tensor& dy, c
     // gw = dyᵀ·xq [out, in], then dw += ste(gw; w).
     const std::int64_t in = w.dim(1), out = w.dim(0), T = x.numel() / in;
     Tensor gw = Tensor::empty(w.shape(), dw.dtype(), *ctx.alloc, "qat weight gradient");
-    kernels::gemm_ex(true, false, out, in, T, 1.0f, dy.raw(), dy.dtype(), out, xq.raw(), xq.dtype(), in, 0.0f,
-                     gw.raw(), gw.dtype(), in, ctx);
+    {
+      ProfileScope prof(ctx, "matmul", Phase::kBackward);  // gemm_ex does not profile itself
+      kernels::gemm_ex(true, false, out, in, T, 1.0f, dy.raw(), dy.dtype(), out, xq.raw(), xq.dtype(), in, 0.0f,
+                       gw.raw(), gw.dtype(), in, ctx);
+    }
     kernels::fake_quant_group_backward(dw, gw, w, group_, ctx);
   }
   xq = Tensor();
