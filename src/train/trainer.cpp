@@ -474,8 +474,10 @@ class TrainSession {
   // buffers (the gradients, ZeRO's shards, the parameters) until the process exits, and a freed
   // buffer is then a crash in the communication thread. So their memory is never returned: the
   // device allocator is leaked with every block in it (the process ends right after such a run).
+  // Only once the buffers were handed to the communicator (attach): a run refused before that (a
+  // bad --resume, bad data) has nothing in flight and frees normally.
   ~TrainSession() {
-    if (dp_ && (std::uncaught_exceptions() > 0 || res_.status != RunStatus::kOk)) (void)dev_.alloc.release();
+    if (dp_attached_ && (std::uncaught_exceptions() > 0 || res_.status != RunStatus::kOk)) (void)dev_.alloc.release();
   }
 
   // Buffers, weights (loaded or initialized), model, data source, batch; prints the start line.
@@ -539,6 +541,7 @@ class TrainSession {
   // gradients become final (update_in_backward), with this step's hyperparameters; what the
   // step's ranges added to the gradient norm and how many parameters they covered.
   kernels::AdamWHyper in_backward_hp_;
+  bool dp_attached_ = false;  // the data-parallel run holds the step buffers (set just before attach)
   double in_backward_sum_sq_ = 0;
   std::int64_t in_backward_covered_ = 0;
   void update_in_backward(std::int64_t begin, std::int64_t end);
@@ -828,6 +831,7 @@ void TrainSession::build() {
     if (prec_.weight_copy) bufs_.compute_weights.copy_from(bufs_.params);
   }
   if (dp_) {
+    dp_attached_ = true;  // from here MPI may hold these buffers (~TrainSession)
     dp_->attach(bufs_.trainable, bufs_.grads, bufs_.m, bufs_.v, bufs_.zero_recv.defined() ? &bufs_.zero_recv : nullptr,
                 *model_);
     dp_->set_tracer(tracer_.get());
