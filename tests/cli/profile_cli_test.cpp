@@ -116,7 +116,10 @@ TEST(ProfileCli, OptAndTheMemorySaversNestToo) {
   for (const std::string& flags : std::vector<std::string>
        {"--model opt-tiny --seq-len 16 --micro-batch-size 2 --max-steps 2 --threads 1 --quiet",
         "--model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 2 --threads 1 --quiet --fused-kernels "
-        "--activation-checkpointing --attn flash --mixed-precision bf16"}) {
+        "--activation-checkpointing --attn flash --mixed-precision bf16",
+        // AdamW inside backward: an optimizer region inside each layer's backward region.
+        "--model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 2 --threads 1 --quiet "
+        "--optimizer-in-backward --max-grad-norm 0"}) {
     const std::string trace = testing::TempDir() + "prof_var.trace.json";
     const CmdResult r = run("train " + flags + " --trace " + trace);
     ASSERT_EQ(r.code, 0) << flags << "\n" << r.output;
