@@ -104,7 +104,17 @@ std::optional<TrialRow> TrialExecutor::recorded(const ParamMap& params, int repe
 
 TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, const std::string& role,
                                          const std::string& label_in) {
-  if (auto row = recorded(params, repeat)) return {*row, true};
+  if (auto row = recorded(params, repeat)) {
+    // A trial recorded by another build measured that build: say so once per build, so that a
+    // table mixing them is not read as this build's figures (--rerun measures them again).
+    const std::string here = SCALELAB_GIT_REV;
+    if (!row->git_rev.empty() && !here.empty() && here != "unknown" && row->git_rev != here &&
+        other_builds_.insert(row->git_rev).second) {
+      progress_.note("reusing trials recorded by scalelab " + row->git_rev + " (this build is " + here +
+                     "): their figures are that build's — pass --rerun to measure them with this one");
+    }
+    return {*row, true};
+  }
   if (options_.cancel && options_.cancel->load()) throw Interrupted("[lab] interrupted");
 
   const std::string label = label_in.empty() ? params_label(params) : label_in;

@@ -103,6 +103,7 @@ class TrialExecutor {
   Progress& progress_;
   std::string dir_;
   std::set<std::string> ran_now_;  // "hash/repeat" of trials run by this executor
+  std::set<std::string> other_builds_;  // git revisions of reused trials already noted
   bool nsys_ = false;              // external trials run under nsys profile (lab/external_profile.h)
 };
 

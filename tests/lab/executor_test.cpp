@@ -5,8 +5,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sqlite3.h>
+
+#include <cstdio>
+
 #include "core/error.h"
 #include "lab_test_util.h"
+#include "scalelab/version.h"
 
 namespace scalelab::lab {
 namespace {
@@ -69,6 +74,55 @@ TEST(Executor, RecordsAndReusesTrials) {
   TrialExecutor exec3(f.store, f.sweep, "s", echo_workload(), all, Progress::silent());
   EXPECT_FALSE(exec3.run({{"tps", 5}}, 0, "").cached);
   EXPECT_TRUE(exec3.run({{"tps", 5}}, 0, "").cached);
+}
+
+// A trial recorded by another build is reused (resuming a sweep after a rebuild must not re-run
+// it), but the runner says whose figures they are, once per other build.
+TEST(Executor, SaysWhenItReusesTrialsOfAnotherBuild) {
+  Fixture f;
+  {
+    TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), f.options(), Progress::silent());
+    ASSERT_FALSE(exec.run({{"tps", 5}}, 0, "").cached);
+    ASSERT_FALSE(exec.run({{"tps", 6}}, 0, "").cached);
+  }
+  auto notes = [&](std::FILE* out) {
+    std::fflush(out);
+    std::rewind(out);
+    std::string text;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, out)) text += buf;
+    return text;
+  };
+  std::FILE* same = std::tmpfile();
+  ASSERT_NE(same, nullptr);
+  {
+    Progress progress(same, false);
+    TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), f.options(), progress);
+    EXPECT_TRUE(exec.run({{"tps", 5}}, 0, "").cached);
+  }
+  EXPECT_EQ(notes(same).find("reusing trials recorded by"), std::string::npos) << notes(same);
+  std::fclose(same);
+  // The same trials as if an older build had recorded them.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((f.dir / "r.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "UPDATE trials SET git_rev = 'abc1234'", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  std::FILE* other = std::tmpfile();
+  ASSERT_NE(other, nullptr);
+  {
+    Progress progress(other, false);
+    TrialExecutor exec(f.store, f.sweep, "s", echo_workload(), f.options(), progress);
+    EXPECT_TRUE(exec.run({{"tps", 5}}, 0, "").cached);
+    EXPECT_TRUE(exec.run({{"tps", 6}}, 0, "").cached);
+  }
+  const std::string text = notes(other);
+  std::fclose(other);
+  if (std::string(SCALELAB_GIT_REV) == "unknown") GTEST_SKIP() << "this build has no git revision to compare";
+  EXPECT_THAT(text, HasSubstr("reusing trials recorded by scalelab abc1234 (this build is " +
+                              std::string(SCALELAB_GIT_REV) + ")"));
+  EXPECT_THAT(text, HasSubstr("--rerun"));
+  // Once per other build, not per trial.
+  EXPECT_EQ(text.find("reusing trials"), text.rfind("reusing trials")) << text;
 }
 
 class RecordingMonitor : public TrialMonitor {
