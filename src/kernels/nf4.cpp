@@ -6,8 +6,8 @@
 
 namespace scalelab::kernels {
 
-void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContext& ctx) {
-  ProfileScope prof(ctx, "nf4", Phase::kForward);
+void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContext& ctx, Phase phase) {
+  ProfileScope prof(ctx, "nf4", phase);
   const char* op = "nf4_dequantize";
   SCALELAB_CHECK(out.dtype() == DType::kF32 || out.dtype() == DType::kBF16 || out.dtype() == DType::kF16,
                  std::string("[") + op + "] the output tile must be fp32, bf16 or fp16, got " +

@@ -56,7 +56,10 @@ struct Nf4View {
   std::int64_t numel() const { return rows * cols; }
 };
 
-void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContext& ctx);
+// phase: the step phase the profile counts it in (QLoRA dequantizes the same tiles again in
+// backward for the input gradient).
+void nf4_dequantize(Tensor& out, const Nf4View& w, std::int64_t row0, ExecContext& ctx,
+                    Phase phase = Phase::kForward);
 
 // The family's device kernels. The front dispatches on the tile's device itself rather than through
 // a Backend method: one op that only QLoRA uses, kept out of the Backend interface every backend

@@ -54,7 +54,7 @@ void Nf4Linear::backward_input(Tensor& dx, const Tensor& dy, ExecContext& ctx, b
     for (std::int64_t r0 = 0; r0 < p.w.rows; r0 += step) {
       const std::int64_t n = std::min(step, p.w.rows - r0);
       Tensor t = n == step ? tile : tile.slice(0, n * in_).view({n, in_});
-      kernels::nf4_dequantize(t, p.w, r0, ctx);
+      kernels::nf4_dequantize(t, p.w, r0, ctx, Phase::kBackward);
       ProfileScope prof(ctx, "matmul", Phase::kBackward);  // gemm_ex does not profile itself
       kernels::gemm_ex(false, false, T, in_, n, 1.0f, at_col(dy, p.col + r0), dy.dtype(), out_, t.raw(), tt,
                        in_, first ? 0.0f : 1.0f, dx.raw(), dx.dtype(), in_, ctx);
