@@ -134,7 +134,7 @@ void* DeviceAllocator::allocate(std::size_t bytes, const char* what) {
     std::size_t seg_bytes = small ? kSegmentBytes : req < kMidRequest ? kMidSegmentBytes : rounded;
     if (stats_.reserved + seg_bytes > capacity_) {
       if (release_cached_locked()) ++stats_.num_cache_flushes;
-      if (stats_.reserved + seg_bytes > capacity_) seg_bytes = std::max(req, std::min(seg_bytes, rounded));
+      if (stats_.reserved + seg_bytes > capacity_) seg_bytes = std::min(seg_bytes, rounded);
       if (stats_.reserved + seg_bytes > capacity_) seg_bytes = req;
     }
     void* p = nullptr;

@@ -906,7 +906,9 @@ StepRecord TrainSession::step(std::int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   if (tracer_ && step == bench_warmup_) tracer_->set_other("measured_from_us", tracer_->us(t0));
   StepSpan span(tracer_.get(), step, t0);
-  bufs_.grads.zero_();
+  // --optimizer-in-backward zeroes each range right after its update (update_in_backward), and
+  // every step covers every range: the buffer is already zero here.
+  if (!o.optimizer_in_backward) bufs_.grads.zero_();
   const double lr = o.lr * lr_factor(schedule_, step, o.warmup_steps, o.max_steps);
   if (o.optimizer_in_backward) {
     // No clipping and no loss scaling (validate_train_options): the update needs nothing but lr.
