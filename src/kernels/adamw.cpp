@@ -24,6 +24,15 @@ void adamw_update(Tensor& params, Tensor& m, Tensor& v, const Tensor& grads, con
   backend_for(device_of(op, {&params, &m, &v, &grads}), op).adamw_update(params, m, v, grads, ranges, hp, ctx);
 }
 
+std::vector<ElementRange> ranges_within(const std::vector<ElementRange>& ranges, std::int64_t begin, std::int64_t end) {
+  std::vector<ElementRange> local;
+  for (const auto& r : ranges) {
+    const std::int64_t lo = std::max(r.begin, begin), hi = std::min(r.end, end);
+    if (hi > lo) local.push_back({lo - begin, hi - begin, r.decay});
+  }
+  return local;
+}
+
 double sum_of_squares(const Tensor& g, ExecContext& ctx) {
   ProfileScope prof(ctx, "adamw", Phase::kOptimizer);
   const char* op = "sum_of_squares";

@@ -41,6 +41,10 @@ struct ElementRange {
   bool decay = true;
 };
 
+// The parts of `ranges` inside [begin, end), with offsets from begin: the ranges of an update of the
+// slice [begin, end) of the buffers (a ZeRO-1 shard, a layer updated in backward).
+std::vector<ElementRange> ranges_within(const std::vector<ElementRange>& ranges, std::int64_t begin, std::int64_t end);
+
 // Updates the elements of the given ranges of the flat buffers (decay per range). params, m, v
 // and grads have equal length and any float dtype each (e.g. bf16 params and grads with fp32 or
 // bf16 states); the update is computed in fp32.

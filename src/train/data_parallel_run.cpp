@@ -117,12 +117,7 @@ void DataParallelRun::attach(Tensor& params, Tensor& grads, Tensor& m, Tensor& v
     }
     // ZeRO-1: this rank's shard; the states are indexed from the shard's start.
     Tensor p = params_->slice(begin, end), g = grads_->slice(begin, end);
-    std::vector<kernels::ElementRange> local;
-    for (const auto& r : *ranges_) {
-      const std::int64_t lo = std::max(r.begin, begin), hi = std::min(r.end, end);
-      if (hi > lo) local.push_back({lo - begin, hi - begin, r.decay});
-    }
-    kernels::adamw_update(p, *m_, *v_, g, local, *hyper_, *ctx_);
+    kernels::adamw_update(p, *m_, *v_, g, kernels::ranges_within(*ranges_, begin, end), *hyper_, *ctx_);
   };
   float* recv = zero_ && zero_recv ? zero_recv->f32() : nullptr;
   // train() seeds each rank's backward with 1/world (with the loss scale and 1/micro-steps), so the ranks'

@@ -1055,16 +1055,11 @@ void TrainSession::update_in_backward(std::int64_t begin, std::int64_t end) {
     const std::int64_t n = seg.end - seg.begin;
     Tensor g = bufs_.grads.slice(seg.grad_begin, seg.grad_begin + n);
     in_backward_sum_sq_ += kernels::sum_of_squares(g, ctx);
-    std::vector<kernels::ElementRange> local;
-    for (const auto& r : ranges_) {
-      const std::int64_t lo = std::max(r.begin, seg.begin), hi = std::min(r.end, seg.end);
-      if (hi > lo) local.push_back({lo - seg.begin, hi - seg.begin, r.decay});
-    }
     Tensor p = bufs_.trainable.slice(seg.begin, seg.end);
     Tensor m = bufs_.m.slice(seg.begin, seg.end), v = bufs_.v.slice(seg.begin, seg.end);
     kernels::AdamWHyper hp = in_backward_hp_;
     hp.index_base = seg.begin;
-    kernels::adamw_update(p, m, v, g, local, hp, ctx);
+    kernels::adamw_update(p, m, v, g, kernels::ranges_within(ranges_, seg.begin, seg.end), hp, ctx);
     if (prec_.weight_copy) {
       Tensor c = bufs_.compute_trainable.slice(seg.begin, seg.end);
       c.copy_from(p);
