@@ -4,7 +4,10 @@
 // allocates through the allocator while it runs (outputs and scratch made inside the call, as
 // the model makes them), and what each keeps for backward per layer.
 //
-//   build/bench/bench_fused [--reps N] [--threads N] [--tokens T] [--only norm|mlp|opt|loss]
+//   build/bench/bench_fused [--reps N] [--threads N] [--tokens T] [--hidden H] [--ffn I] [--vocab V]
+//                           [--only norm|mlp|opt|loss]
+//
+// e.g. SmolLM2-135M's head: --only loss --tokens 512 --hidden 576 --vocab 49152.
 //
 // The pairs compose what the model runs: e.g. "mlp down backward" is the down projection's
 // backward plus the SwiGLU backward, because the fused form's point is to rebuild the activation
@@ -108,21 +111,25 @@ void row(const char* name, const Bench::Timing& u, const Bench::Timing& f, std::
 int main(int argc, char** argv) {
   int threads = 0;
   std::string only;  // norm | mlp | opt | loss: one section
-  std::int64_t T = 4 * 1024;
+  std::int64_t T = 4 * 1024, H = 512, I = 2048, V = 32768;
   Bench b;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--reps") b.reps = std::max(1, std::atoi(argv[i + 1]));
     else if (a == "--threads") threads = std::atoi(argv[i + 1]);
     else if (a == "--tokens") T = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--hidden") H = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--ffn") I = std::max(1, std::atoi(argv[i + 1]));
+    else if (a == "--vocab") V = std::max(2, std::atoi(argv[i + 1]));
     else if (a == "--only") only = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: bench_fused [--reps N] [--threads N] [--tokens T] [--only norm|mlp|opt|loss]\n");
+      std::fprintf(stderr,
+                   "usage: bench_fused [--reps N] [--threads N] [--tokens T] [--hidden H] [--ffn I] [--vocab V] "
+                   "[--only norm|mlp|opt|loss]\n");
       return 2;
     }
   }
   set_num_threads(threads);
-  const std::int64_t H = 512, I = 2048, V = 32768;
   const float eps = 1e-5f;
   const std::size_t f4 = sizeof(float);
   std::printf("bench_fused: T=%lld tokens, H=%lld, I=%lld, V=%lld, fp32, %d threads, %d reps (median (best) ms)\n\n",

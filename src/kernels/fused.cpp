@@ -113,8 +113,8 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
 
 namespace {
 
-constexpr std::int64_t kMaxChunkBytes = std::int64_t{128} << 20;
-constexpr std::int64_t kMinChunk = 128, kDefaultChunk = 512;
+constexpr std::int64_t kMaxChunkBytes = std::int64_t{64} << 20;
+constexpr std::int64_t kMinChunk = 256, kDefaultChunk = 512;
 
 // Returns the token count T = x.numel() / H.
 std::int64_t check_linear_loss(const Tensor& x, const Tensor& w, const Tensor& targets, const char* op) {
@@ -141,9 +141,9 @@ std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab) {
 
 std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab, DeviceType device) {
   if (device != DeviceType::kCUDA) return fused_linear_cross_entropy_default_chunk(vocab);
-  constexpr std::int64_t kGpuChunk = 4096, kGpuMaxChunkBytes = std::int64_t{1} << 30;
+  constexpr std::int64_t kGpuChunk = 4096, kGpuMinChunk = 128, kGpuMaxChunkBytes = std::int64_t{1} << 30;
   std::int64_t c = kGpuChunk;
-  while (c > kMinChunk && c * std::max<std::int64_t>(vocab, 1) * 4 > kGpuMaxChunkBytes) c /= 2;
+  while (c > kGpuMinChunk && c * std::max<std::int64_t>(vocab, 1) * 4 > kGpuMaxChunkBytes) c /= 2;
   return c;
 }
 

@@ -109,13 +109,17 @@ void bias_relu_backward(Tensor& dx, Tensor* db, const Tensor& dy, const Tensor& 
 // Label of the chunk scratch in the allocator.
 constexpr const char* kFusedLossChunkLabel = "fused loss chunk";
 
-// Default chunk: 512 tokens, halved (not below 128) while the chunk's fp32 logits exceed 128 MiB:
-// V = 32768 (llama-small) 512 tokens, 64 MiB; V = 50272 (OPT) 512, 98 MiB; V = 128256 (Llama 3)
-// 256, 125 MiB. A token count, not a byte target, because the cost of chunking is per token: each
-// chunk's GEMMs re-pack all of w (and read and write all of dw), work that a chunk of c tokens
-// amortizes over 2c FLOPs per weight; on the CPU below ~256 tokens that overhead shows (bench_fused:
-// 64 tokens ~0.8x, 128 ~0.85x, 512-1024 at parity with the unfused head). The workspace does not
-// grow with the micro-batch, which is what removes the logits term from the memory plan.
+// Default chunk: 512 tokens, halved (not below 256) while the chunk's fp32 logits exceed 64 MiB:
+// V = 32768 (llama-small) 512 tokens, 64 MiB; V = 49152 (SmolLM2) 256, 48 MiB; V = 50272 (OPT)
+// 256, 49 MiB; V = 128256 (Llama 3) 256, 125 MiB. A token count, not a byte target, because the
+// cost of chunking is per token: each chunk's GEMMs re-pack all of w (and read and write all of
+// dw), work that a chunk of c tokens amortizes over 2c FLOPs per weight; on the CPU below ~256
+// tokens that overhead shows (bench_fused at llama-small's head: 64 tokens ~0.8x, 128 ~0.9x, 256
+// 0.98x, 512-1024 at parity with the unfused head; at SmolLM2's, 512 tokens: 256 costs 5 % more
+// than 512 and holds half the logits). The chunk is at the step's peak (it is live while every
+// activation is), so the 64 MiB cap is worth those few per cent of the head: SmolLM2's full
+// fine-tuning peaks 48 MiB lower. --fused-loss-chunk N overrides it. The workspace does not grow
+// with the micro-batch, which is what removes the logits term from the memory plan.
 std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab);
 // The default on `device`. On CUDA: 4096 tokens, halved (not below 128) while the chunk's fp32
 // logits exceed 1 GiB (V = 128256: 2048 tokens, 0.98 GiB; V = 50272: 4096, 0.77 GiB). Each chunk's

@@ -22,6 +22,9 @@ struct ModelOptions {
   DType activation_dtype = DType::kF32;
   AttentionImpl attention = AttentionImpl::kEager;
   bool fused_kernels = false;
+  // Tokens per chunk of the fused linear + cross-entropy (--fused-loss-chunk); 0: the device's
+  // default (kernels/fused.h).
+  std::int64_t fused_loss_chunk = 0;
   bool activation_checkpointing = false;
   double dropout = 0.0;  // OPT only; the trainer resolves config vs --dropout
   std::uint64_t seed = 0;

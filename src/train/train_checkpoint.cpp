@@ -67,7 +67,7 @@ const std::vector<std::string>& resume_checked_keys() {
       "adam_beta1",    "adam_beta2",        "adam_epsilon",      "max_grad_norm",    "model_precision",
       "mixed_precision", "optim_state_dtype", "seed",            "data",             "freeze",
       "dropout_resolved", "world_size",     "zero",              "attn",             "fused_kernels",
-      "lora"};  // "lora": present only in LoRA runs (so checkpoints of earlier versions still resume)
+      "lora",  "fused_loss_chunk"};  // present only in LoRA runs / when set (so older checkpoints still resume)
   return keys;
 }
 

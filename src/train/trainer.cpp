@@ -40,68 +40,71 @@
 namespace scalelab {
 
 nlohmann::json TrainOptions::to_json() const {
-  return {{"model", model},
-          {"seq_len", seq_len},
-          {"micro_batch_size", micro_batch_size},
-          {"grad_accum_steps", grad_accum_steps},
-          {"max_steps", max_steps},
-          {"warmup_steps", warmup_steps},
-          {"lr", lr},
-          {"lr_scheduler", lr_scheduler},
-          {"weight_decay", weight_decay},
-          {"adam_beta1", adam_beta1},
-          {"adam_beta2", adam_beta2},
-          {"adam_epsilon", adam_epsilon},
-          {"max_grad_norm", max_grad_norm},
-          {"model_precision", model_precision},
-          {"mixed_precision", mixed_precision},
-          {"optim_state_dtype", optim_state_dtype},
-          {"attn", attn},
-          {"fused_kernels", fused_kernels},
-          {"activation_checkpointing", activation_checkpointing},
-          {"optimizer_in_backward", optimizer_in_backward},
-          {"dropout", dropout >= 0 ? nlohmann::json(dropout) : nlohmann::json(nullptr)},
-          {"device", device},
-          {"device_memory", device_memory},
-          {"allow_tf32", allow_tf32},
-          {"threads", threads},
-          {"seed", seed},
-          {"data", data},
-          {"val_data", val_data},
-          {"eval_every", eval_every},
-          {"eval_batches", eval_batches},
-          {"tokenizer", tokenizer},
-          {"save", save},
-          {"save_every", save_every},
-          {"save_total_limit", save_total_limit},
-          {"resume", resume},
-          {"save_precision", save_precision},
-          {"max_shard_size", max_shard_size},
-          {"bench_warmup_steps", bench_warmup_steps},
-          {"profile", profile},
-          {"trace", trace},
-          {"peak_tflops", peak_tflops},
-          {"telemetry", telemetry || !telemetry_csv.empty()},
-          {"telemetry_interval_ms", telemetry_interval_ms},
-          {"telemetry_csv", telemetry_csv},
-          {"ddp_bucket_mb", dist.ddp_bucket_mb},
-          {"zero", dist.zero},
-          {"comm_timeout", dist.comm_timeout_s},
-          {"comm_backend", dist.comm_backend},
-          {"freeze", freeze},
-          {"lora_rank", lora_rank},
-          {"lora_alpha", lora_alpha},
-          {"lora_dropout", lora_dropout},
-          {"lora_targets", lora_targets},
-          {"rslora", rslora},
-          {"adapter", adapter},
-          {"quantize_base", quantize_base},
-          {"qat", qat},
-          {"qat_group_size", qat_group_size},
-          {"dpo", dpo.enabled},
-          {"pairs", dpo.pairs},
-          {"beta", dpo.beta},
-          {"label_smoothing", dpo.label_smoothing}};
+  nlohmann::json j = {{"model", model},
+                      {"seq_len", seq_len},
+                      {"micro_batch_size", micro_batch_size},
+                      {"grad_accum_steps", grad_accum_steps},
+                      {"max_steps", max_steps},
+                      {"warmup_steps", warmup_steps},
+                      {"lr", lr},
+                      {"lr_scheduler", lr_scheduler},
+                      {"weight_decay", weight_decay},
+                      {"adam_beta1", adam_beta1},
+                      {"adam_beta2", adam_beta2},
+                      {"adam_epsilon", adam_epsilon},
+                      {"max_grad_norm", max_grad_norm},
+                      {"model_precision", model_precision},
+                      {"mixed_precision", mixed_precision},
+                      {"optim_state_dtype", optim_state_dtype},
+                      {"attn", attn},
+                      {"fused_kernels", fused_kernels},
+                      {"activation_checkpointing", activation_checkpointing},
+                      {"optimizer_in_backward", optimizer_in_backward},
+                      {"dropout", dropout >= 0 ? nlohmann::json(dropout) : nlohmann::json(nullptr)},
+                      {"device", device},
+                      {"device_memory", device_memory},
+                      {"allow_tf32", allow_tf32},
+                      {"threads", threads},
+                      {"seed", seed},
+                      {"data", data},
+                      {"val_data", val_data},
+                      {"eval_every", eval_every},
+                      {"eval_batches", eval_batches},
+                      {"tokenizer", tokenizer},
+                      {"save", save},
+                      {"save_every", save_every},
+                      {"save_total_limit", save_total_limit},
+                      {"resume", resume},
+                      {"save_precision", save_precision},
+                      {"max_shard_size", max_shard_size},
+                      {"bench_warmup_steps", bench_warmup_steps},
+                      {"profile", profile},
+                      {"trace", trace},
+                      {"peak_tflops", peak_tflops},
+                      {"telemetry", telemetry || !telemetry_csv.empty()},
+                      {"telemetry_interval_ms", telemetry_interval_ms},
+                      {"telemetry_csv", telemetry_csv},
+                      {"ddp_bucket_mb", dist.ddp_bucket_mb},
+                      {"zero", dist.zero},
+                      {"comm_timeout", dist.comm_timeout_s},
+                      {"comm_backend", dist.comm_backend},
+                      {"freeze", freeze},
+                      {"lora_rank", lora_rank},
+                      {"lora_alpha", lora_alpha},
+                      {"lora_dropout", lora_dropout},
+                      {"lora_targets", lora_targets},
+                      {"rslora", rslora},
+                      {"adapter", adapter},
+                      {"quantize_base", quantize_base},
+                      {"qat", qat},
+                      {"qat_group_size", qat_group_size},
+                      {"dpo", dpo.enabled},
+                      {"pairs", dpo.pairs},
+                      {"beta", dpo.beta},
+                      {"label_smoothing", dpo.label_smoothing}};
+  // Only when set, so that the records (and resume checks) of runs on the default stay as they were.
+  if (fused_loss_chunk > 0) j["fused_loss_chunk"] = fused_loss_chunk;
+  return j;
 }
 
 LoraConfig TrainOptions::lora_config() const {
@@ -317,6 +320,14 @@ void validate_train_options(const TrainOptions& o) {
   if (!o.qat.empty() && !o.quantize_base.empty()) refuse_qat_over_nf4();
 
   resolve_precision(o.model_precision, o.mixed_precision, o.optim_state_dtype);
+  if (o.fused_loss_chunk < 0) {
+    throw InvalidInput("[--fused-loss-chunk] must be a positive number of tokens (0: the default), got " +
+                       std::to_string(o.fused_loss_chunk));
+  }
+  if (o.fused_loss_chunk > 0 && !o.fused_kernels) {
+    throw InvalidInput("[--fused-loss-chunk] sizes the chunks of the fused linear + cross-entropy, which runs only "
+                       "with --fused-kernels — add --fused-kernels, or drop --fused-loss-chunk");
+  }
   if (o.optimizer_in_backward) {
     // Each layer is updated as soon as its backward is done: nothing that needs every gradient of
     // the step first can run (torchtune's optimizer_in_bwd refuses the same).
@@ -398,6 +409,7 @@ PlanInput make_plan_input(const TrainOptions& o) {
   in.options.activation_dtype = in.precision.activation;
   in.options.attention = o.attn == "flash" ? AttentionImpl::kFlash : AttentionImpl::kEager;
   in.options.fused_kernels = o.fused_kernels;
+  in.options.fused_loss_chunk = o.fused_loss_chunk;
   in.options.activation_checkpointing = o.activation_checkpointing;
   in.optimizer_in_backward = o.optimizer_in_backward;
   in.options.seed = o.seed;

@@ -37,6 +37,10 @@ struct TrainOptions {
   std::string optim_state_dtype = "auto";  // auto: the parameter dtype (as PyTorch); or fp32
   std::string attn = "eager";
   bool fused_kernels = false;
+  // --fused-loss-chunk: tokens per chunk of the fused linear + cross-entropy (its [chunk, vocab]
+  // fp32 logits are at the step's peak); 0: the device's default (kernels/fused.h). Needs
+  // --fused-kernels. In the run record only when set.
+  std::int64_t fused_loss_chunk = 0;
   bool activation_checkpointing = false;
   // --optimizer-in-backward (torchtune's optimizer_in_bwd): each decoder layer's AdamW update runs
   // in backward as soon as its gradients are final, so the gradient buffer holds one layer's

@@ -434,11 +434,12 @@ TEST(FusedLinearCrossEntropy, DefaultChunkIsBoundedAndIndependentOfTokens) {
   using kernels::fused_linear_cross_entropy_chunk;
   using kernels::fused_linear_cross_entropy_default_chunk;
   EXPECT_EQ(fused_linear_cross_entropy_default_chunk(32768), 512);   // llama-small: 64 MiB
-  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(50272), 512);   // OPT: 98 MiB
-  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(128256), 256);  // Llama 3: 125 MiB
-  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(1 << 20), 128);  // the floor
-  for (std::int64_t v : {256, 32768, 50272, 128256})
-    EXPECT_LE(fused_linear_cross_entropy_default_chunk(v) * v * 4, std::int64_t{128} << 20) << v;
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(49152), 256);   // SmolLM2: 48 MiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(50272), 256);   // OPT: 49 MiB
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(128256), 256);  // Llama 3: 125 MiB, the floor
+  EXPECT_EQ(fused_linear_cross_entropy_default_chunk(1 << 20), 256);  // the floor
+  for (std::int64_t v : {256, 32768, 49152, 50272, 65536})
+    EXPECT_LE(fused_linear_cross_entropy_default_chunk(v) * v * 4, std::int64_t{64} << 20) << v;
   EXPECT_EQ(fused_linear_cross_entropy_chunk(100, 0, 32768), 100);  // capped at the tokens
   EXPECT_EQ(fused_linear_cross_entropy_chunk(65536, 0, 32768), 512);
   EXPECT_EQ(fused_linear_cross_entropy_chunk(100, 7, 32768), 7);

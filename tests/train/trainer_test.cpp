@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "model/config.h"
 #include "train/memory_plan.h"
 
 namespace scalelab {
@@ -239,6 +240,44 @@ TEST(MemoryPlan, FlashRemovesScoresAndFusedRemovesLogits) {
   EXPECT_EQ(fused.count("logits"), 0u);
   EXPECT_GT(fused.at("fused loss chunk"), 0);
   EXPECT_LT(fused.at("activations"), flash.at("activations"));  // norm outputs and MLP activation not kept
+}
+
+// --fused-loss-chunk sizes the fused loss's [chunk, vocab] fp32 scratch: the plan item is that
+// block, the run allocates what the plan says (measured peak == planned total), and the losses
+// stay those of the default chunk up to summation order. Misuse is refused before anything runs.
+TEST(MemoryPlan, FusedLossChunkSizesTheLossScratchInThePlanAndTheRun) {
+  TrainOptions o = tiny();
+  o.max_steps = 2;
+  o.seq_len = 64;
+  o.micro_batch_size = 4;  // 256 tokens: the default chunk holds them all
+  o.fused_kernels = true;
+  const std::int64_t V = resolve_model(o.model).vocab_size;
+  auto chunk_item = [](const TrainResult& r) {
+    for (const auto& it : r.plan["items"])
+      if (it["name"] == "fused loss chunk") return it["bytes"].get<std::size_t>();
+    return std::size_t{0};
+  };
+  const TrainResult def = run_training(o);
+  o.fused_loss_chunk = 32;
+  const TrainResult small = run_training(o);
+  ASSERT_EQ(def.status, RunStatus::kOk);
+  ASSERT_EQ(small.status, RunStatus::kOk);
+  EXPECT_EQ(chunk_item(def), DeviceAllocator::round_size(static_cast<std::size_t>(256 * V) * sizeof(float)));
+  EXPECT_EQ(chunk_item(small), DeviceAllocator::round_size(static_cast<std::size_t>(32 * V) * sizeof(float)));
+  EXPECT_EQ(small.plan["total_bytes"].get<std::size_t>(), small.max_reserved_bytes);
+  EXPECT_EQ(def.plan["total_bytes"].get<std::size_t>(), def.max_reserved_bytes);
+  // Step 0 runs on the same weights: its loss is a sum of the same per-token terms in another
+  // grouping (fp32, 256 terms of size ~log V: far below 1e-5 relative).
+  ASSERT_EQ(small.steps.size(), 2u);
+  EXPECT_NEAR(small.steps[0].loss, def.steps[0].loss, 1e-5 * def.steps[0].loss);
+  EXPECT_EQ(small.to_json()["config"]["fused_loss_chunk"], 32);
+  EXPECT_FALSE(def.to_json()["config"].contains("fused_loss_chunk"));
+
+  o.fused_loss_chunk = -1;
+  EXPECT_THROW(run_training(o), InvalidInput);
+  o.fused_loss_chunk = 64;
+  o.fused_kernels = false;
+  EXPECT_THROW(run_training(o), InvalidInput);
 }
 
 }  // namespace

@@ -137,8 +137,8 @@ class LlamaModel final : public Model {
       const std::int64_t n = count_target_tokens(b.targets, ctx);
       SCALELAB_CHECK(n > 0, "[llama] the batch has no target tokens to train on");
       dxf = act_.act({T, H_}, "final norm gradient");
-      ls = fused_linear_cross_entropy(dxf, head_.dw, xf, head_.w, b.targets, grad_scale / static_cast<float>(n), 0,
-                                      ctx);
+      ls = fused_linear_cross_entropy(dxf, head_.dw, xf, head_.w, b.targets, grad_scale / static_cast<float>(n),
+                                      opt_.fused_loss_chunk, ctx);
     } else {
       Tensor logits = act_.act({T, c_.vocab_size}, "logits");
       head_.forward(logits, xf, ctx);
@@ -192,7 +192,7 @@ class LlamaModel final : public Model {
     norm_.forward(xf, sf, x, ctx);
     LossSum ls;
     if (opt_.fused_kernels && logits_out == nullptr) {
-      ls = fused_linear_cross_entropy_forward(xf, head_.w, b.targets, 0, ctx);
+      ls = fused_linear_cross_entropy_forward(xf, head_.w, b.targets, opt_.fused_loss_chunk, ctx);
     } else {
       Tensor logits = act_.act({T, c_.vocab_size}, "logits");
       head_.forward(logits, xf, ctx);

@@ -178,7 +178,7 @@ class OptModel final : public Model {
       const std::int64_t count = count_target_tokens(b.targets, ctx);
       SCALELAB_CHECK(count > 0, "[opt] the batch has no target tokens to train on");
       ls = fused_linear_cross_entropy(dxp, head_.dw, h.xp, head_.w, b.targets, grad_scale / static_cast<float>(count),
-                                      0, ctx);
+                                      opt_.fused_loss_chunk, ctx);
     } else {
       Tensor logits = act_.act({T, c_.vocab_size}, "logits");
       head_.forward(logits, h.xp, ctx);
@@ -230,7 +230,7 @@ class OptModel final : public Model {
     HeadActs h = head_forward(x, ctx);
     LossSum ls;
     if (opt_.fused_kernels && logits_out == nullptr) {
-      ls = fused_linear_cross_entropy_forward(h.xp, head_.w, b.targets, 0, ctx);
+      ls = fused_linear_cross_entropy_forward(h.xp, head_.w, b.targets, opt_.fused_loss_chunk, ctx);
     } else {
       Tensor logits = act_.act({T, c_.vocab_size}, "logits");
       head_.forward(logits, h.xp, ctx);
