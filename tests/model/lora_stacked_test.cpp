@@ -119,5 +119,63 @@ TEST(LoraStacked, StackedProductsEqualThePerPartOnes) {
   }
 }
 
+// A training forward (ctx.train_step >= 0) keeps z for its backward, which then runs one GEMM
+// fewer (no x·Aᵀ again) and computes bit for bit what recomputing z computes: the kept z is the
+// same GEMM on the same input. Backward in another micro-step, or after an evaluation forward
+// (train_step < 0), recomputes.
+TEST(LoraStacked, BackwardUsesTheZItsTrainingForwardKept) {
+  for (bool stacked : {true, false}) {
+    Adapters s;
+    const std::int64_t out = kOuts[0] + kOuts[1] + kOuts[2];
+    Tensor da_k = s.c.zeros({3 * R * In}), da_r = s.c.zeros({3 * R * In});
+    Tensor a_k[3], a_r[3], das_k[3], das_r[3], db_k[3], db_r[3];
+    LoraAdapter kept = s.make(stacked, da_k, a_k, das_k, db_k);
+    LoraAdapter recomputed = s.make(stacked, da_r, a_r, das_r, db_r);
+    ASSERT_EQ(kept.stacks_parts(), stacked);
+    const Tensor dy = s.c.randn({T, out}, 1.0f, 7);
+    Profiler prof;
+    auto lora_backward_gemms = [&] {
+      std::int64_t n = 0;
+      for (const auto& row : prof.rows())
+        if (row.family == "lora" && row.phase == Phase::kBackward) n += row.entry.calls;
+      return n;
+    };
+    // Kept: forward and backward in micro-step 3.
+    Tensor y_k = s.c.zeros({T, out}), dx_k = s.c.zeros({T, In});
+    s.c.ctx.train_step = 3;
+    kept.forward(y_k, s.x, s.c.ctx);
+    s.c.ctx.profiler = &prof;
+    kept.backward(&dx_k, dy, s.x, s.c.ctx);
+    s.c.ctx.profiler = nullptr;
+    const std::int64_t with_kept = lora_backward_gemms();
+    // Recomputed: an evaluation forward keeps nothing.
+    prof.clear();
+    Tensor y_r = s.c.zeros({T, out}), dx_r = s.c.zeros({T, In});
+    s.c.ctx.train_step = -1;
+    recomputed.forward(y_r, s.x, s.c.ctx);
+    s.c.ctx.train_step = 3;
+    s.c.ctx.profiler = &prof;
+    recomputed.backward(&dx_r, dy, s.x, s.c.ctx);
+    s.c.ctx.profiler = nullptr;
+    const std::int64_t with_recompute = lora_backward_gemms();
+    // One x·Aᵀ per stacked adapter, one per part otherwise.
+    EXPECT_EQ(with_recompute - with_kept, stacked ? 1 : 3) << "stacked " << stacked;
+    auto bitwise = [](const Tensor& a, const Tensor& b) {
+      return std::memcmp(a.raw(), b.raw(), static_cast<std::size_t>(a.numel()) * sizeof(float)) == 0;
+    };
+    EXPECT_TRUE(bitwise(y_k, y_r));
+    EXPECT_TRUE(bitwise(dx_k, dx_r));
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(bitwise(db_k[i], db_r[i])) << "dB part " << i << " stacked " << stacked;
+    EXPECT_TRUE(stacked ? bitwise(da_k, da_r) : bitwise(das_k[0], das_r[0]) && bitwise(das_k[2], das_r[2]));
+    // The kept z is taken once: a second backward (another micro-step) recomputes.
+    prof.clear();
+    s.c.ctx.train_step = 4;
+    s.c.ctx.profiler = &prof;
+    kept.backward(&dx_k, dy, s.x, s.c.ctx);
+    s.c.ctx.profiler = nullptr;
+    EXPECT_EQ(lora_backward_gemms(), with_recompute);
+  }
+}
+
 }  // namespace
 }  // namespace scalelab

@@ -78,6 +78,23 @@ LoraAdapter::LoraAdapter(std::vector<Part> parts, std::int64_t out_features, flo
   }
 }
 
+void LoraAdapter::keep_z(std::vector<Tensor> z, const Tensor& x, const ExecContext& ctx) {
+  saved_z_.clear();
+  saved_step_ = -1;
+  if (ctx.train_step < 0) return;  // evaluation / generation: no backward follows
+  saved_z_ = std::move(z);
+  saved_step_ = ctx.train_step;
+  saved_x_numel_ = x.numel();
+}
+
+std::vector<Tensor> LoraAdapter::take_z(const Tensor& x, const ExecContext& ctx) {
+  std::vector<Tensor> z;
+  if (saved_step_ >= 0 && saved_step_ == ctx.train_step && saved_x_numel_ == x.numel()) z = std::move(saved_z_);
+  saved_z_.clear();
+  saved_step_ = -1;
+  return z;
+}
+
 void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx) {
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   const Part& p0 = parts_.front();
@@ -94,6 +111,7 @@ void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx) 
     lora_gemm(ctx, Phase::kForward, false, true, T, n, r, scale_, at_col(z, static_cast<std::int64_t>(i) * r), zt, R,
               p.b.raw(), p.b.dtype(), r, 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
   }
+  keep_z({std::move(z)}, x, ctx);
 }
 
 void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) {
@@ -101,9 +119,15 @@ void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x
   const Part& p0 = parts_.front();
   const std::int64_t r = p0.a.dim(0), R = r * static_cast<std::int64_t>(parts_.size());
   const DType zt = z_dtype(x, p0);
-  Tensor z = Tensor::empty({T, R}, zt, *ctx.alloc, "lora z");
-  lora_gemm(ctx, Phase::kBackward, false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(), in,
-            0.0f, z.raw(), zt, R);
+  std::vector<Tensor> kept = take_z(x, ctx);
+  Tensor z;
+  if (kept.size() == 1 && kept[0].dtype() == zt && kept[0].numel() == T * R) {
+    z = std::move(kept[0]);
+  } else {  // no forward kept it for this input: recompute
+    z = Tensor::empty({T, R}, zt, *ctx.alloc, "lora z");
+    lora_gemm(ctx, Phase::kBackward, false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(),
+              in, 0.0f, z.raw(), zt, R);
+  }
   for (std::size_t i = 0; i < parts_.size(); ++i) {
     Part& p = parts_[i];
     const std::int64_t n = p.b.dim(0);
@@ -134,6 +158,7 @@ void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
   if (AdaptersOff::active()) return;  // the base model alone (DPO's reference forward)
   if (stacked(ctx)) return forward_stacked(y, x, ctx);
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
+  std::vector<Tensor> zs;
   for (const Part& p : parts_) {
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
     const Tensor xin = adapter_input(x, p, ctx);  // x, or dropout(x) while training
@@ -145,20 +170,30 @@ void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
     // y[:, col:col+n] += s·z·Bᵀ
     lora_gemm(ctx, Phase::kForward, false, true, T, n, r, scale_, z.raw(), zt, r, p.b.raw(), p.b.dtype(), r, 1.0f,
               const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
+    zs.push_back(std::move(z));
   }
+  keep_z(std::move(zs), x, ctx);
 }
 
 void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) {
   if (stacked(ctx)) return backward_stacked(dx, dy, x, ctx);
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
-  for (Part& p : parts_) {
+  std::vector<Tensor> kept = take_z(x, ctx);
+  if (kept.size() != parts_.size()) kept.clear();
+  for (std::size_t i = 0; i < parts_.size(); ++i) {
+    Part& p = parts_[i];
     const std::int64_t r = p.a.dim(0), n = p.b.dim(0);
     const std::uint8_t* dyp = at_col(dy, p.col);
     Tensor xin = adapter_input(x, p, ctx);  // the forward's dropout(x), regenerated from its key
     const DType zt = z_dtype(xin, p);
-    Tensor z = Tensor::empty({T, r}, zt, *ctx.alloc, "lora z");
-    lora_gemm(ctx, Phase::kBackward, false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(), p.a.dtype(),
-              in, 0.0f, z.raw(), zt, r);
+    Tensor z;
+    if (!kept.empty() && kept[i].dtype() == zt && kept[i].numel() == T * r) {
+      z = std::move(kept[i]);
+    } else {  // no forward kept it for this input: recompute
+      z = Tensor::empty({T, r}, zt, *ctx.alloc, "lora z");
+      lora_gemm(ctx, Phase::kBackward, false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(),
+                p.a.dtype(), in, 0.0f, z.raw(), zt, r);
+    }
     // dB += s·dy_partᵀ·z  [n, r]
     if (p.db.defined()) {
       lora_gemm(ctx, Phase::kBackward, true, false, n, r, T, scale_, dyp, dy.dtype(), out_, z.raw(), zt, r, 1.0f,

@@ -7,8 +7,12 @@
 // with s = alpha/r (alpha/√r: rslora). When the parts share their input and their A's are adjacent
 // (the layout stores a layer's lora_A's before its lora_B's), z of all parts is one GEMM
 // x·[A_1; ...; A_P]ᵀ [T, P·r], and dA and dx one each: fewer, less skinny products over the same
-// input. z is recomputed in backward (a [T, r] GEMM) rather than
-// kept, so activation checkpointing and the memory plan need nothing of their own.
+// input. A training forward (ctx.train_step >= 0) keeps z ([T, P·r], or [T, r] per part: small
+// beside the layer's activations) for its backward, as autograd keeps lora_A's output for peft;
+// backward takes it when it was made in the same training micro-step (ctx.train_step) from an
+// input of the same size, else recomputes it, and frees it. (Not by the input's address: under
+// --fused-kernels backward rebuilds the norm output into a new buffer, bit for bit.) Activation
+// checkpointing's recomputed forward makes it again; the memory plan measures it.
 // While an AdaptersOff guard lives (on the calling thread) the forward adds nothing: the base
 // model alone (DPO's reference log-probabilities under LoRA, train/dpo.h). Every product
 // is kernels::gemm_ex on sub-matrices (leading dimensions), so it runs on every backend.
@@ -63,6 +67,13 @@ class LoraAdapter final : public LinearAdapter {
   float dropout_;
   std::int64_t layer_;
   bool stacked_ = false;  // every part's A (and dA) adjacent in memory, one rank and dtype: see stacked()
+  // z from the last training forward (stacked: one tensor; else one per part), its micro-step and
+  // its input's element count, until backward takes it.
+  std::vector<Tensor> saved_z_;
+  std::int64_t saved_step_ = -1, saved_x_numel_ = 0;
+  void keep_z(std::vector<Tensor> z, const Tensor& x, const ExecContext& ctx);
+  // The kept z for this micro-step's input x (moved out; empty when there is none). Clears it.
+  std::vector<Tensor> take_z(const Tensor& x, const ExecContext& ctx);
   bool dropping(const ExecContext& ctx) const { return dropout_ > 0.0f && ctx.train_step >= 0; }
   // The parts' products with the shared input in one GEMM each (z = x·[A_1; ...; A_P]ᵀ, dA and dx
   // likewise): more than one part, the A's stacked, and no dropout now (each part's dropout mask
