@@ -264,6 +264,10 @@ TEST(MemoryPlan, FusedLossChunkSizesTheLossScratchInThePlanAndTheRun) {
   ASSERT_EQ(small.status, RunStatus::kOk);
   EXPECT_EQ(chunk_item(def), DeviceAllocator::round_size(static_cast<std::size_t>(256 * V) * sizeof(float)));
   EXPECT_EQ(chunk_item(small), DeviceAllocator::round_size(static_cast<std::size_t>(32 * V) * sizeof(float)));
+  for (const auto& it : small.plan["items"])  // the plan says which chunk it planned
+    if (it["name"] == "fused loss chunk") {
+      EXPECT_NE(it["detail"].get<std::string>().find("32 of the 256 tokens"), std::string::npos) << it;
+    }
   EXPECT_EQ(small.plan["total_bytes"].get<std::size_t>(), small.max_reserved_bytes);
   EXPECT_EQ(def.plan["total_bytes"].get<std::size_t>(), def.max_reserved_bytes);
   // Step 0 runs on the same weights: its loss is a sum of the same per-token terms in another
