@@ -38,7 +38,7 @@ void add_train_flags(CLI::App* app, TrainOptions& o) {
   app->add_option("--fused-loss-chunk", o.fused_loss_chunk,
                   "Tokens per chunk of the fused linear + cross-entropy: its [chunk, vocab] fp32 logits are live at "
                   "the step's peak; smaller saves memory, below ~256 costs time (default 0: 512 tokens, halved "
-                  "down to 256 while they exceed 64 MiB; 4096 on CUDA, docs/memory.md)");
+                  "down to 256 while they exceed 64 MiB; on CUDA 4096, halved while above 1 GiB; docs/memory.md)");
   app->add_option("--dropout", o.dropout,
                   "OPT residual dropout probability in [0, 1) (default: the model config's \"dropout\")")
       ->check(CLI::Range(0.0, 1.0));
