@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one script for a call on a lent GPU machine (run from the repository root):
 #
-#   bench/gpu/run.sh check                 # the device, scalelab selftest --device cuda, GPU test binaries
+#   bench/gpu/run.sh check                 # the device, scalelab selftest --device cuda, --optimizer-in-
+#                                          # backward weights = step-end weights (fp32, bf16, bf16 LoRA),
+#                                          # GPU test binaries
 #   bench/gpu/run.sh profile               # attention alone (PyTorch SDPA backends) and scalelab's
 #                                          # train unprofiled / --profile with CUDA events + CUPTI /
 #                                          # events only / synchronized scopes (PROFILE_MB, default 8)
@@ -208,6 +210,8 @@ run_checks() {
     [ "$orc" -ne 0 ] && STATUS=1
   fi
 
+  run_in_backward_identity
+
   section "GPU test binaries ($DEV_DIR/tests/*, SCALELAB_TEST_DEVICE=cuda)"
   local t n=0 name rc res passed failed tlog
   for t in "$DEV_DIR"/tests/*; do
@@ -233,6 +237,48 @@ run_checks() {
     add "test $res"
   done
   [ "$n" -eq 0 ] && add "tests: none in $DEV_DIR/tests/"
+}
+
+# --optimizer-in-backward on the device: the weights after 3 steps must be the step-end update's,
+# byte for byte (tests/train/optimizer_in_backward_test.cpp asserts it on the CPU; these runs
+# cover the CUDA AdamW's index_base and the per-layer norm reads). IDENTITY_DEVICE (default cuda)
+# runs the same on another device, e.g. cpu to try the script without a GPU.
+run_in_backward_identity() {
+  section "--optimizer-in-backward: the same weights as the step-end update"
+  if [ -z "$SL" ] || [ "$(left)" -lt 60 ]; then
+    say "skipped: ${SL:+no time}${SL:-no scalelab}"
+    add "in-backward identity: skipped"
+    return
+  fi
+  local dev="${IDENTITY_DEVICE:-cuda}" name extra file a b rc1 rc2
+  local common=(train --model llama-tiny --device "$dev" --data synthetic --seq-len 64 --micro-batch-size 4
+                --max-steps 3 --max-grad-norm 0 --quiet)
+  for name in fp32 bf16 bf16-lora; do
+    case "$name" in
+      fp32) extra=(); file=model.safetensors ;;
+      bf16) extra=(--model-precision bf16); file=model.safetensors ;;
+      bf16-lora) extra=(--model-precision bf16 --lora-rank 4); file=adapter_model.safetensors ;;
+    esac
+    a="$OUT/inbwd-$name-step-end"
+    b="$OUT/inbwd-$name-in-backward"
+    rm -rf "$a" "$b"
+    timeout 60 "$SL" "${common[@]}" "${extra[@]}" --save "$a" >"$a.log" 2>&1
+    rc1=$?
+    timeout 60 "$SL" "${common[@]}" "${extra[@]}" --optimizer-in-backward --save "$b" >"$b.log" 2>&1
+    rc2=$?
+    if [ "$rc1" -ne 0 ] || [ "$rc2" -ne 0 ]; then
+      say "$name: FAILED to run (exit $rc1 / $rc2): $(tail -2 "$a.log" "$b.log" | tr '\n' ' ' | cut -c1-300)"
+      add "in-backward identity $name: FAILED to run (exit $rc1 / $rc2; $a.log, $b.log)"
+      STATUS=1
+    elif cmp -s "$a/$file" "$b/$file"; then
+      say "$name: $file identical"
+      add "in-backward identity $name: identical weights"
+    else
+      say "$name: $file DIFFERS"
+      add "in-backward identity $name: weights DIFFER ($a, $b)"
+      STATUS=1
+    fi
+  done
 }
 
 # After a failed selftest: each op family in its own process (a device fault poisons the CUDA
