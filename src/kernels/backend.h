@@ -28,6 +28,7 @@
 #include "kernels/attention.h"
 #include "kernels/dropout.h"
 #include "kernels/loss.h"
+#include "kernels/matmul.h"
 #include "kernels/qat.h"
 #include "kernels/rope.h"
 
@@ -55,6 +56,12 @@ class Backend {
   virtual void gemm_ex(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
                        const void* a, DType a_type, std::int64_t lda, const void* b, DType b_type, std::int64_t ldb,
                        float beta, void* c, DType c_type, std::int64_t ldc, ExecContext& ctx) = 0;
+  // Independent products (kernels/matmul.h gemm_ex_group); by default one after another.
+  virtual void gemm_ex_group(const std::vector<GemmExArgs>& products, ExecContext& ctx) {
+    for (const GemmExArgs& g : products)
+      gemm_ex(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, g.a, g.a_type, g.lda, g.b, g.b_type, g.ldb, g.beta, g.c,
+              g.c_type, g.ldc, ctx);
+  }
 
   // --- norm / layernorm
   virtual void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, float eps,

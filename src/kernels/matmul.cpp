@@ -72,4 +72,17 @@ void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, f
   backend_for(ctx.device(), op).gemm_ex(ta, tb, m, n, k, alpha, a, at, lda, b, bt, ldb, beta, c, ct, ldc, ctx);
 }
 
+void gemm_ex_group(const std::vector<GemmExArgs>& products, ExecContext& ctx) {
+  const char* op = "gemm_ex_group";
+  for (const GemmExArgs& g : products) {
+    SCALELAB_CHECK(is_float_type(g.a_type) && is_float_type(g.b_type) && is_float_type(g.c_type),
+                   std::string("[") + op + "] operands must be fp32, bf16 or fp16");
+    SCALELAB_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, std::string("[") + op + "] negative size " +
+                                                         std::to_string(g.m) + " x " + std::to_string(g.n) + " x " +
+                                                         std::to_string(g.k));
+  }
+  if (products.empty()) return;
+  backend_for(ctx.device(), op).gemm_ex_group(products, ctx);
+}
+
 }  // namespace scalelab::kernels

@@ -36,6 +36,30 @@ void gemm_ex(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::in
              DType a_type, std::int64_t lda, const void* b, DType b_type, std::int64_t ldb, float beta, void* c,
              DType c_type, std::int64_t ldc, ExecContext& ctx);
 
+// One gemm_ex call's arguments (for gemm_ex_group).
+struct GemmExArgs {
+  bool trans_a = false, trans_b = false;
+  std::int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f;
+  const void* a = nullptr;
+  DType a_type = DType::kF32;
+  std::int64_t lda = 0;
+  const void* b = nullptr;
+  DType b_type = DType::kF32;
+  std::int64_t ldb = 0;
+  float beta = 0.0f;
+  void* c = nullptr;
+  DType c_type = DType::kF32;
+  std::int64_t ldc = 0;
+};
+
+// Independent products: none writes memory that another reads or writes. The result is that of
+// gemm_ex on each, in any order; a backend may run them concurrently. The CPU does when every
+// operand is fp32 (no workspace) and it has several threads: each product on one thread, several
+// at once — small and skinny products (LoRA's rank-r ones) gain little from splitting one product
+// over the threads, and a group keeps every thread busy. Others run them one after another.
+void gemm_ex_group(const std::vector<GemmExArgs>& products, ExecContext& ctx);
+
 // The fp32 workspace blocks gemm_ex allocates for these sizes and dtypes, in allocation order
 // (freed in reverse), and their sum: for the memory plan.
 std::vector<std::size_t> gemm_ex_workspace_blocks(std::int64_t m, std::int64_t n, std::int64_t k, DType a_type,

@@ -145,15 +145,15 @@ TEST(ProfileCli, FineTuningMethodsGemmsAreProfiled) {
   const std::string base = "train --model llama-tiny --seq-len 16 --micro-batch-size 2 --max-steps 1 --threads 1 --quiet ";
   const std::string all = " --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj";
   const std::string trace = testing::TempDir() + "prof_methods.trace.json";
-  // LoRA on all 7 projections of 2 layers; q/k/v and gate/up stacked (one z GEMM each). Forward per
-  // layer: qkv z + 3 B, o z + B, gate/up z + 2 B, down z + B = 11. Backward per layer (z kept from
-  // forward, not recomputed): qkv 3 x (dB, dz), dA, dx = 8; o dB, dz, dA, dx = 4; gate/up 4 + 2 = 6;
-  // down 4 = 22.
+  // LoRA on all 7 projections of 2 layers; q/k/v and gate/up stacked (one z GEMM each); a group of
+  // independent products (kernels::gemm_ex_group) is one scope. Forward per layer: qkv z + the
+  // group of 3 B, o z + B, gate/up z + the group of 2 B, down z + B = 8. Backward per layer (z kept
+  // from forward): per adapter the group of its dB's and dz's, then the group of dA and dx = 8.
   CmdResult r = run(base + "--lora-rank 4" + all + " --trace " + trace);
   ASSERT_EQ(r.code, 0) << r.output;
   std::map<std::string, int> n = ops(read_json(trace));
-  EXPECT_EQ(n["lora forward"], 2 * 11);
-  EXPECT_EQ(n["lora backward"], 2 * 22);
+  EXPECT_EQ(n["lora forward"], 2 * 8);
+  EXPECT_EQ(n["lora backward"], 2 * 8);
   // QLoRA: each quantized weight is one tile here, one product forward and one backward (input
   // gradient) per weight: 7 per layer, besides the LM head's.
   r = run(base + "--lora-rank 4 --quantize-base nf4-bnb" + all + " --trace " + trace);

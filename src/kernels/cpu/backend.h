@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   void gemm_ex(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
                DType a_type, std::int64_t lda, const void* b, DType b_type, std::int64_t ldb, float beta, void* c,
                DType c_type, std::int64_t ldc, ExecContext& ctx) override;
+  void gemm_ex_group(const std::vector<GemmExArgs>& products, ExecContext& ctx) override;
 
   // --- norm.cpp
   void rmsnorm_forward(Tensor& y, Tensor& rstd, const Tensor& x, const Tensor& w, float eps, ExecContext& ctx) override;

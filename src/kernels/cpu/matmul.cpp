@@ -113,6 +113,28 @@ std::size_t gemm_ex_workspace_bytes(std::int64_t m, std::int64_t n, std::int64_t
 
 namespace cpu {
 
+void CpuBackend::gemm_ex_group(const std::vector<GemmExArgs>& products, ExecContext& ctx) {
+  bool fp32 = true;
+  for (const GemmExArgs& g : products)
+    fp32 = fp32 && g.a_type == DType::kF32 && g.b_type == DType::kF32 && g.c_type == DType::kF32;
+  const int nt = omp_get_max_threads();
+  if (!fp32 || nt <= 1 || products.size() < 2 || omp_in_parallel()) {
+    Backend::gemm_ex_group(products, ctx);
+    return;
+  }
+  // Each product on one thread: OpenBLAS (its OpenMP build) runs single-threaded inside a parallel
+  // region. Which thread takes which product does not change any result (a product is computed
+  // by one thread in its own order), so the results are those of the products one by one on one
+  // thread, at every thread count. Dynamic: the products differ in size.
+  const int n = static_cast<int>(products.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(std::min(nt, n))
+  for (int i = 0; i < n; ++i) {
+    const GemmExArgs& g = products[static_cast<std::size_t>(i)];
+    gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a), g.lda,
+         static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
+  }
+}
+
 void CpuBackend::gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
                          DType at, std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c,
                          DType ct, std::int64_t ldc, ExecContext& ctx) {

@@ -37,6 +37,24 @@ void lora_gemm(ExecContext& ctx, Phase phase, Args&&... args) {
   kernels::gemm_ex(std::forward<Args>(args)..., ctx);
 }
 
+// A group of the adapter's independent products, run together (kernels::gemm_ex_group: the CPU
+// runs them on its threads at once, each on one thread — rank-r products gain little from being
+// split) and profiled as one "lora" scope.
+struct LoraGroup {
+  std::vector<kernels::GemmExArgs> products;
+  void add(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType at,
+           std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c, DType ct,
+           std::int64_t ldc) {
+    products.push_back({ta, tb, m, n, k, alpha, a, at, lda, b, bt, ldb, beta, c, ct, ldc});
+  }
+  void run(ExecContext& ctx, Phase phase) {
+    if (products.empty()) return;
+    ProfileScope prof(ctx, "lora", phase);
+    kernels::gemm_ex_group(products, ctx);
+    products.clear();
+  }
+};
+
 }  // namespace
 
 AdaptersOff::AdaptersOff() : previous_(adapters_off) { adapters_off = true; }
@@ -104,13 +122,14 @@ void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx) 
   // z = x·[A_1; ...; A_P]ᵀ  [T, R]
   lora_gemm(ctx, Phase::kForward, false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(), in,
             0.0f, z.raw(), zt, R);
+  // y[:, col_i:col_i+n_i] += s·z_i·B_iᵀ (z_i: columns [i·r, (i+1)·r) of z): disjoint column blocks
+  LoraGroup up;
   for (std::size_t i = 0; i < parts_.size(); ++i) {
     const Part& p = parts_[i];
-    const std::int64_t n = p.b.dim(0);
-    // y[:, col:col+n] += s·z_i·B_iᵀ  (z_i: columns [i·r, (i+1)·r) of z)
-    lora_gemm(ctx, Phase::kForward, false, true, T, n, r, scale_, at_col(z, static_cast<std::int64_t>(i) * r), zt, R,
-              p.b.raw(), p.b.dtype(), r, 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
+    up.add(false, true, T, p.b.dim(0), r, scale_, at_col(z, static_cast<std::int64_t>(i) * r), zt, R, p.b.raw(),
+           p.b.dtype(), r, 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
   }
+  up.run(ctx, Phase::kForward);
   keep_z({std::move(z)}, x, ctx);
 }
 
@@ -128,30 +147,35 @@ void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x
     lora_gemm(ctx, Phase::kBackward, false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(),
               in, 0.0f, z.raw(), zt, R);
   }
+  Tensor dz = Tensor::empty({T, R}, zt, *ctx.alloc, "lora dz");
+  LoraGroup bz;  // per part: dB_i (reads z_i) and dz_i (its own columns of dz)
   for (std::size_t i = 0; i < parts_.size(); ++i) {
     Part& p = parts_[i];
-    const std::int64_t n = p.b.dim(0);
+    const std::int64_t n = p.b.dim(0), c = static_cast<std::int64_t>(i) * r;
     const std::uint8_t* dyp = at_col(dy, p.col);
-    void* zi = const_cast<std::uint8_t*>(at_col(z, static_cast<std::int64_t>(i) * r));
     // dB_i += s·dy_iᵀ·z_i  [n, r]
     if (p.db.defined()) {
-      lora_gemm(ctx, Phase::kBackward, true, false, n, r, T, scale_, dyp, dy.dtype(), out_, zi, zt, R, 1.0f, p.db.raw(),
-                p.db.dtype(), r);
+      bz.add(true, false, n, r, T, scale_, dyp, dy.dtype(), out_, at_col(z, c), zt, R, 1.0f, p.db.raw(), p.db.dtype(),
+             r);
     }
-    // dz_i = s·dy_i·B_i  [T, r], over z_i (which only dB_i read)
-    lora_gemm(ctx, Phase::kBackward, false, false, T, r, n, scale_, dyp, dy.dtype(), out_, p.b.raw(), p.b.dtype(), r,
-              0.0f, zi, zt, R);
+    // dz_i = s·dy_i·B_i  [T, r]
+    bz.add(false, false, T, r, n, scale_, dyp, dy.dtype(), out_, p.b.raw(), p.b.dtype(), r, 0.0f,
+           const_cast<std::uint8_t*>(at_col(dz, c)), zt, R);
   }
+  bz.run(ctx, Phase::kBackward);
+  z = Tensor();
+  LoraGroup ax;
   // [dA_1; ...; dA_P] += dzᵀ·x  [R, in]
   if (p0.da.defined()) {
-    lora_gemm(ctx, Phase::kBackward, true, false, R, in, T, 1.0f, z.raw(), zt, R, x.raw(), x.dtype(), in, 1.0f,
-              p0.da.raw(), p0.da.dtype(), in);
+    ax.add(true, false, R, in, T, 1.0f, dz.raw(), zt, R, x.raw(), x.dtype(), in, 1.0f, p0.da.raw(), p0.da.dtype(),
+           in);
   }
   // dx += dz·[A_1; ...; A_P]  [T, in]
   if (dx != nullptr && dx->defined()) {
-    lora_gemm(ctx, Phase::kBackward, false, false, T, in, R, 1.0f, z.raw(), zt, R, p0.a.raw(), p0.a.dtype(), in, 1.0f,
-              dx->raw(), dx->dtype(), in);
+    ax.add(false, false, T, in, R, 1.0f, dz.raw(), zt, R, p0.a.raw(), p0.a.dtype(), in, 1.0f, dx->raw(), dx->dtype(),
+           in);
   }
+  ax.run(ctx, Phase::kBackward);
 }
 
 void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
@@ -194,31 +218,37 @@ void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecCo
       lora_gemm(ctx, Phase::kBackward, false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(),
                 p.a.dtype(), in, 0.0f, z.raw(), zt, r);
     }
+    Tensor dz = Tensor::empty({T, r}, zt, *ctx.alloc, "lora dz");
+    LoraGroup bz;
     // dB += s·dy_partᵀ·z  [n, r]
     if (p.db.defined()) {
-      lora_gemm(ctx, Phase::kBackward, true, false, n, r, T, scale_, dyp, dy.dtype(), out_, z.raw(), zt, r, 1.0f,
-                p.db.raw(), p.db.dtype(), r);
+      bz.add(true, false, n, r, T, scale_, dyp, dy.dtype(), out_, z.raw(), zt, r, 1.0f, p.db.raw(), p.db.dtype(), r);
     }
-    // dz = s·dy_part·B  [T, r] (written over z)
-    lora_gemm(ctx, Phase::kBackward, false, false, T, r, n, scale_, dyp, dy.dtype(), out_, p.b.raw(), p.b.dtype(), r,
-              0.0f, z.raw(), zt, r);
+    // dz = s·dy_part·B  [T, r]
+    bz.add(false, false, T, r, n, scale_, dyp, dy.dtype(), out_, p.b.raw(), p.b.dtype(), r, 0.0f, dz.raw(), zt, r);
+    bz.run(ctx, Phase::kBackward);
+    z = Tensor();
+    const bool plain_dx = dx != nullptr && dx->defined() && !dropping(ctx);
+    LoraGroup ax;
     // dA += dzᵀ·x  [r, in]
     if (p.da.defined()) {
-      lora_gemm(ctx, Phase::kBackward, true, false, r, in, T, 1.0f, z.raw(), zt, r, xin.raw(), xin.dtype(), in, 1.0f,
-                p.da.raw(), p.da.dtype(), in);
+      ax.add(true, false, r, in, T, 1.0f, dz.raw(), zt, r, xin.raw(), xin.dtype(), in, 1.0f, p.da.raw(), p.da.dtype(),
+             in);
     }
+    // dx += dz·A  [T, in]
+    if (plain_dx) {
+      ax.add(false, false, T, in, r, 1.0f, dz.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 1.0f, dx->raw(), dx->dtype(),
+             in);
+    }
+    ax.run(ctx, Phase::kBackward);
     xin = Tensor();  // freed (when it is dropout's) before the input gradient's buffer is taken
     // dx += dropout(dz·A): the same mask and 1/(1 − P) on the input gradient
     if (dx != nullptr && dx->defined() && dropping(ctx)) {
       Tensor gx = Tensor::empty(x.shape(), dx->dtype(), *ctx.alloc, "lora dropout gradient");
-      lora_gemm(ctx, Phase::kBackward, false, false, T, in, r, 1.0f, z.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 0.0f,
+      lora_gemm(ctx, Phase::kBackward, false, false, T, in, r, 1.0f, dz.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 0.0f,
                 gx.raw(), gx.dtype(), in);
       kernels::dropout_backward(gx, gx, dropout_, {ctx.train_seed, ctx.train_step, layer_, p.site}, ctx);
       kernels::add_(*dx, gx, ctx, Phase::kBackward);
-    } else if (dx != nullptr && dx->defined()) {
-      // dx += dz·A  [T, in]
-      lora_gemm(ctx, Phase::kBackward, false, false, T, in, r, 1.0f, z.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 1.0f,
-                dx->raw(), dx->dtype(), in);
     }
   }
 }

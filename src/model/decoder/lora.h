@@ -15,7 +15,10 @@
 // checkpointing's recomputed forward makes it again; the memory plan measures it.
 // While an AdaptersOff guard lives (on the calling thread) the forward adds nothing: the base
 // model alone (DPO's reference log-probabilities under LoRA, train/dpo.h). Every product
-// is kernels::gemm_ex on sub-matrices (leading dimensions), so it runs on every backend.
+// is kernels::gemm_ex on sub-matrices (leading dimensions), so it runs on every backend; the
+// products that do not depend on each other go together through kernels::gemm_ex_group (the B
+// products of the parts in forward; each part's dB and dz, then dA and dx, in backward), which
+// the CPU runs concurrently, each product on one thread (dz has its own buffer for this).
 //
 // LoRA dropout (--lora-dropout P, peft's lora_dropout): while training (ctx.train_step >= 0) each
 // part reads xd = dropout(x) instead of x — inverted dropout, kept elements scaled by 1/(1 − P) —
