@@ -735,9 +735,11 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   if (d.e_r == 2 && !ckpt && !d.liger) {
     t.free(saved[d.L - 1].out);
     t.free(x);
-  } else if (d.e_r == 2 && ckpt) {
+  } else if (d.e_r == 2 && ckpt && !d.liger) {
     // the last layer's output is held by no checkpoint frame, and the final norm saved its fp32
-    // upcast: it goes when hidden_states is rebound (the CPU trace of Qwen2 shows it)
+    // upcast: it goes when hidden_states is rebound (the CPU trace of Qwen2 shows it). LigerRMSNorm
+    // saves its input X itself (liger_kernel/ops/rms_norm.py:674, ctx.save_for_backward(X, W,
+    // RSTD)), so under Liger it stays until the final norm's backward.
     t.free(saved[d.L - 1].out);
   }
   if (!ckpt) {  // else the checkpoint frames hold them until their backward
@@ -767,7 +769,8 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       for (Id& c : m.bias_casts) t.free(c);  // the recompute's autocast exits: its cache goes
       m.bias_casts.clear();
       t.free(r.out);
-      if (d.e_r == 2) t.free(r.h1);
+      // bf16: post_attention_layernorm saved its fp32 upcast, not h1; LigerRMSNorm saves h1 itself
+      if (d.e_r == 2 && !d.liger) t.free(r.h1);
       saved[l] = r;
     }
     layer_backward(t, d, m, m.layers[l], saved[l], g_res, x_in);
