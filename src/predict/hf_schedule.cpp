@@ -80,17 +80,8 @@ void validate_job(const HfJob& j) {
     bad("--attn " + j.attn + " — use eager, or flash (attn_implementation sdpa)");
   if (j.fused_kernels && j.model.family == ModelFamily::kOPT)
     bad("--fused-kernels (Liger) has no OPT patch (no apply_liger_kernel_to_opt) — drop the flag");
-  // Qwen2 (apply_liger_kernel_to_qwen2) and --activation-checkpointing under Liger are modelled
-  // (hf_schedule_llama.cpp, docs/predict.md "Liger"). Autocast over fp32 weights is not: Liger's
-  // RoPE / SwiGLU / RMSNorm are plain autograd Functions (no custom_fwd), so they run in whatever
-  // dtype reaches them, which changes every downstream autocast cast of the attention path, and
-  // the fused linear cross-entropy under AMP (amp_custom_fwd; fused_linear_cross_entropy.py's
-  // chunk loop casts per chunk, lines 330-370) allocates per chunk in a way that depends on which
-  // of its operands autocast already cast — not derivable with certainty without a trace.
-  if (j.fused_kernels && j.mixed_precision != "no" && j.model_precision == "fp32")
-    bad("--fused-kernels with autocast over fp32 weights (--model-precision fp32 --mixed-precision " +
-        j.mixed_precision + ") is not modelled — use --model-precision bf16 (measured on an H200) or "
-        "--mixed-precision no");
+  // Liger on Qwen2, under --activation-checkpointing and under autocast over fp32 weights is
+  // modelled from Liger 0.8.5's source, not measured (hf_schedule_llama.cpp, docs/predict.md).
   if (j.grad_accum_steps < 1) bad("--grad-accum-steps must be at least 1");
   if (j.optimizer != "adamw_torch" && j.optimizer != "adamw_torch_fused")
     bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
@@ -123,6 +114,9 @@ Dims dims_of(const HfJob& j) {
   d.e_c = (d.autocast || d.e_w == 2) ? 2 : 4;
   d.e_r = d.e_w;
   d.e_rope = d.e_w;  // cos/sin come in the residual dtype: q (compute dtype) * cos promotes to it
+  // Liger's RoPE (a Triton kernel writing into q and k, liger_kernel/ops/rope.py rope_forward) keeps
+  // their dtype: under autocast over fp32 weights they stay the projections' bf16.
+  if (j.fused_kernels) d.e_rope = d.e_c;
   d.eager = j.attn == "eager";
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   d.liger = j.fused_kernels;

@@ -329,7 +329,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // torch.matmul(q, k^T): under autocast both operands are cast (q's cast saved); bmm takes the
     // transposed key made contiguous (saved).
     Id kcast = 0;
-    if (ac) {
+    if (ac && !d.liger) {  // Liger's RoPE left q and k in bf16: autocast has nothing to cast
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       kcast = t.alloc(d.BT * d.qd * 2, Tmp, "autocast cast of k");
     }
@@ -358,8 +358,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // the log-sum-exp (fp32 [B, heads, T]); modelled from the kernel's source
     // (aten/src/ATen/native/transformers/cuda/attention.cu, flash_api.cpp), not traced. Under
     // autocast q and k (fp32 after rope) are cast to bf16 and the casts saved.
-    if (ac) {
+    if (ac && !d.liger) {
       // autocast casts sdpa's arguments right to left (GCC): the key's cast comes first
+      // (not under Liger: its RoPE leaves q and k in the projections' bf16)
       s.kT = t.alloc(d.BT * d.kvd * 2, A, "autocast cast of k");
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       t.free(s.q_embed);
@@ -379,7 +380,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   // LlamaAttention.forward returns: its locals go.
   if (d.eager || d.e_c == 4) {
     t.free(k_embed);
-    if (ac) t.free(s.q_embed);  // its cast is what bmm saved
+    if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   }
   if (ac) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
@@ -585,9 +586,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(gsc2);
     t.free(s.kT);
     t.free(s.q16);
-    if (!ac) t.free(s.q_embed);
+    if (!ac || d.liger) t.free(s.q_embed);
     gq = gq_;
-    if (ac) {
+    if (ac && !d.liger) {  // q and k were fp32 (rope promoted them); under Liger bf16
       gq = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
       t.free(gq_);
       Id gk32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad k to fp32");
@@ -624,7 +625,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(s.q16);
     t.free(s.kT);
     t.free(s.q_embed);
-    if (ac) {
+    if (ac && !d.liger) {  // under Liger q and k were bf16 (its RoPE keeps the projections' dtype)
       Id q32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
       t.free(gq);
       gq = q32;
@@ -664,25 +665,54 @@ void drop_saved(Tape& t, LayerSaved& s) {
 // (chunk x V) are turned into their gradient in place, the input gradient chunk (chunk x H) is
 // copied into a preallocated grad_input and grad_weight accumulates in place; both are saved for
 // the backward, which only scales them. Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
-Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids) {
+//
+// Under autocast over fp32 weights (modelled from the source, not measured): the Function is
+// amp_custom_fwd, so autocast stays on inside it. grad_input = zeros_like(_input) is fp32 (the final
+// norm's output), grad_weight = zeros_like(weight) fp32 (accum_dtype None); logits_storage is None
+// (_can_use_mm_out: grad mode is off but autocast is on and _input is fp32). Per chunk:
+// `_input_chunk @ weight.t()` casts weight.t() — a view, which autocast does not cache — and the
+// input chunk (right to left), giving bf16 logits; `grad_logits_chunk @ weight` casts the weight
+// itself (a leaf: cached from the first chunk until the model's autocast exits) and its bf16 result
+// is copied into grad_input; grad_weight accumulates by addmm(out_dtype=fp32, out=grad_weight)
+// (torch >= 2.8, sm >= 8) after `_input_chunk.to(bf16)`.
+Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids, std::vector<Id>& cached_casts) {
   const u64 inc = (d.V + d.H - 1) / d.H;
   u64 chunk = 1;
   while (chunk < (d.BT + inc - 1) / inc) chunk *= 2;
   chunk = std::min(chunk, d.BT);
   Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "liger flce grad_weight");
-  Id gin = t.alloc(d.BT * d.H * d.e_c, Category::kLogitsLoss, "liger flce grad_input");
+  Id gin = t.alloc(d.BT * d.H * d.e_r, Category::kLogitsLoss, "liger flce grad_input");
   Id loss1d = t.alloc(d.BT * 4, Category::kLogitsLoss, "liger flce loss_1d");
   Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels");
   gemm_workspace(t, m.ws_main);
+  Id wcache = 0;
   for (u64 start = 0; start < d.BT; start += chunk) {
     const u64 rows = std::min(chunk, d.BT - start);
+    Id wt = 0, ic = 0;
+    if (d.autocast) {
+      wt = t.alloc(d.V * d.H * 2, Tmp, "autocast cast of lm_head.weight.t() (a view: not cached)");
+      ic = t.alloc(rows * d.H * 2, Tmp, "autocast cast of the input chunk");
+    }
     Id logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
+    t.free(ic);
+    t.free(wt);
+    if (d.autocast && wcache == 0)
+      wcache = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight (cached)");
     Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
     t.free(gchunk);
+    if (d.autocast) {
+      Id icb = t.alloc(rows * d.H * 2, Tmp, "liger flce input chunk .to(bf16) for addmm");
+      t.free(icb);
+    }
     t.free(logits);
   }
   Id loss = t.alloc(4, Category::kLogitsLoss, "loss");
   t.free(loss1d);
+  // the model's forward returns: autocast exits and its cache goes (the lm_head cast, the bias
+  // casts, the checkpointed layers' weight casts)
+  t.free(wcache);
+  for (Id& c : cached_casts) t.free(c);
+  cached_casts.clear();
   t.free(ids);
   t.phase("backward");
   t.free(loss);
@@ -752,7 +782,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Param& head = m.tied ? m.embed : m.lm_head;
   Id gh;
   if (d.liger) {
-    gh = liger_flce(t, d, m, head, fn.out, ids);
+    gh = liger_flce(t, d, m, head, fn.out, ids, cached_casts);
   } else {
     Head hd = head_forward(t, d, cached_casts, fn.out, ids);
     gh = head_backward(t, d, m, head, hd, fn.out);

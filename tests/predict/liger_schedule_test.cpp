@@ -224,15 +224,110 @@ TEST(LigerSchedule, Qwen2PeaksOrderAsTheModellingSays) {
   }
 }
 
-TEST(LigerSchedule, AutocastOverFp32WeightsIsStillRefused) {
-  HfJob j = tiny(true, false);
+// Autocast over fp32 weights (--model-precision fp32 --mixed-precision bf16), qwen2-tiny, sdpa,
+// B*T = 16. Liger's RMSNorm, RoPE and SwiGLU are plain autograd.Functions (no custom_fwd), so
+// autocast casts nothing at them; it casts only at the projections (nn.Linear -> addmm/mm, on
+// autocast's lower-precision list) and sdpa:
+//   embedding output: fp32 16x64 = 4096 B (layer 0's X).
+//   input_layernorm: Y = empty(X.dtype) fp32 4096 B — not saved: each of q/k/v_proj saves its own
+//     autocast cast of it, 16x64 bf16 = 2048 B, allocated before its output; RSTD 64 B.
+//   q_proj output bf16 2048 B (rotated in place by Liger's RoPE in its own dtype — the Triton kernel
+//     stores into q, rope.py rope_forward — and saved by sdpa); k_proj's cast 2048 B, its output
+//     goes for the rotated copy; v_proj's cast 2048 B and output 1024 B; the rotated k 1024 B.
+//   sdpa: q, k, v already bf16, so no casts (unlike without Liger, where rope's fp32 cos/sin made q
+//     and k fp32); output 2048 B, log-sum-exp 256 B.
+//   h1 = fp32 residual + bf16 o_proj output: fp32 4096 B, LigerRMSNorm's X.
+//   post_attention_layernorm: Y fp32 (not saved), RSTD 64 B; gate_proj's cast of Y 2048 B, its
+//     bf16 output 4096 B; up_proj's the same; LigerSiLUMulFunction's c = empty_like(a): bf16 4096 B.
+//   the layer's output: fp32 4096 B.
+Saved liger_autocast_layer() {
+  return {{"liger rmsnorm rstd", 64},
+          {"autocast input cast", 2048},
+          {"q_proj output", 2048},
+          {"autocast input cast", 2048},
+          {"autocast input cast", 2048},
+          {"v_proj output", 1024},
+          {"liger rope k", 1024},
+          {"flash attention output", 2048},
+          {"flash attention log-sum-exp", 256},
+          {"residual + attention", 4096},
+          {"liger rmsnorm rstd", 64},
+          {"autocast input cast", 2048},
+          {"gate_proj output", 4096},
+          {"autocast input cast", 2048},
+          {"up_proj output", 4096},
+          {"liger swiglu output", 4096},
+          {"residual + mlp", 4096}};
+}
+
+HfJob tiny_autocast(bool ckpt) {
+  HfJob j = tiny(true, ckpt);
   j.model_precision = "fp32";
   j.mixed_precision = "bf16";
-  EXPECT_THROW(validate_job(j), InvalidInput);
-  j.mixed_precision = "no";
+  return j;
+}
+
+TEST(LigerSchedule, AutocastOverFp32WeightsSavesPerLayer) {
+  const auto ev = hf_trainer_schedule(tiny_autocast(false));
+  Saved want = {{"embedding output", 4096}};
+  for (int l = 0; l < 2; ++l)
+    for (const auto& s : liger_autocast_layer()) want.push_back(s);
+  want.push_back({"liger rmsnorm output", 4096});  // model.norm's Y: the fused loss's fp32 _input
+  want.push_back({"liger rmsnorm rstd", 64});
+  EXPECT_EQ(saved_at_backward(ev), want);
+  // None of the non-Liger autocast path's casts of q / k / probs' inputs, nor their fp32 grads.
+  for (const char* l : {"autocast cast of q", "autocast cast of k", "grad q to fp32", "grad k to fp32", "logits"})
+    EXPECT_EQ(count_label(ev, l), 0u) << l;
+}
+
+// Against the measured Llama-bf16 Liger case (bf16 weights, no autocast): fp32 master weights
+// (twice the bytes, gradients and AdamW states fp32 too), their bf16 autocast copies (7 per layer,
+// the 3 biases', and lm_head's: cached once by the fused loss's `grad_logits_chunk @ weight`), the
+// fused loss's per-chunk uncached cast of weight.t() (a view), and an fp32 grad_input.
+TEST(LigerSchedule, AutocastDiffersFromBf16WeightsByTheCasts) {
+  const auto ea = hf_trainer_schedule(tiny_autocast(false));
+  const auto eb = hf_trainer_schedule(tiny(true, false));
+  EXPECT_EQ(bytes_of(ea, Category::kWeights), 2 * bytes_of(eb, Category::kWeights));
+  EXPECT_EQ(bytes_of(ea, Category::kOptimizerStates), 2 * bytes_of(eb, Category::kOptimizerStates));
+  EXPECT_EQ(bytes_of(eb, Category::kAutocastCache), 0u);
+  // weight casts: the layers' 7 matrices and 3 biases in bf16 = their bf16 bytes, plus lm_head
+  // (tied: the embedding, 256 x 64 x 2)
+  std::uint64_t layer_bf16 = 2 * (64 * 64 + 32 * 64 + 32 * 64 + 64 * 64 + 3 * 128 * 64 + 64 + 32 + 32) * 2;
+  EXPECT_EQ(bytes_of(ea, Category::kAutocastCache), layer_bf16 + 256 * 64 * 2);
+  // chunk rows: next_pow2(ceil(16 / ceil(256 / 64))) = 4, so 4 chunks, each casting weight.t()
+  EXPECT_EQ(count_label(ea, "autocast cast of lm_head.weight.t() (a view: not cached)"), 4u);
+  EXPECT_EQ(count_label(ea, "autocast cast of lm_head.weight (cached)"), 1u);
+  EXPECT_EQ(count_label(eb, "autocast cast of lm_head.weight.t() (a view: not cached)"), 0u);
+  for (const auto* ev : {&ea, &eb}) {
+    for (const ScheduleEvent& e : *ev) {
+      if (e.kind == ScheduleEvent::kAlloc && std::string(e.label) == "liger flce grad_input") {
+        EXPECT_EQ(e.bytes, ev == &ea ? 16u * 64 * 4 : 16u * 64 * 2);
+      }
+    }
+  }
+}
+
+// Checkpointed under autocast: the frames keep the fp32 layer inputs; autocast's cache (the
+// checkpointed layers' weight and bias casts, lm_head's) is gone before backward begins.
+TEST(LigerSchedule, AutocastCheckpointedKeepsInputsAndClearsTheCache) {
+  const auto ev = hf_trainer_schedule(tiny_autocast(true));
+  const Saved want = {{"embedding output", 4096},
+                      {"residual + mlp", 4096},
+                      {"residual + mlp", 4096},
+                      {"liger rmsnorm output", 4096},
+                      {"liger rmsnorm rstd", 64}};
+  EXPECT_EQ(saved_at_backward(ev), want);
+  std::map<std::uint32_t, bool> cache_live;
+  for (const ScheduleEvent& e : ev) {
+    if (e.kind == ScheduleEvent::kPhase && std::string(e.label) == "backward") break;
+    if (e.kind == ScheduleEvent::kAlloc && e.category == Category::kAutocastCache) cache_live[e.tensor] = true;
+    if (e.kind == ScheduleEvent::kFree) cache_live.erase(e.tensor);
+  }
+  EXPECT_TRUE(cache_live.empty()) << cache_live.size() << " autocast casts still live at backward";
+  HfJob j = tiny_autocast(true);
   EXPECT_NO_THROW(validate_job(j));
-  j.activation_checkpointing = true;
-  EXPECT_NO_THROW(validate_job(j));
+  j.model = preset_config("opt-1.3b");
+  EXPECT_THROW(validate_job(j), InvalidInput);  // Liger has no OPT patch
 }
 
 }  // namespace
