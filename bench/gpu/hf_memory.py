@@ -85,8 +85,8 @@ def matrix(tiny):
     add("llama-bf16-sdpa-mb6-ckpt", L, 6, prec="bf16", mixed="bf16", attn="sdpa", ckpt=True)
     # Liger-Kernel 0.8.5 (fused=True: apply_liger_kernel_to_llama / _qwen2 with its defaults; needs the
     # liger-kernel wheel). Modelled from Liger's source and not yet measured (docs/predict.md): Qwen2,
-    # Liger under gradient checkpointing, each beside its measured neighbour on the same machine;
-    # the last two are refused by the predictor (autocast over fp32 weights), measured to model them.
+    # Liger under gradient checkpointing, Liger under bf16 autocast over fp32 weights (the last two),
+    # each beside a neighbour measured on the same machine.
     Q = "qwen2.5-0.5b"
     add("qwen2-bf16-sdpa-mb8-liger", Q, 8, prec="bf16", attn="sdpa", fused=True)
     add("qwen2-bf16-sdpa-mb8", Q, 8, prec="bf16", attn="sdpa")
