@@ -319,6 +319,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   t.free(k);
   const u64 rep = d.nh / d.nkv;
   const u64 bhtt = d.B * d.nh * d.T * d.T;
+  Id q_view = 0;  // Liger + eager: the rotated q, once bmm has its copy
   if (d.eager || d.e_c == 4) {
     // eager_attention_forward. sdpa in fp32 runs the same way: there is no fp32 flash kernel and
     // the memory-efficient kernel takes no GQA, so PyTorch falls back to the math path, which
@@ -332,6 +333,15 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     if (ac && !d.liger) {  // Liger's RoPE left q and k in bf16: autocast has nothing to cast
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       kcast = t.alloc(d.BT * d.qd * 2, Tmp, "autocast cast of k");
+    }
+    // Liger's RoPE returns q as a transposed view of q_proj's [B, T, heads, hd] buffer (rope.py
+    // rope_forward: transpose, kernel in place, transpose back): matmul's reshape of it to
+    // [B*heads, T, hd] cannot be a view, so bmm gets (and saves) a contiguous copy; the rotated
+    // buffer itself goes when the attention returns. Eager only: the fp32 sdpa math path is not
+    // modelled op by op (it allocates as eager without Liger).
+    if (d.liger && d.eager) {
+      q_view = s.q_embed;
+      s.q_embed = t.alloc(d.BT * d.qd * d.e_c, A, "q reshaped for bmm (copy of Liger's transposed q)");
     }
     s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
     Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
@@ -381,6 +391,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   if (d.eager || d.e_c == 4) {
     t.free(k_embed);
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
+    t.free(q_view);                         // Liger: its copy is what bmm saved
     if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   }
   if (ac) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input

@@ -280,6 +280,30 @@ TEST(LigerSchedule, AutocastOverFp32WeightsSavesPerLayer) {
     EXPECT_EQ(count_label(ev, l), 0u) << l;
 }
 
+// Eager attention under Liger: q comes back from Liger's RoPE as a transposed view, so
+// torch.matmul's reshape hands bmm a contiguous copy, which is what is saved (one per layer, q's
+// size: 16 x 64 bf16); the rotated q_proj buffer is not saved. Same with autocast (q stays bf16).
+TEST(LigerSchedule, EagerSavesMatmulsCopyOfTheRotatedQ) {
+  for (const bool autocast : {false, true}) {
+    HfJob j = tiny(true, false);
+    j.attn = "eager";
+    if (autocast) {
+      j.model_precision = "fp32";
+      j.mixed_precision = "bf16";
+    }
+    std::size_t copies = 0, q_out = 0;
+    for (const auto& [label, bytes] : saved_at_backward(hf_trainer_schedule(j))) {
+      if (label == "q reshaped for bmm (copy of Liger's transposed q)") {
+        ++copies;
+        EXPECT_EQ(bytes, 16u * 64 * 2);
+      }
+      q_out += label == "q_proj output" || label == "autocast cast of q";
+    }
+    EXPECT_EQ(copies, 2u) << autocast;
+    EXPECT_EQ(q_out, 0u) << autocast;
+  }
+}
+
 // Against the measured Llama-bf16 Liger case (bf16 weights, no autocast): fp32 master weights
 // (twice the bytes, gradients and AdamW states fp32 too), their bf16 autocast copies (7 per layer,
 // the 3 biases', and lm_head's: cached once by the fused loss's `grad_logits_chunk @ weight`), the
