@@ -696,27 +696,41 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
   Id loss1d = t.alloc(d.BT * 4, Category::kLogitsLoss, "liger flce loss_1d");
   Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels");
   gemm_workspace(t, m.ws_main);
+  // _can_use_mm_out (grad mode is off inside the Function): the input and weight share a dtype and
+  // autocast is off or already in that dtype — every case but autocast over fp32 weights. Then the
+  // chunk's logits go into one preallocated logits_storage (chunk x V, the input's dtype) and
+  // grad_input's rows are written by mm(out=); otherwise each matmul allocates its result.
+  const bool mm_out = !d.autocast;
+  Id storage = mm_out ? t.alloc(chunk * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits_storage") : 0;
   Id wcache = 0;
   for (u64 start = 0; start < d.BT; start += chunk) {
     const u64 rows = std::min(chunk, d.BT - start);
-    Id wt = 0, ic = 0;
-    if (d.autocast) {
-      wt = t.alloc(d.V * d.H * 2, Tmp, "autocast cast of lm_head.weight.t() (a view: not cached)");
-      ic = t.alloc(rows * d.H * 2, Tmp, "autocast cast of the input chunk");
+    Id logits = 0;
+    if (!mm_out) {
+      Id wt = t.alloc(d.V * d.H * 2, Tmp, "autocast cast of lm_head.weight.t() (a view: not cached)");
+      Id ic = t.alloc(rows * d.H * 2, Tmp, "autocast cast of the input chunk");
+      logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
+      t.free(ic);
+      t.free(wt);
+      if (wcache == 0)
+        wcache = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight (cached)");
+      Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
+      t.free(gchunk);  // copied into grad_input's rows
     }
-    Id logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
-    t.free(ic);
-    t.free(wt);
-    if (d.autocast && wcache == 0)
-      wcache = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight (cached)");
-    Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
-    t.free(gchunk);
+    // grad_weight: fp32 accumulator with bf16/fp16 grad_logits (autocast): addmm(out_dtype=fp32)
+    // after `_input_chunk.to(bf16)`; bf16 weights: addmm(out=grad_weight), no temporary; fp32
+    // without autocast: the legacy `grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk)
+    // .float()`, a V x H fp32 product per chunk.
     if (d.autocast) {
       Id icb = t.alloc(rows * d.H * 2, Tmp, "liger flce input chunk .to(bf16) for addmm");
       t.free(icb);
+    } else if (d.e_c == 4) {
+      Id prod = t.alloc(d.V * d.H * 4, Tmp, "liger flce grad_logits.t() @ input chunk (fp32)");
+      t.free(prod);
     }
     t.free(logits);
   }
+  t.free(storage);  // del logits_storage
   Id loss = t.alloc(4, Category::kLogitsLoss, "loss");
   t.free(loss1d);
   // the model's forward returns: autocast exits and its cache goes (the lm_head cast, the bias

@@ -331,6 +331,33 @@ TEST(LigerSchedule, AutocastDiffersFromBf16WeightsByTheCasts) {
   }
 }
 
+// The fused loss's chunk loop per dtype (fused_linear_cross_entropy.py, forward): without
+// autocast over fp32 weights _can_use_mm_out holds, so one logits_storage of chunk x V in the
+// input's dtype (4 x 256) serves every chunk; fp32 weights without autocast take the legacy
+// grad_weight path, a V x H fp32 product per chunk (4 chunks); bf16 weights accumulate by
+// addmm(out=grad_weight) with no temporary.
+TEST(LigerSchedule, FusedLossChunkLoopFollowsTheDtypes) {
+  HfJob f = tiny(true, false);
+  f.model_precision = "fp32";
+  const auto ef = hf_trainer_schedule(f), eb = hf_trainer_schedule(tiny(true, false)),
+             ea = hf_trainer_schedule(tiny_autocast(false));
+  const char* legacy = "liger flce grad_logits.t() @ input chunk (fp32)";
+  EXPECT_EQ(count_label(ef, legacy), 4u);
+  EXPECT_EQ(count_label(eb, legacy), 0u);
+  EXPECT_EQ(count_label(ea, legacy), 0u);
+  for (const auto* ev : {&ef, &eb}) {
+    EXPECT_EQ(count_label(*ev, "liger flce logits_storage"), 1u);
+    EXPECT_EQ(count_label(*ev, "liger flce logits chunk"), 0u);
+    for (const ScheduleEvent& e : *ev) {
+      if (e.kind == ScheduleEvent::kAlloc && std::string(e.label) == "liger flce logits_storage") {
+        EXPECT_EQ(e.bytes, 4u * 256 * (ev == &ef ? 4 : 2));
+      }
+    }
+  }
+  EXPECT_EQ(count_label(ea, "liger flce logits_storage"), 0u);
+  EXPECT_EQ(count_label(ea, "liger flce logits chunk"), 4u);
+}
+
 // Checkpointed under autocast: the frames keep the fp32 layer inputs; autocast's cache (the
 // checkpointed layers' weight and bias casts, lm_head's) is gone before backward begins.
 TEST(LigerSchedule, AutocastCheckpointedKeepsInputsAndClearsTheCache) {
