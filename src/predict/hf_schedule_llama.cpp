@@ -673,9 +673,9 @@ void drop_saved(Tape& t, LayerSaved& s) {
 
 // Liger's fused linear cross-entropy (LigerForCausalLM with labels): no logits tensor. The
 // forward walks the B*T rows in chunks of next_pow2(ceil(B*T / ceil(V / H))): each chunk's logits
-// (chunk x V) are turned into their gradient in place, the input gradient chunk (chunk x H) is
-// copied into a preallocated grad_input and grad_weight accumulates in place; both are saved for
-// the backward, which only scales them. Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
+// (chunk x V) are turned into their gradient in place, the input gradient's rows are written
+// into a preallocated grad_input and grad_weight accumulates in place; both are saved for the
+// backward, which only scales them (grad_output is 1). Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
 //
 // Under autocast over fp32 weights (modelled from the source, not measured): the Function is
 // amp_custom_fwd, so autocast stays on inside it. grad_input = zeros_like(_input) is fp32 (the final
