@@ -109,6 +109,30 @@ MODELS = {
         "eos_token_id": 2,
         "use_cache": True,
     },
+    # Qwen/Qwen2.5-0.5B (its published config.json); scalelab: qwen2_preset("qwen2.5-0.5b", 896, 4864,
+    # 24, 14, 2, 151936, 32768, tied), q/k/v biases. Only bench/gpu/hf_memory.py's Liger rows use it.
+    "qwen2.5-0.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": 32768,
+        "max_window_layers": 24,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+        "use_cache": True,
+    },
 }
 
 # --tiny: scalelab's llama-tiny / opt-tiny presets (2 layers, hidden 64), for a smoke test on a CPU
@@ -121,6 +145,10 @@ TINY = {
             "word_embed_proj_dim": 64, "vocab_size": 256, "max_position_embeddings": 512, "dropout": 0.0},
 }
 TINY_NAME = {"llama-3.2-1b": "llama-tiny", "opt-1.3b": "opt-tiny"}  # scalelab's names
+
+# Liger-Kernel's patch function per model_type (the defaults: rope, rms_norm, swiglu,
+# fused_linear_cross_entropy); OPT has none.
+LIGER_PATCH = {"llama": "apply_liger_kernel_to_llama", "qwen2": "apply_liger_kernel_to_qwen2"}
 
 DATA_VOCAB = 1000  # ids uniform in [0, min(1000, vocab)), as scalelab's synthetic data
 OOM_RE = re.compile(r"out of (?:[a-z]+ )?memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|"
@@ -193,7 +221,7 @@ def run_once(a):
     if a.seq_len > d["max_position_embeddings"]:
         rec["status"], rec["error"] = "invalid", f"seq-len {a.seq_len} > max_position_embeddings"
         return rec
-    if a.liger and d["model_type"] != "llama":
+    if a.liger and d["model_type"] not in LIGER_PATCH:
         rec["status"] = "unsupported"
         rec["error"] = ("Liger-Kernel has no patch for OPT (no apply_liger_kernel_to_opt); "
                         "the reference practice has no fused kernels for this model")
@@ -222,12 +250,12 @@ def run_once(a):
     try:
         if a.liger:
             try:
-                from liger_kernel.transformers import apply_liger_kernel_to_llama
+                import liger_kernel.transformers as liger
             except Exception as e:  # noqa: BLE001
                 rec["status"] = "unsupported"
                 rec["error"] = f"liger_kernel not importable: {type(e).__name__}: {e}"
                 return rec
-            apply_liger_kernel_to_llama()  # patches the Llama classes; before the model is built
+            getattr(liger, LIGER_PATCH[d["model_type"]])()  # patches the classes; before the model is built
             rec["liger_kernels"] = "rope, rms_norm, swiglu, fused_linear_cross_entropy (the defaults)"
 
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING

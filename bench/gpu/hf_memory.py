@@ -45,7 +45,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from hf_benchmark import MODELS, TINY, DATA_VOCAB, OOM_RE  # noqa: E402  (the same model dicts)
+from hf_benchmark import MODELS, TINY, DATA_VOCAB, OOM_RE, LIGER_PATCH  # noqa: E402  (the same model dicts)
 
 GIB = 2**30
 
@@ -55,9 +55,10 @@ def matrix(tiny):
     hf-trainer` that describe it."""
     rows = []
 
-    def add(name, model, mb, prec="fp32", mixed="no", attn="eager", ckpt=False, emulate=None, seq=1024):
+    def add(name, model, mb, prec="fp32", mixed="no", attn="eager", ckpt=False, emulate=None, seq=1024, fused=False):
         rows.append(dict(name=name, model=model, seq_len=seq, micro_batch_size=mb, model_precision=prec,
-                         mixed_precision=mixed, attn=attn, activation_checkpointing=ckpt, emulate_gib=emulate))
+                         mixed_precision=mixed, attn=attn, activation_checkpointing=ckpt, emulate_gib=emulate,
+                         fused=fused))
 
     L, O = "llama-3.2-1b", "opt-1.3b"
     if tiny:
@@ -82,6 +83,19 @@ def matrix(tiny):
     add("opt-bf16-sdpa-mb8", O, 8, prec="bf16", mixed="bf16", attn="sdpa")
     add("llama-fp32-eager-mb6-ckpt", L, 6, ckpt=True)
     add("llama-bf16-sdpa-mb6-ckpt", L, 6, prec="bf16", mixed="bf16", attn="sdpa", ckpt=True)
+    # Liger-Kernel 0.8.5 (fused=True: apply_liger_kernel_to_llama / _qwen2 with its defaults; needs the
+    # liger-kernel wheel). Modelled from Liger's source and not yet measured (docs/predict.md): Qwen2,
+    # Liger under gradient checkpointing, Liger under bf16 autocast over fp32 weights (the last two),
+    # each beside a neighbour measured on the same machine.
+    Q = "qwen2.5-0.5b"
+    add("qwen2-bf16-sdpa-mb8-liger", Q, 8, prec="bf16", attn="sdpa", fused=True)
+    add("qwen2-bf16-sdpa-mb8", Q, 8, prec="bf16", attn="sdpa")
+    add("llama-bf16-sdpa-mb16-liger", L, 16, prec="bf16", attn="sdpa", fused=True)
+    add("llama-bf16-sdpa-mb16-liger-ckpt", L, 16, prec="bf16", attn="sdpa", ckpt=True, fused=True)
+    add("qwen2-bf16-sdpa-mb8-liger-ckpt", Q, 8, prec="bf16", attn="sdpa", ckpt=True, fused=True)
+    add("llama-fp32-eager-mb2-liger-ckpt", L, 2, ckpt=True, fused=True)
+    add("llama-bf16mixed-sdpa-mb4-liger", L, 4, mixed="bf16", attn="sdpa", fused=True)
+    add("llama-bf16mixed-eager-mb4-liger", L, 4, mixed="bf16", fused=True)
     return rows
 
 
@@ -169,6 +183,10 @@ def worker(cfg, device, tiny, steps, trace_path=None):
             d.update(TINY[d["model_type"]])
         if d["model_type"] == "opt":
             d["dropout"] = 0.0  # scalelab's OPT runs are dropout-free; dropout masks would add memory
+        if cfg.get("fused"):  # Liger: patches the model classes, so before the model is built
+            import liger_kernel.transformers as liger
+            getattr(liger, LIGER_PATCH[d["model_type"]])()
+            rec["liger_kernel"] = getattr(__import__("liger_kernel"), "__version__", None)
         hf_cfg = CONFIG_MAPPING[d["model_type"]].from_dict(dict(d))
         dtype = torch.bfloat16 if cfg["model_precision"] == "bf16" else torch.float32
         torch.manual_seed(0)

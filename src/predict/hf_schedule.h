@@ -66,7 +66,7 @@ struct HfJob {
   std::string model_precision = "fp32";  // fp32 | bf16 (torch_dtype the model is loaded in)
   std::string mixed_precision = "no";    // no | bf16 | fp16 (Trainer bf16= / fp16=)
   std::string attn = "eager";            // eager | sdpa
-  bool fused_kernels = false;            // Liger (not modelled yet: refused)
+  bool fused_kernels = false;            // Liger 0.8.5 (Llama, Qwen2; not OPT)
   bool activation_checkpointing = false;
   std::int64_t grad_accum_steps = 1;
   std::string optimizer = "adamw_torch";  // adamw_torch (foreach) | adamw_torch_fused

@@ -319,6 +319,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   t.free(k);
   const u64 rep = d.nh / d.nkv;
   const u64 bhtt = d.B * d.nh * d.T * d.T;
+  Id q_view = 0;  // Liger + eager: the rotated q, once bmm has its copy
   if (d.eager || d.e_c == 4) {
     // eager_attention_forward. sdpa in fp32 runs the same way: there is no fp32 flash kernel and
     // the memory-efficient kernel takes no GQA, so PyTorch falls back to the math path, which
@@ -329,9 +330,18 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // torch.matmul(q, k^T): under autocast both operands are cast (q's cast saved); bmm takes the
     // transposed key made contiguous (saved).
     Id kcast = 0;
-    if (ac) {
+    if (ac && !d.liger) {  // Liger's RoPE left q and k in bf16: autocast has nothing to cast
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       kcast = t.alloc(d.BT * d.qd * 2, Tmp, "autocast cast of k");
+    }
+    // Liger's RoPE returns q as a transposed view of q_proj's [B, T, heads, hd] buffer (rope.py
+    // rope_forward: transpose, kernel in place, transpose back): matmul's reshape of it to
+    // [B*heads, T, hd] cannot be a view, so bmm gets (and saves) a contiguous copy; the rotated
+    // buffer itself goes when the attention returns. Eager only: the fp32 sdpa math path is not
+    // modelled op by op (it allocates as eager without Liger).
+    if (d.liger && d.eager) {
+      q_view = s.q_embed;
+      s.q_embed = t.alloc(d.BT * d.qd * d.e_c, A, "q reshaped for bmm (copy of Liger's transposed q)");
     }
     s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
     Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
@@ -358,8 +368,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // the log-sum-exp (fp32 [B, heads, T]); modelled from the kernel's source
     // (aten/src/ATen/native/transformers/cuda/attention.cu, flash_api.cpp), not traced. Under
     // autocast q and k (fp32 after rope) are cast to bf16 and the casts saved.
-    if (ac) {
+    if (ac && !d.liger) {
       // autocast casts sdpa's arguments right to left (GCC): the key's cast comes first
+      // (not under Liger: its RoPE leaves q and k in the projections' bf16)
       s.kT = t.alloc(d.BT * d.kvd * 2, A, "autocast cast of k");
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       t.free(s.q_embed);
@@ -379,7 +390,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   // LlamaAttention.forward returns: its locals go.
   if (d.eager || d.e_c == 4) {
     t.free(k_embed);
-    if (ac) t.free(s.q_embed);  // its cast is what bmm saved
+    if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
+    t.free(q_view);                         // Liger: its copy is what bmm saved
     if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   }
   if (ac) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
@@ -585,9 +597,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(gsc2);
     t.free(s.kT);
     t.free(s.q16);
-    if (!ac) t.free(s.q_embed);
+    if (!ac || d.liger) t.free(s.q_embed);
     gq = gq_;
-    if (ac) {
+    if (ac && !d.liger) {  // q and k were fp32 (rope promoted them); under Liger bf16
       gq = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
       t.free(gq_);
       Id gk32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad k to fp32");
@@ -624,7 +636,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(s.q16);
     t.free(s.kT);
     t.free(s.q_embed);
-    if (ac) {
+    if (ac && !d.liger) {  // under Liger q and k were bf16 (its RoPE keeps the projections' dtype)
       Id q32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
       t.free(gq);
       gq = q32;
@@ -661,28 +673,71 @@ void drop_saved(Tape& t, LayerSaved& s) {
 
 // Liger's fused linear cross-entropy (LigerForCausalLM with labels): no logits tensor. The
 // forward walks the B*T rows in chunks of next_pow2(ceil(B*T / ceil(V / H))): each chunk's logits
-// (chunk x V) are turned into their gradient in place, the input gradient chunk (chunk x H) is
-// copied into a preallocated grad_input and grad_weight accumulates in place; both are saved for
-// the backward, which only scales them. Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
-Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids) {
+// (chunk x V) are turned into their gradient in place, the input gradient's rows are written
+// into a preallocated grad_input and grad_weight accumulates in place; both are saved for the
+// backward, which only scales them (grad_output is 1). Modelled from liger_kernel/ops/fused_linear_cross_entropy.py.
+//
+// Under autocast over fp32 weights (modelled from the source, not measured): the Function is
+// amp_custom_fwd, so autocast stays on inside it. grad_input = zeros_like(_input) is fp32 (the final
+// norm's output), grad_weight = zeros_like(weight) fp32 (accum_dtype None); logits_storage is None
+// (_can_use_mm_out: grad mode is off but autocast is on and _input is fp32). Per chunk:
+// `_input_chunk @ weight.t()` casts weight.t() — a view, which autocast does not cache — and the
+// input chunk (right to left), giving bf16 logits; `grad_logits_chunk @ weight` casts the weight
+// itself (a leaf: cached from the first chunk until the model's autocast exits) and its bf16 result
+// is copied into grad_input; grad_weight accumulates by addmm(out_dtype=fp32, out=grad_weight)
+// (torch >= 2.8, sm >= 8) after `_input_chunk.to(bf16)`.
+Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids, std::vector<Id>& cached_casts) {
   const u64 inc = (d.V + d.H - 1) / d.H;
   u64 chunk = 1;
   while (chunk < (d.BT + inc - 1) / inc) chunk *= 2;
   chunk = std::min(chunk, d.BT);
   Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "liger flce grad_weight");
-  Id gin = t.alloc(d.BT * d.H * d.e_c, Category::kLogitsLoss, "liger flce grad_input");
+  Id gin = t.alloc(d.BT * d.H * d.e_r, Category::kLogitsLoss, "liger flce grad_input");
   Id loss1d = t.alloc(d.BT * 4, Category::kLogitsLoss, "liger flce loss_1d");
   Id shift = t.alloc(d.BT * 8, Category::kInputs, "shift_labels");
   gemm_workspace(t, m.ws_main);
+  // _can_use_mm_out (grad mode is off inside the Function): the input and weight share a dtype and
+  // autocast is off or already in that dtype — every case but autocast over fp32 weights. Then the
+  // chunk's logits go into one preallocated logits_storage (chunk x V, the input's dtype) and
+  // grad_input's rows are written by mm(out=); otherwise each matmul allocates its result.
+  const bool mm_out = !d.autocast;
+  Id storage = mm_out ? t.alloc(chunk * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits_storage") : 0;
+  Id wcache = 0;
   for (u64 start = 0; start < d.BT; start += chunk) {
     const u64 rows = std::min(chunk, d.BT - start);
-    Id logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
-    Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
-    t.free(gchunk);
+    Id logits = 0;
+    if (!mm_out) {
+      Id wt = t.alloc(d.V * d.H * 2, Tmp, "autocast cast of lm_head.weight.t() (a view: not cached)");
+      Id ic = t.alloc(rows * d.H * 2, Tmp, "autocast cast of the input chunk");
+      logits = t.alloc(rows * d.V * d.e_c, Category::kLogitsLoss, "liger flce logits chunk");
+      t.free(ic);
+      t.free(wt);
+      if (wcache == 0)
+        wcache = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight (cached)");
+      Id gchunk = t.alloc(rows * d.H * d.e_c, Tmp, "liger flce grad_input chunk");
+      t.free(gchunk);  // copied into grad_input's rows
+    }
+    // grad_weight: fp32 accumulator with bf16/fp16 grad_logits (autocast): addmm(out_dtype=fp32)
+    // after `_input_chunk.to(bf16)`; bf16 weights: addmm(out=grad_weight), no temporary; fp32
+    // without autocast: the legacy `grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk)
+    // .float()`, a V x H fp32 product per chunk.
+    if (d.autocast) {
+      Id icb = t.alloc(rows * d.H * 2, Tmp, "liger flce input chunk .to(bf16) for addmm");
+      t.free(icb);
+    } else if (d.e_c == 4) {
+      Id prod = t.alloc(d.V * d.H * 4, Tmp, "liger flce grad_logits.t() @ input chunk (fp32)");
+      t.free(prod);
+    }
     t.free(logits);
   }
+  t.free(storage);  // del logits_storage
   Id loss = t.alloc(4, Category::kLogitsLoss, "loss");
   t.free(loss1d);
+  // the model's forward returns: autocast exits and its cache goes (the lm_head cast, the bias
+  // casts, the checkpointed layers' weight casts)
+  t.free(wcache);
+  for (Id& c : cached_casts) t.free(c);
+  cached_casts.clear();
   t.free(ids);
   t.phase("backward");
   t.free(loss);
@@ -735,9 +790,11 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   if (d.e_r == 2 && !ckpt && !d.liger) {
     t.free(saved[d.L - 1].out);
     t.free(x);
-  } else if (d.e_r == 2 && ckpt) {
+  } else if (d.e_r == 2 && ckpt && !d.liger) {
     // the last layer's output is held by no checkpoint frame, and the final norm saved its fp32
-    // upcast: it goes when hidden_states is rebound (the CPU trace of Qwen2 shows it)
+    // upcast: it goes when hidden_states is rebound (the CPU trace of Qwen2 shows it). LigerRMSNorm
+    // saves its input X itself (liger_kernel/ops/rms_norm.py:674, ctx.save_for_backward(X, W,
+    // RSTD)), so under Liger it stays until the final norm's backward.
     t.free(saved[d.L - 1].out);
   }
   if (!ckpt) {  // else the checkpoint frames hold them until their backward
@@ -750,7 +807,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Param& head = m.tied ? m.embed : m.lm_head;
   Id gh;
   if (d.liger) {
-    gh = liger_flce(t, d, m, head, fn.out, ids);
+    gh = liger_flce(t, d, m, head, fn.out, ids, cached_casts);
   } else {
     Head hd = head_forward(t, d, cached_casts, fn.out, ids);
     gh = head_backward(t, d, m, head, hd, fn.out);
@@ -767,7 +824,8 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       for (Id& c : m.bias_casts) t.free(c);  // the recompute's autocast exits: its cache goes
       m.bias_casts.clear();
       t.free(r.out);
-      if (d.e_r == 2) t.free(r.h1);
+      // bf16: post_attention_layernorm saved its fp32 upcast, not h1; LigerRMSNorm saves h1 itself
+      if (d.e_r == 2 && !d.liger) t.free(r.h1);
       saved[l] = r;
     }
     layer_backward(t, d, m, m.layers[l], saved[l], g_res, x_in);

@@ -81,6 +81,31 @@ TEST(PlanHfCli, OutOfMemoryIsAPredictionNotAnError) {
   EXPECT_NE(r.output.find("OUT OF MEMORY"), std::string::npos) << r.output;
 }
 
+// Liger (--fused-kernels) on Qwen2, with gradient checkpointing and under autocast over fp32 weights: modelled from Liger-Kernel
+// 0.8.5's source (docs/predict.md), accepted and predicted; checkpointing lowers the peak.
+TEST(PlanHfCli, PredictsLigerOnQwen2AndWithCheckpointing) {
+  const std::string path = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_liger.json";
+  const std::string args =
+      "plan --stack hf-trainer --model qwen2.5-0.5b --seq-len 1024 --micro-batch-size 8 --model-precision bf16 "
+      "--mixed-precision bf16 --attn flash --device-memory 80GiB --fused-kernels --json " + path;
+  std::remove(path.c_str());
+  CmdResult r = run(args);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::uint64_t plain = read_json(path)["max_allocated_bytes"].get<std::uint64_t>();
+  std::remove(path.c_str());
+  r = run(args + " --activation-checkpointing");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = read_json(path);
+  EXPECT_EQ(j["status"], "ok");
+  EXPECT_LT(j["max_allocated_bytes"].get<std::uint64_t>(), plain);
+  r = run("plan --stack hf-trainer --model llama-3.2-1b --seq-len 1024 --micro-batch-size 4 --model-precision bf16 "
+          "--attn flash --device-memory 80GiB --fused-kernels --activation-checkpointing");
+  EXPECT_EQ(r.code, 0) << r.output;
+  // and under autocast over fp32 weights
+  r = run(kBase + "--micro-batch-size 2 --device-memory 80GiB --fused-kernels --mixed-precision bf16");
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
   struct Case {
     std::string args, needle;
@@ -90,10 +115,9 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
       {kBase + "--device-memory 64GiB --torch-version 2.4", "supported: 2.11"},
       {kBase + "--device-memory 64GiB --micro-batch-size 0", "--micro-batch-size"},
       {kBase + "--micro-batch-size 1", "--device-memory is required"},
-      {"plan --stack hf-trainer --model qwen2-tiny --seq-len 64 --device-memory 80GiB --fused-kernels",
-       "Qwen2 (apply_liger_kernel_to_qwen2) is not modelled"},
       {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
-      {kBase + "--device-memory 64GiB --fused-kernels --mixed-precision bf16", "--fused-kernels"},
+      {"plan --stack hf-trainer --model opt-1.3b --seq-len 1024 --device-memory 64GiB --fused-kernels",
+       "no apply_liger_kernel_to_opt"},
       {kBase + "--device-memory 64GiB --world-size 8", "--ranks 8"},
       {kBase + "--device-memory 64GiB --ranks 8 --zero 1", "ZeRO-1 under the Trainer"},
       {kBase + "--device-memory 64GiB --ranks 0", "--ranks must be at least 1"},
