@@ -167,10 +167,12 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "HF Trainer memory prediction (torch %s, transformers %s): %s, seq-len %lld, micro-batch %lld, "
-                "%s weights, mixed precision %s, attn %s, %s\n",
+                "%s weights, mixed precision %s, attn %s%s%s, %s\n",
                 job.versions.torch.c_str(), job.versions.transformers.c_str(), job.model.name.c_str(),
                 static_cast<long long>(job.seq_len), static_cast<long long>(job.micro_batch),
-                job.model_precision.c_str(), job.mixed_precision.c_str(), job.attn.c_str(), job.optimizer.c_str());
+                job.model_precision.c_str(), job.mixed_precision.c_str(), job.attn.c_str(),
+                job.fused_kernels ? ", Liger kernels" : "",
+                job.activation_checkpointing ? ", gradient checkpointing" : "", job.optimizer.c_str());
   s += buf;
   if (job.ranks > 1) {
     std::snprintf(buf, sizeof buf, "  per rank of %lld (torchrun DDP: gradient buckets, gradient_as_bucket_view False)\n",

@@ -101,6 +101,8 @@ TEST(PlanHfCli, PredictsLigerOnQwen2AndWithCheckpointing) {
   r = run("plan --stack hf-trainer --model llama-3.2-1b --seq-len 1024 --micro-batch-size 4 --model-precision bf16 "
           "--attn flash --device-memory 80GiB --fused-kernels --activation-checkpointing");
   EXPECT_EQ(r.code, 0) << r.output;
+  // The table's first line names what was predicted.
+  EXPECT_NE(r.output.find("attn sdpa, Liger kernels, gradient checkpointing,"), std::string::npos) << r.output;
   // and under autocast over fp32 weights
   r = run(kBase + "--micro-batch-size 2 --device-memory 80GiB --fused-kernels --mixed-precision bf16");
   EXPECT_EQ(r.code, 0) << r.output;
