@@ -157,8 +157,9 @@ std::int64_t resolve_chunk(std::int64_t chunk_tokens, std::int64_t vocab, const 
 }
 }  // namespace
 
-std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab) {
-  const std::int64_t c = chunk_tokens > 0 ? chunk_tokens : fused_linear_cross_entropy_default_chunk(vocab);
+std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab,
+                                              DeviceType device) {
+  const std::int64_t c = chunk_tokens > 0 ? chunk_tokens : fused_linear_cross_entropy_default_chunk(vocab, device);
   return std::max<std::int64_t>(1, std::min(c, tokens));
 }
 

@@ -129,8 +129,10 @@ std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab);
 // it over 2048 tokens. The meta device follows ExecContext::options.planned_device.
 std::int64_t fused_linear_cross_entropy_default_chunk(std::int64_t vocab, DeviceType device);
 
-// The rows the kernel processes per chunk: chunk_tokens (the default when <= 0) capped at tokens.
-std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab);
+// The rows the kernel processes per chunk: chunk_tokens (when <= 0, the default on `device`)
+// capped at tokens.
+std::int64_t fused_linear_cross_entropy_chunk(std::int64_t tokens, std::int64_t chunk_tokens, std::int64_t vocab,
+                                              DeviceType device = DeviceType::kCPU);
 
 // Bytes the kernel allocates through ctx.alloc (the allocator-rounded [chunk, vocab] fp32 logits
 // of one chunk, label kFusedLossChunkLabel); pass the effective chunk

@@ -60,27 +60,27 @@ void linear_backward(Tensor* dx, Tensor& dw, Tensor* dbias, const Tensor& dy, co
       .linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);
 }
 
-void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType at,
-             std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c, DType ct,
-             std::int64_t ldc, ExecContext& ctx) {
-  const char* op = "gemm_ex";
+namespace {
+void check_gemm_ex(const char* op, std::int64_t m, std::int64_t n, std::int64_t k, DType at, DType bt, DType ct) {
   SCALELAB_CHECK(is_float_type(at) && is_float_type(bt) && is_float_type(ct),
                  std::string("[") + op + "] operands must be fp32, bf16 or fp16");
   SCALELAB_CHECK(m >= 0 && n >= 0 && k >= 0, std::string("[") + op + "] negative size " + std::to_string(m) + " x " +
                                                   std::to_string(n) + " x " + std::to_string(k));
+}
+}  // namespace
+
+void gemm_ex(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, DType at,
+             std::int64_t lda, const void* b, DType bt, std::int64_t ldb, float beta, void* c, DType ct,
+             std::int64_t ldc, ExecContext& ctx) {
+  const char* op = "gemm_ex";
+  check_gemm_ex(op, m, n, k, at, bt, ct);
   // Raw pointers carry no device: they live on the context's.
   backend_for(ctx.device(), op).gemm_ex(ta, tb, m, n, k, alpha, a, at, lda, b, bt, ldb, beta, c, ct, ldc, ctx);
 }
 
 void gemm_ex_group(const std::vector<GemmExArgs>& products, ExecContext& ctx) {
   const char* op = "gemm_ex_group";
-  for (const GemmExArgs& g : products) {
-    SCALELAB_CHECK(is_float_type(g.a_type) && is_float_type(g.b_type) && is_float_type(g.c_type),
-                   std::string("[") + op + "] operands must be fp32, bf16 or fp16");
-    SCALELAB_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, std::string("[") + op + "] negative size " +
-                                                         std::to_string(g.m) + " x " + std::to_string(g.n) + " x " +
-                                                         std::to_string(g.k));
-  }
+  for (const GemmExArgs& g : products) check_gemm_ex(op, g.m, g.n, g.k, g.a_type, g.b_type, g.c_type);
   if (products.empty()) return;
   backend_for(ctx.device(), op).gemm_ex_group(products, ctx);
 }

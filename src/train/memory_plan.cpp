@@ -213,12 +213,10 @@ std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
     if (cat == "attention scores") return "eager softmax(QK^T) [B, heads, S, S] per layer: " + describe_labels(labels_at_peak(cat), L);
     if (cat == "logits") return "[tokens, vocab] " + std::string(dtype_name(pr.activation)) + "; the loss gradient is written in place";
     if (cat == "fused loss chunk") {
-      // The chunk the kernel takes (kernels/fused.h): --fused-loss-chunk, else the planned device's default.
-      const std::int64_t T = (in.dpo ? 2 : 1) * in.micro_batch * in.seq_len, V = in.config.vocab_size;
-      const std::int64_t asked = in.options.fused_loss_chunk > 0
-                                     ? in.options.fused_loss_chunk
-                                     : kernels::fused_linear_cross_entropy_default_chunk(V, in.device);
-      const std::int64_t c = kernels::fused_linear_cross_entropy_chunk(T, asked, V);
+      // The chunk the kernel takes: --fused-loss-chunk, else the planned device's default.
+      const std::int64_t T = (in.dpo ? 2 : 1) * in.micro_batch * in.seq_len;
+      const std::int64_t c = kernels::fused_linear_cross_entropy_chunk(T, in.options.fused_loss_chunk,
+                                                                       in.config.vocab_size, in.device);
       return "fused linear + cross-entropy: the logits of " + std::to_string(c) + " of the " + std::to_string(T) +
              " tokens at a time (--fused-loss-chunk; the full logits never exist)";
     }
