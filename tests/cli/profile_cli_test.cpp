@@ -154,15 +154,31 @@ TEST(ProfileCli, FineTuningMethodsGemmsAreProfiled) {
   std::map<std::string, int> n = ops(read_json(trace));
   EXPECT_EQ(n["lora forward"], 2 * 8);
   EXPECT_EQ(n["lora backward"], 2 * 8);
+  // Layer 0's input gradient only feeds the embedding, frozen under LoRA: its input norm has no
+  // backward (2 norms per layer and the final one, less that one), as autograd skips it for peft.
+  EXPECT_EQ(n["norm backward"], 2 * 2 + 1 - 1);
+  // The embedding trains: every norm has its backward. Only the norms' weights train: the same
+  // (the input norm's weight gradient needs its input gradient).
+  for (const std::string& freeze : {std::string("'layers'"), std::string("'embed|proj'")}) {
+    r = run(base + "--freeze " + freeze + " --trace " + trace);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(ops(read_json(trace))["norm backward"], 2 * 2 + 1) << freeze;
+  }
+  // OPT (pre-LayerNorm, learned positions, both frozen under LoRA): the same for its first layer.
+  r = run("train --model opt-tiny --seq-len 16 --micro-batch-size 2 --max-steps 1 --threads 1 --quiet --lora-rank 4 "
+          "--lora-targets q_proj,v_proj,fc1 --trace " + trace);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(ops(read_json(trace))["norm backward"], 2 * 2 + 1 - 1);
   // QLoRA: each quantized weight is one tile here, one product forward and one backward (input
-  // gradient) per weight: 7 per layer, besides the LM head's.
+  // gradient) per weight: 7 per layer, besides the LM head's; none for layer 0's q/k/v, whose
+  // input gradient nothing needs (the embedding is frozen).
   r = run(base + "--lora-rank 4 --quantize-base nf4-bnb" + all + " --trace " + trace);
   ASSERT_EQ(r.code, 0) << r.output;
   n = ops(read_json(trace));
   EXPECT_EQ(n["nf4 forward"], 2 * 7);   // each weight's tile dequantized in forward,
-  EXPECT_EQ(n["nf4 backward"], 2 * 7);  // and again in backward for the input gradient
+  EXPECT_EQ(n["nf4 backward"], 2 * 7 - 3);  // and again in backward for the input gradient
   EXPECT_GE(n["matmul forward"], 2 * 7 + 1);
-  EXPECT_GE(n["matmul backward"], 2 * 7 + 1);
+  EXPECT_GE(n["matmul backward"], 2 * 7 + 1 - 3);
   // QAT: the weight gradient of each fake-quantized module is its own product.
   const std::string plain = testing::TempDir() + "prof_plain.trace.json";
   r = run(base + "--trace " + plain);

@@ -349,10 +349,15 @@ class LlamaModel final : public Model {
       a.y1 = act_.act({T, H_}, "attention norm output (recomputed)");
       w.ln1.recompute(a.y1, a.x, a.n1, ctx);
     }
-    w.attn.qkv.backward(&dy, dqkv, a.y1, ctx);  // the q/k/v biases' gradients too (Qwen2)
+    // Layer 0's input gradient reaches only the embedding. With the embedding frozen (LoRA,
+    // QLoRA, --freeze) nothing reads it, and autograd computes none for an input that needs no
+    // gradient (peft's run): the q/k/v input gradient (the dx GEMM, an adapter's dz·A, QLoRA's
+    // dequantized tiles) and the norm's are skipped, unless the norm's own weight trains.
+    const bool input_grad = l > 0 || dembed_.defined() || w.ln1.dw.defined();
+    w.attn.qkv.backward(input_grad ? &dy : nullptr, dqkv, a.y1, ctx);  // the q/k/v biases' gradients too (Qwen2)
     a.y1 = Tensor();
     dqkv = Tensor();
-    w.ln1.residual_backward(dx, dy, a.x, a.n1, fused, ctx);
+    if (input_grad) w.ln1.residual_backward(dx, dy, a.x, a.n1, fused, ctx);
   }
 
   ModelConfig c_;

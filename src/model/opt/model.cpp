@@ -499,15 +499,20 @@ class OptModel final : public Model {
       mlp_backward(l, dx, dy, false, a, w, a.h, a.n2, w.ln2, ctx);
       w.ln2.backward(dx, dy, a.h, a.n2, ctx, /*accumulate_dx=*/true);
       Tensor dqkv = attention_backward(l, dx, a, w, b, ctx);
+      // Layer 0's input gradient reaches only the embeddings (and project_in): with all of them
+      // frozen (LoRA, QLoRA, --freeze) nothing reads it, and autograd computes none (peft's run),
+      // so the q/k/v input gradient and ln1's are skipped unless ln1's own affine trains.
+      const bool input_grad = l > 0 || embeddings_train() || w.ln1.dw.defined() || w.ln1.db.defined();
+      Tensor* dq = input_grad ? &dy : nullptr;
       if (opt_.fused_kernels) {
         Tensor m = act_.act({T, H_}, "recomputed norm output");
         w.ln1.recompute(m, a.x, a.n1, ctx);
-        w.attn.qkv.backward(&dy, dqkv, m, ctx);
+        w.attn.qkv.backward(dq, dqkv, m, ctx);
       } else {
-        w.attn.qkv.backward(&dy, dqkv, a.a_in, ctx);
+        w.attn.qkv.backward(dq, dqkv, a.a_in, ctx);
       }
       dqkv = Tensor();
-      w.ln1.backward(dx, dy, a.x, a.n1, ctx, /*accumulate_dx=*/true);
+      if (input_grad) w.ln1.backward(dx, dy, a.x, a.n1, ctx, /*accumulate_dx=*/true);
     } else {
       // out = ln2(h2), h2 = m + drop(fc2(act(fc1(m)))), m = ln1(h), h = x + drop(out_proj(attn(qkv(x)))).
       Tensor dh2 = act_.act({T, H_}, "residual gradient");
@@ -520,9 +525,14 @@ class OptModel final : public Model {
       dx = dh;  // the gradient of h, and of x through the residual
       dh = Tensor();
       Tensor dqkv = attention_backward(l, dx, a, w, b, ctx);
-      w.attn.qkv.backward(&dx, dqkv, a.x, ctx, /*accumulate_dx=*/true);
+      // As above: layer 0's q/k/v input gradient only feeds frozen embeddings.
+      w.attn.qkv.backward(l > 0 || embeddings_train() ? &dx : nullptr, dqkv, a.x, ctx, /*accumulate_dx=*/true);
     }
   }
+
+  // Whether anything below the first layer trains: the token or position embeddings, or
+  // project_in's weight (its gradient needs the first layer's input gradient).
+  bool embeddings_train() const { return dembed_.defined() || dpos_.defined() || proj_in_.dw.defined(); }
 
   // From dh (gradient of the attention residual sum) to dqkv; frees the attention's acts.
   Tensor attention_backward(std::int64_t l, const Tensor& dh, Acts& a, Layer& w, const Batch& b, ExecContext& ctx) {
