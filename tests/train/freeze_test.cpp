@@ -5,6 +5,7 @@
 // are tests/model/golden_test.cpp's LlamaFrozen case.)
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -139,6 +140,7 @@ TEST(FreezePlan, PredictsMeasuredPeakExactly) {
       {"llama-tiny", "layers\\.1\\.mlp", "eager", true, false, "fp32", "bf16"},
       {"llama-tiny", "embed_tokens"},  // tied: the LM head is frozen with it
       {"llama-tiny", "norm|embed", "flash", false, true, "bf16"},
+      {"llama-tiny", "embed|layers\\.0\\.", "flash", true, true},  // layer 0 runs no backward
       {"opt-tiny", "embed|layers\\.0\\."},
       {"opt-tiny", "layers\\.1\\.", "eager", true, false, "fp32", "bf16"},
       {"opt-tiny", "layer_norm|bias", "flash", false, true},
@@ -227,6 +229,68 @@ TEST(FreezeTrain, FrozenWeightsLeaveTrainingAsTheyCameIn) {
   }
   EXPECT_GT(frozen, 0);
   EXPECT_GT(moved, 0);
+}
+
+// A frozen prefix (the embeddings and layer 0 here) gets no backward, as autograd gives none to
+// what needs no gradient: its layers keep no activations and run no backward, and the layers
+// above get the same gradients bit for bit as when the whole backward runs (checked after one
+// step, without clipping, against the same run with the embeddings trainable: that changes no
+// gradient of layers 1+). tests/model/golden_test.cpp's LlamaFrozen case holds the trajectory
+// against PyTorch with requires_grad=False.
+TEST(FreezeTrain, AFrozenPrefixRunsNoBackwardAndTheLayersAboveGetTheSameGradients) {
+  for (const std::string model : {"llama-tiny", "opt-tiny"}) {
+    auto run = [&](const std::string& freeze, const std::string& tag) {
+      Case c{model, freeze};
+      TrainOptions o = options_of(c);
+      o.max_steps = 1;
+      o.max_grad_norm = 0.0;
+      o.lr = 1e-2;
+      o.save = testing::TempDir() + "freeze_prefix_" + model + "_" + tag;
+      o.trace = o.save + ".trace.json";
+      std::filesystem::remove_all(o.save);
+      const TrainResult r = run_training(o);
+      EXPECT_EQ(r.status, RunStatus::kOk) << model << " " << freeze << ": " << r.error;
+      return std::make_pair(o, r);
+    };
+    const auto [skip_o, skip] = run("embed|layers\\.0\\.", "skip");
+    const auto [full_o, full] = run("layers\\.0\\.", "full");
+    // Layer scopes per phase in the trace: forward runs every layer, backward only layer 1.
+    auto layers = [](const std::string& trace, const std::string& phase) {
+      std::ifstream in(trace);
+      const nlohmann::json t = nlohmann::json::parse(in);
+      int n = 0;
+      for (const auto& e : t["traceEvents"])
+        if (e.value("ph", "") == "X" && e.value("name", "").rfind("layer", 0) == 0 && e.contains("args") &&
+            e["args"].value("phase", "") == phase)
+          ++n;
+      return n;
+    };
+    EXPECT_EQ(layers(skip_o.trace, "forward"), 2) << model;
+    EXPECT_EQ(layers(skip_o.trace, "backward"), 1) << model;
+    EXPECT_EQ(layers(full_o.trace, "backward"), 2) << model;
+    // Layer 0's saved activations are gone from the peak; the plan still equals the measured peak.
+    EXPECT_LT(item_bytes(skip.plan, "activations"), item_bytes(full.plan, "activations")) << model;
+    EXPECT_EQ(skip.plan["total_bytes"].get<std::size_t>(), skip.max_reserved_bytes) << model;
+    // Every parameter of layers 1+ and the final norm leaves the step with the same bits.
+    const SafetensorsFile a = SafetensorsFile::open(skip_o.save + "/model.safetensors");
+    const SafetensorsFile b = SafetensorsFile::open(full_o.save + "/model.safetensors");
+    const ParamLayout layout = ParamLayout::build(preset_config(model));
+    int compared = 0;
+    for (const ParamInfo& p : layout.params()) {
+      const bool above = p.name.find("layers.1.") != std::string::npos || p.name == "model.norm.weight" ||
+                         p.name.rfind("model.decoder.final_layer_norm.", 0) == 0;
+      if (!above) continue;
+      const SafetensorsTensor* ta = a.find(p.name);
+      const SafetensorsTensor* tb = b.find(p.name);
+      ASSERT_TRUE(ta != nullptr && tb != nullptr) << p.name;
+      std::vector<float> va(static_cast<std::size_t>(p.numel)), vb(va.size());
+      a.read(*ta, va.data(), DType::kF32);
+      b.read(*tb, vb.data(), DType::kF32);
+      EXPECT_EQ(std::memcmp(va.data(), vb.data(), va.size() * sizeof(float)), 0) << model << " " << p.name;
+      ++compared;
+    }
+    EXPECT_GE(compared, 8) << model;
+  }
 }
 
 }  // namespace

@@ -97,4 +97,18 @@ std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, con
 // The same over the trainable ones among `names` (absent names are skipped).
 std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::vector<std::string>& names);
 
+// The lowest decoder layer whose backward has to run: 0 when something below the layers trains
+// (the embeddings, OPT's project_in: their gradients need every layer's input gradient), else the
+// first layer with a trainable parameter (its range, adapters included), or layers.size() when no
+// layer has one. Below it nothing needs a gradient, as autograd sees it (requires_grad=False, or
+// peft's frozen base): those layers keep no activations and run no backward, and the layer at it
+// computes no input gradient unless its input norm trains.
+template <class Layer>
+std::int64_t first_backward_layer(const std::vector<Layer>& layers, bool below_trains) {
+  if (below_trains) return 0;
+  for (std::size_t l = 0; l < layers.size(); ++l)
+    if (layers[l].range.second > layers[l].range.first) return static_cast<std::int64_t>(l);
+  return static_cast<std::int64_t>(layers.size());
+}
+
 }  // namespace scalelab

@@ -66,6 +66,7 @@ class LlamaModel final : public Model {
       w.range = param_range(layout, p);
       layers_.push_back(std::move(w));
     }
+    first_backward_ = first_backward_layer(layers_, dembed_.defined());
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
@@ -108,6 +109,7 @@ class LlamaModel final : public Model {
         layer_forward(l, x, out, a, b, ctx);
       }
       if (opt_.activation_checkpointing) a.drop_all_but_input();
+      if (l < first_backward_) a = Acts();  // no backward runs here: nothing to keep
       x = out;
     }
     // Head: final norm, LM head, loss, and at once their backward. Unfused: the [T, vocab]
@@ -157,7 +159,7 @@ class LlamaModel final : public Model {
     part.reset();
     part.emplace(ctx, "backward", Phase::kBackward);
     if (hook_ && head_range_.second > head_range_.first) hook_(head_range_.first, head_range_.second);
-    for (std::int64_t l = L - 1; l >= 0; --l) {
+    for (std::int64_t l = L - 1; l >= first_backward_; --l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
       RegionScope layer(ctx, "layer", l, Phase::kBackward);
       if (opt_.activation_checkpointing) {
@@ -349,11 +351,12 @@ class LlamaModel final : public Model {
       a.y1 = act_.act({T, H_}, "attention norm output (recomputed)");
       w.ln1.recompute(a.y1, a.x, a.n1, ctx);
     }
-    // Layer 0's input gradient reaches only the embedding. With the embedding frozen (LoRA,
-    // QLoRA, --freeze) nothing reads it, and autograd computes none for an input that needs no
-    // gradient (peft's run): the q/k/v input gradient (the dx GEMM, an adapter's dz·A, QLoRA's
-    // dequantized tiles) and the norm's are skipped, unless the norm's own weight trains.
-    const bool input_grad = l > 0 || dembed_.defined() || w.ln1.dw.defined();
+    // The input gradient of the lowest layer that runs backward reaches only frozen layers and
+    // the embedding: with the embedding frozen (LoRA, QLoRA, --freeze) nothing reads it, and
+    // autograd computes none for an input that needs no gradient (peft's run). Its q/k/v input
+    // gradient (the dx GEMM, an adapter's dz·A, QLoRA's dequantized tiles) and the norm's are
+    // skipped, unless the norm's own weight trains.
+    const bool input_grad = l > first_backward_ || dembed_.defined() || w.ln1.dw.defined();
     w.attn.qkv.backward(input_grad ? &dy : nullptr, dqkv, a.y1, ctx);  // the q/k/v biases' gradients too (Qwen2)
     a.y1 = Tensor();
     dqkv = Tensor();
@@ -371,6 +374,7 @@ class LlamaModel final : public Model {
   Linear head_;
   std::pair<std::int64_t, std::int64_t> embed_range_, head_range_;
   std::vector<Layer> layers_;
+  std::int64_t first_backward_ = 0;  // layers below it have no backward (decoder/linear.h first_backward_layer)
   KvCache* cache_ = nullptr;  // set during forward_cached: attention reads and extends it
 };
 

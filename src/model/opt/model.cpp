@@ -105,6 +105,7 @@ class OptModel final : public Model {
                                                                 d + "project_in.weight"});
     head_range_ = param_range(layout, std::vector<std::string>{d + "final_layer_norm.weight", d + "final_layer_norm.bias",
                                                                d + "project_out.weight", "lm_head.weight"});
+    first_backward_ = first_backward_layer(layers_, embeddings_train());
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
@@ -153,6 +154,7 @@ class OptModel final : public Model {
         layer_forward(l, x, out, a, b, /*training=*/true, ctx);
       }
       if (opt_.activation_checkpointing) a.drop_all_but_input();
+      if (l < first_backward_) a = Acts();  // no backward runs here: nothing to keep
       x = out;
     }
     // Head: final LayerNorm, project_out, LM head and loss; then their backward.
@@ -196,7 +198,7 @@ class OptModel final : public Model {
     part.reset();
     part.emplace(ctx, "backward", Phase::kBackward);
     if (hook_ && head_range_.second > head_range_.first) hook_(head_range_.first, head_range_.second);
-    for (std::int64_t l = L - 1; l >= 0; --l) {
+    for (std::int64_t l = L - 1; l >= first_backward_; --l) {
       Acts& a = acts[static_cast<std::size_t>(l)];
       RegionScope layer(ctx, "layer", l, Phase::kBackward);
       if (opt_.activation_checkpointing) {
@@ -499,10 +501,11 @@ class OptModel final : public Model {
       mlp_backward(l, dx, dy, false, a, w, a.h, a.n2, w.ln2, ctx);
       w.ln2.backward(dx, dy, a.h, a.n2, ctx, /*accumulate_dx=*/true);
       Tensor dqkv = attention_backward(l, dx, a, w, b, ctx);
-      // Layer 0's input gradient reaches only the embeddings (and project_in): with all of them
-      // frozen (LoRA, QLoRA, --freeze) nothing reads it, and autograd computes none (peft's run),
-      // so the q/k/v input gradient and ln1's are skipped unless ln1's own affine trains.
-      const bool input_grad = l > 0 || embeddings_train() || w.ln1.dw.defined() || w.ln1.db.defined();
+      // The lowest backward layer's input gradient reaches only frozen layers and the embeddings
+      // (and project_in): with all of them frozen (LoRA, QLoRA, --freeze) nothing reads it, and
+      // autograd computes none (peft's run), so the q/k/v input gradient and ln1's are skipped
+      // unless ln1's own affine trains (decoder/linear.h first_backward_layer).
+      const bool input_grad = l > first_backward_ || embeddings_train() || w.ln1.dw.defined() || w.ln1.db.defined();
       Tensor* dq = input_grad ? &dy : nullptr;
       if (opt_.fused_kernels) {
         Tensor m = act_.act({T, H_}, "recomputed norm output");
@@ -525,8 +528,9 @@ class OptModel final : public Model {
       dx = dh;  // the gradient of h, and of x through the residual
       dh = Tensor();
       Tensor dqkv = attention_backward(l, dx, a, w, b, ctx);
-      // As above: layer 0's q/k/v input gradient only feeds frozen embeddings.
-      w.attn.qkv.backward(l > 0 || embeddings_train() ? &dx : nullptr, dqkv, a.x, ctx, /*accumulate_dx=*/true);
+      // As above: the lowest backward layer's q/k/v input gradient only feeds frozen parts.
+      w.attn.qkv.backward(l > first_backward_ || embeddings_train() ? &dx : nullptr, dqkv, a.x, ctx,
+                          /*accumulate_dx=*/true);
     }
   }
 
@@ -551,6 +555,7 @@ class OptModel final : public Model {
   Norm final_norm_;
   std::pair<std::int64_t, std::int64_t> embed_range_, head_range_;
   std::vector<Layer> layers_;
+  std::int64_t first_backward_ = 0;  // layers below it have no backward (decoder/linear.h first_backward_layer)
   KvCache* cache_ = nullptr;  // set during forward_cached: attention and positions continue it
 };
 
