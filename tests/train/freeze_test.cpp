@@ -141,6 +141,8 @@ TEST(FreezePlan, PredictsMeasuredPeakExactly) {
       {"llama-tiny", "embed_tokens"},  // tied: the LM head is frozen with it
       {"llama-tiny", "norm|embed", "flash", false, true, "bf16"},
       {"llama-tiny", "embed|layers\\.0\\.", "flash", true, true},  // layer 0 runs no backward
+      {"llama-tiny", "embed|layers"},  // only the final norm trains: no layer runs backward
+      {"opt-tiny", "embed|layers", "flash", false, true},
       {"opt-tiny", "embed|layers\\.0\\."},
       {"opt-tiny", "layers\\.1\\.", "eager", true, false, "fp32", "bf16"},
       {"opt-tiny", "layer_norm|bias", "flash", false, true},
