@@ -161,11 +161,42 @@ std::string describe_labels(const std::map<std::string, std::size_t>& labels, st
   return s;
 }
 
+// The models' first_backward_layer (model/decoder/linear.h) from the layout: 0 when a parameter
+// before the first layer (the embeddings, OPT's positions and project_in) trains, else the first
+// layer with a trainable parameter. The layers below keep no activations.
+std::int64_t planned_first_backward_layer(const ParamLayout& layout, const PlanInput& in) {
+  const ModelFamilySpec& fam = family_of(in.config);
+  const std::string first_layer = fam.layer_prefix(0);
+  for (const ParamInfo& p : layout.params()) {  // the family's order: what comes before the layers first
+    if (p.name.rfind(first_layer, 0) == 0) break;
+    if (p.trainable) return 0;
+  }
+  for (std::int64_t l = 0; l < in.config.num_hidden_layers; ++l) {
+    const auto r = param_range(layout, fam.layer_prefix(l));
+    if (r.second > r.first) return l;
+  }
+  return in.config.num_hidden_layers;
+}
+
 std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
   const ParamLayout layout = build_layout(in);
   const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel(), Pq = layout.quantized_numel();
   const PrecisionPlan& pr = in.precision;
-  const std::size_t L = static_cast<std::size_t>(std::max<std::int64_t>(1, in.config.num_hidden_layers));
+  // Layers that keep activations for backward (a frozen prefix runs none), and how the per-layer
+  // figures say so.
+  const std::int64_t first = planned_first_backward_layer(layout, in);
+  const std::size_t kept = static_cast<std::size_t>(std::max<std::int64_t>(1, in.config.num_hidden_layers - first));
+  const std::int64_t nl = in.config.num_hidden_layers;
+  auto span = [](std::int64_t a, std::int64_t b) {
+    return a == b ? "layer " + std::to_string(a) : "layers " + std::to_string(a) + " to " + std::to_string(b);
+  };
+  std::string kept_note;
+  if (first >= nl) {
+    kept_note = " (no layer runs backward: every layer is frozen with the embeddings)";
+  } else if (first > 0) {
+    kept_note = " (" + span(first, nl - 1) + "; " + span(0, first - 1) + (first == 1 ? " is" : " are") +
+                " frozen with the embeddings: no backward, nothing kept)";
+  }
   const std::int64_t shard = optimizer_state_numel(in, Pt);
   const std::string zero_note = in.zero_stage == 1 && in.world_size > 1
                                     ? ", ZeRO-1 shard of rank " + std::to_string(in.rank) + ": " +
@@ -207,10 +238,14 @@ std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
     }
     if (cat == "activations") {
       const auto l = labels_at_peak(cat);
-      if (in.options.activation_checkpointing) return "checkpointing keeps each layer's input only: " + describe_labels(l, L) + " per layer";
-      return "kept for backward, per layer: " + describe_labels(l, L);
+      if (in.options.activation_checkpointing)
+        return "checkpointing keeps each layer's input only: " + describe_labels(l, kept) + " per layer" + kept_note;
+      const std::string per = describe_labels(l, kept);
+      return "kept for backward, per layer" + kept_note + (per.empty() ? "" : ": " + per);
     }
-    if (cat == "attention scores") return "eager softmax(QK^T) [B, heads, S, S] per layer: " + describe_labels(labels_at_peak(cat), L);
+    if (cat == "attention scores")
+      return "eager softmax(QK^T) [B, heads, S, S] per layer" + kept_note + ": " +
+             describe_labels(labels_at_peak(cat), kept);
     if (cat == "logits") return "[tokens, vocab] " + std::string(dtype_name(pr.activation)) + "; the loss gradient is written in place";
     if (cat == "fused loss chunk") {
       // The chunk the kernel takes: --fused-loss-chunk, else the planned device's default.

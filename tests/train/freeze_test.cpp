@@ -273,6 +273,17 @@ TEST(FreezeTrain, AFrozenPrefixRunsNoBackwardAndTheLayersAboveGetTheSameGradient
     // Layer 0's saved activations are gone from the peak; the plan still equals the measured peak.
     EXPECT_LT(item_bytes(skip.plan, "activations"), item_bytes(full.plan, "activations")) << model;
     EXPECT_EQ(skip.plan["total_bytes"].get<std::size_t>(), skip.max_reserved_bytes) << model;
+    // The plan says so, and its per-layer figures count the one layer that keeps activations.
+    for (const auto& it : skip.plan["items"]) {
+      if (it["name"] != "activations") continue;
+      EXPECT_NE(it["detail"].get<std::string>().find("(layer 1; layer 0 is frozen with the embeddings"), std::string::npos)
+          << it["detail"];
+    }
+    for (const auto& it : full.plan["items"]) {
+      if (it["name"] == "activations") {
+        EXPECT_EQ(it["detail"].get<std::string>().find("frozen"), std::string::npos);
+      }
+    }
     // Every parameter of layers 1+ and the final norm leaves the step with the same bits.
     const SafetensorsFile a = SafetensorsFile::open(skip_o.save + "/model.safetensors");
     const SafetensorsFile b = SafetensorsFile::open(full_o.save + "/model.safetensors");
