@@ -161,30 +161,14 @@ std::string describe_labels(const std::map<std::string, std::size_t>& labels, st
   return s;
 }
 
-// The models' first_backward_layer (model/decoder/linear.h) from the layout: 0 when a parameter
-// before the first layer (the embeddings, OPT's positions and project_in) trains, else the first
-// layer with a trainable parameter. The layers below keep no activations.
-std::int64_t planned_first_backward_layer(const ParamLayout& layout, const PlanInput& in) {
-  const ModelFamilySpec& fam = family_of(in.config);
-  const std::string first_layer = fam.layer_prefix(0);
-  for (const ParamInfo& p : layout.params()) {  // the family's order: what comes before the layers first
-    if (p.name.rfind(first_layer, 0) == 0) break;
-    if (p.trainable) return 0;
-  }
-  for (std::int64_t l = 0; l < in.config.num_hidden_layers; ++l) {
-    const auto r = param_range(layout, fam.layer_prefix(l));
-    if (r.second > r.first) return l;
-  }
-  return in.config.num_hidden_layers;
-}
-
 std::vector<PlanItem> items_of(const Measure& m, const PlanInput& in) {
   const ParamLayout layout = build_layout(in);
   const std::int64_t P = layout.total_numel(), Pt = layout.trainable_numel(), Pq = layout.quantized_numel();
   const PrecisionPlan& pr = in.precision;
   // Layers that keep activations for backward (a frozen prefix runs none), and how the per-layer
   // figures say so.
-  const std::int64_t first = planned_first_backward_layer(layout, in);
+  const std::int64_t first =
+      first_backward_layer(layout, family_of(in.config).layer_prefix, in.config.num_hidden_layers);
   const std::size_t kept = static_cast<std::size_t>(std::max<std::int64_t>(1, in.config.num_hidden_layers - first));
   const std::int64_t nl = in.config.num_hidden_layers;
   auto span = [](std::int64_t a, std::int64_t b) {

@@ -24,16 +24,22 @@ namespace {
 
 using Saved = std::vector<std::pair<std::string, std::size_t>>;
 
+// A bf16-weights sdpa job of a preset.
+HfJob job(const std::string& model, std::int64_t seq, std::int64_t micro_batch, const std::string& mixed) {
+  HfJob j;
+  j.model = preset_config(model);
+  j.seq_len = seq;
+  j.micro_batch = micro_batch;
+  j.model_precision = "bf16";
+  j.mixed_precision = mixed;
+  j.attn = "sdpa";
+  return j;
+}
+
 // qwen2-tiny: hidden 64, intermediate 128, 2 layers, 4 heads of 16, 2 kv heads, vocab 256; bf16
 // weights without autocast, sdpa (the flash path), micro-batch 2 x seq 8: B*T = 16 rows.
 HfJob tiny(bool liger, bool ckpt) {
-  HfJob j;
-  j.model = preset_config("qwen2-tiny");
-  j.seq_len = 8;
-  j.micro_batch = 2;
-  j.model_precision = "bf16";
-  j.mixed_precision = "no";
-  j.attn = "sdpa";
+  HfJob j = job("qwen2-tiny", 8, 2, "no");
   j.fused_kernels = liger;
   j.activation_checkpointing = ckpt;
   j.steps = 1;
@@ -200,13 +206,7 @@ TEST(LigerSchedule, CheckpointedLayersKeepOnlyTheirInput) {
 // drops the saved activations of every layer; the weights, their gradients and AdamW's states are
 // the same in all three.
 TEST(LigerSchedule, Qwen2PeaksOrderAsTheModellingSays) {
-  HfJob j;
-  j.model = preset_config("qwen2.5-0.5b");
-  j.seq_len = 1024;
-  j.micro_batch = 8;
-  j.model_precision = "bf16";
-  j.mixed_precision = "bf16";
-  j.attn = "sdpa";
+  HfJob j = job("qwen2.5-0.5b", 1024, 8, "bf16");
   HfPredictOptions o;
   o.device_memory = 150109880320;
   const HfPrediction plain = predict_hf(j, o);

@@ -128,4 +128,18 @@ std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, con
                        [&](const ParamInfo& p) { return std::find(names.begin(), names.end(), p.name) != names.end(); });
 }
 
+std::int64_t first_backward_layer(const ParamLayout& layout, const std::function<std::string(std::int64_t)>& layer_prefix,
+                                  std::int64_t num_layers) {
+  const std::string first_layer = layer_prefix(0);
+  for (const ParamInfo& p : layout.params()) {  // the family's order: what comes before the layers first
+    if (p.name.rfind(first_layer, 0) == 0) break;
+    if (p.trainable) return 0;
+  }
+  for (std::int64_t l = 0; l < num_layers; ++l) {
+    const auto r = param_range(layout, layer_prefix(l));
+    if (r.second > r.first) return l;
+  }
+  return num_layers;
+}
+
 }  // namespace scalelab

@@ -5,6 +5,7 @@
 // the pieces allocate exactly what the family would allocate by hand, with the same labels, so
 // the memory plan and the allocation traces do not depend on the refactoring.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,18 +98,14 @@ std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, con
 // The same over the trainable ones among `names` (absent names are skipped).
 std::pair<std::int64_t, std::int64_t> param_range(const ParamLayout& layout, const std::vector<std::string>& names);
 
-// The lowest decoder layer whose backward has to run: 0 when something below the layers trains
-// (the embeddings, OPT's project_in: their gradients need every layer's input gradient), else the
-// first layer with a trainable parameter (its range, adapters included), or layers.size() when no
-// layer has one. Below it nothing needs a gradient, as autograd sees it (requires_grad=False, or
-// peft's frozen base): those layers keep no activations and run no backward, and the layer at it
-// computes no input gradient unless its input norm trains.
-template <class Layer>
-std::int64_t first_backward_layer(const std::vector<Layer>& layers, bool below_trains) {
-  if (below_trains) return 0;
-  for (std::size_t l = 0; l < layers.size(); ++l)
-    if (layers[l].range.second > layers[l].range.first) return static_cast<std::int64_t>(l);
-  return static_cast<std::int64_t>(layers.size());
-}
+// The lowest decoder layer whose backward has to run: 0 when a parameter before the layers in the
+// family's order trains (the embeddings, OPT's positions and project_in: their gradients need
+// every layer's input gradient), else the first layer with a trainable parameter (adapters
+// included), or num_layers when none has one. Below it nothing needs a gradient, as autograd sees
+// it (requires_grad=False, or peft's frozen base): the models run no backward there and keep no
+// activations, and the layer at it computes no input gradient unless its input norm trains. The
+// memory plan's description asks the same function.
+std::int64_t first_backward_layer(const ParamLayout& layout, const std::function<std::string(std::int64_t)>& layer_prefix,
+                                  std::int64_t num_layers);
 
 }  // namespace scalelab

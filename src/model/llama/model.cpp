@@ -66,7 +66,7 @@ class LlamaModel final : public Model {
       w.range = param_range(layout, p);
       layers_.push_back(std::move(w));
     }
-    first_backward_ = first_backward_layer(layers_, dembed_.defined());
+    first_backward_ = first_backward_layer(layout, llama_layer_prefix, c.num_hidden_layers);
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {

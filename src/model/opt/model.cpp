@@ -105,7 +105,7 @@ class OptModel final : public Model {
                                                                 d + "project_in.weight"});
     head_range_ = param_range(layout, std::vector<std::string>{d + "final_layer_norm.weight", d + "final_layer_norm.bias",
                                                                d + "project_out.weight", "lm_head.weight"});
-    first_backward_ = first_backward_layer(layers_, embeddings_train());
+    first_backward_ = first_backward_layer(layout, opt_layer_prefix, c.num_hidden_layers);
   }
 
   double forward_backward(const Batch& b, float grad_scale, ExecContext& ctx) override {
