@@ -17,6 +17,12 @@
 #                                          # fused, micro-batch AB_MB (default 8), step time and the
 #                                          # op-family table of --profile for each, alternating
 #                                          # (AB_ROUNDS rounds, default 2)
+#   bench/gpu/run.sh eager-ab              # eager attention on cuBLASLt (SCALELAB_CUDA_EAGER=cublaslt)
+#                                          # against the FMA-tile kernels: opt-1.3b bf16 micro-batch
+#                                          # EAGER_OPT_MB (default 16) and llama-3.2-1b bf16 micro-batch
+#                                          # EAGER_LLAMA_MB (default 8), seq 1024, step time, measured
+#                                          # max reserved and `scalelab plan`'s prediction under each
+#                                          # switch; EAGER_HF=1 adds the HF Trainer at the OPT setting
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -37,7 +43,7 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 case "$mode" in
-  check|profile|bench|methods|kernels-ab|all) ;;
+  check|profile|bench|methods|kernels-ab|eager-ab|all) ;;
   -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | methods | all [compare args])" >&2; exit 2 ;;
 esac
@@ -210,6 +216,15 @@ run_checks() {
     [ "$orc" -ne 0 ] && STATUS=1
   fi
 
+  if [ -n "$SL" ]; then
+    section "selftest of eager attention on cuBLASLt (SCALELAB_CUDA_EAGER=cublaslt)"
+    SCALELAB_CUDA_EAGER=cublaslt timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/selftest-eager-cublaslt.log" 2>&1
+    local erc=$?
+    tail -1 "$OUT/selftest-eager-cublaslt.log"
+    add "selftest attention, eager on cuBLASLt: exit $erc: $(tail -1 "$OUT/selftest-eager-cublaslt.log")"
+    [ "$erc" -ne 0 ] && STATUS=1
+  fi
+
   run_in_backward_identity
 
   section "GPU test binaries ($DEV_DIR/tests/*, SCALELAB_TEST_DEVICE=cuda)"
@@ -237,6 +252,22 @@ run_checks() {
     add "test $res"
   done
   [ "$n" -eq 0 ] && add "tests: none in $DEV_DIR/tests/"
+
+  # The model tests that train (goldens, every fine-tuning method against the CPU) once more with
+  # eager attention on cuBLASLt: its forward and backward inside whole training runs.
+  t="$DEV_DIR/tests/scalelab_model_tests"
+  if [ -x "$t" ] && [ "$(left)" -gt 40 ]; then
+    section "model tests with SCALELAB_CUDA_EAGER=cublaslt"
+    tlog="$OUT/test-model-eager-cublaslt.log"
+    SCALELAB_CUDA_EAGER=cublaslt SCALELAB_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-240}" "$t" --gtest_brief=1 \
+      --gtest_filter="${EAGER_TEST_FILTER:-*Golden*:FinetuneOnDevice.*:*Device*}" >"$tlog" 2>&1
+    rc=$?
+    tail -20 "$tlog"
+    passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$tlog" | grep -oE '[0-9]+$' | tail -1)
+    failed=$(grep -oE '\[  FAILED  \] [0-9]+ tests?,' "$tlog" | grep -oE '[0-9]+' | tail -1)
+    add "test scalelab_model_tests, eager on cuBLASLt: exit $rc, ${passed:-0} passed, ${failed:-0} failed"
+    [ "$rc" -ne 0 ] && STATUS=1
+  fi
 }
 
 # --optimizer-in-backward on the device: the weights after 3 steps must be the step-end update's,
@@ -425,6 +456,43 @@ run_kernels_ab() {
   done
 }
 
+# Eager attention on cuBLASLt against the FMA-tile kernels (the default until this has run): the
+# same short run under each switch, alternating, with the plan's prediction for each (the plan
+# follows the switch: cuBLASLt's fp32 score workspace is larger). EAGER_HF=1: the HF Trainer at the
+# OPT setting in the same call (bench/gpu/hf_benchmark.py), the peer of the 0.82x row.
+run_eager_ab() {
+  [ -z "$SL" ] && { add "eager-ab: skipped (no scalelab)"; return; }
+  local model mb variant log rc plan
+  for model in opt-1.3b llama-3.2-1b; do
+    if [ "$model" = opt-1.3b ]; then mb="${EAGER_OPT_MB:-16}"; else mb="${EAGER_LLAMA_MB:-8}"; fi
+    local args=(--device cuda --model "$model" --seq-len 1024 --micro-batch-size "$mb" --model-precision bf16 --attn eager)
+    for variant in fma cublaslt; do
+      [ "$(left)" -lt 45 ] && { add "eager-ab $model $variant: skipped (time)"; continue; }
+      section "eager-ab: $model micro-batch $mb, $variant"
+      log="$OUT/eager-$model-$variant.log"
+      local env=()
+      [ "$variant" = cublaslt ] && env=(SCALELAB_CUDA_EAGER=cublaslt)
+      env "${env[@]}" "$SL" plan "${args[@]}" >"$log.plan" 2>&1
+      plan=$(grep -m1 -E '^ *total ' "$log.plan" | awk '{print $2, $3}')
+      env "${env[@]}" timeout 100 "$SL" train "${args[@]}" --max-steps 6 --bench-warmup-steps 2 \
+        --json "$OUT/eager-$model-$variant.json" >"$log" 2>&1
+      rc=$?
+      grep -E "^step [0-9]|Step time|Max reserved|Training throughput" "$log" | tail -5
+      say "plan: $plan"
+      add "eager-ab $model mb $mb $variant: exit $rc, $(grep -m1 'Step time' "$log"), $(grep -m1 'Training throughput' "$log" | sed 's/Training throughput: //'), $(grep -m1 'Max reserved' "$log"); plan $plan"
+      [ "$rc" -ne 0 ] && STATUS=1
+    done
+  done
+  if [ "${EAGER_HF:-0}" = 1 ] && [ "$(left)" -gt 90 ]; then
+    section "eager-ab: HF Trainer, opt-1.3b bf16 eager micro-batch ${EAGER_OPT_MB:-16}"
+    timeout $(( $(left) - 20 )) "$PY" bench/gpu/hf_benchmark.py --model opt-1.3b --micro-batch-size "${EAGER_OPT_MB:-16}" \
+      --torch-dtype bfloat16 --attn eager >"$OUT/eager-hf-opt.log" 2>&1
+    rc=$?
+    grep -E "Training throughput|Max reserved" "$OUT/eager-hf-opt.log"
+    add "eager-ab HF opt-1.3b: exit $rc, $(grep -m1 'Training throughput' "$OUT/eager-hf-opt.log")"
+  fi
+}
+
 main() {
   say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   device_info
@@ -435,6 +503,7 @@ main() {
     bench) run_bench "$@" ;;
     methods) run_methods ;;
     kernels-ab) run_kernels_ab ;;
+    eager-ab) run_eager_ab ;;
     all) run_checks; run_profile; run_bench "$@" ;;
   esac
   section "summary"

@@ -8,8 +8,11 @@
 // Methods: full fine-tuning; LoRA on all seven Llama projections (with dropout, and with
 // --fused-kernels: the chunked linear + cross-entropy with the frozen LM head); QLoRA with the base
 // in NF4, both flavours (nf4 = torchao's, nf4-bnb = bitsandbytes'); QAT 8da4w, alone and with LoRA;
-// DPO with LoRA (the reference = the adapters off) and full (the reference = a frozen copy). OPT
-// (biases, LayerNorm, ReLU, learned positions) for each method it supports.
+// DPO with LoRA (the reference = the adapters off) and full (the reference = a frozen copy), with
+// the held-out pairs' evaluation; full fine-tuning with a frozen prefix (--freeze: backward stops
+// above it) and with --optimizer-in-backward. OPT (biases, LayerNorm, ReLU, learned positions) for
+// each method it supports. Checkpoints written on the device (DPO full and LoRA, QLoRA) resume
+// there and continue the CPU's uninterrupted run.
 //
 // Tolerances, relative (fp32 storage and compute everywhere; no TF32: --allow-tf32 is off):
 //   kSameMath 1e-4. The two sides run the same operations in fp32; only the order of the sums
@@ -48,6 +51,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -103,10 +107,77 @@ void dpo(TrainOptions& o, const std::string& dir) {
   o.dpo.enabled = true;
   o.dpo.pairs = dir + "/pairs.jsonl";
   o.dpo.beta = 0.1;
+  // The held-out pairs, where the golden has them: evaluated after steps 2 and 4.
+  if (std::filesystem::exists(dir + "/pairs_val.jsonl")) {
+    o.val_data = dir + "/pairs_val.jsonl";
+    o.eval_every = 2;
+  }
+}
+
+// Everything below the first layer frozen: backward stops at layer 1 (no activations kept below).
+void freeze_prefix(TrainOptions& o, const char* embeddings) {
+  o.freeze = std::string(embeddings) + "|layers\\.0\\.";
+}
+
+void optimizer_in_backward(TrainOptions& o) {
+  o.optimizer_in_backward = true;
+  o.max_grad_norm = 0;  // clipping needs the whole gradient first: refused with it
 }
 
 // The device the methods run on besides the CPU (SCALELAB_TEST_DEVICE); the CPU: skip.
 DeviceType device_under_test() { return testing::test_device(); }
+
+// Compares the device's steps with the CPU's, the device's first step being the CPU's
+// cpu.steps[offset] (a resumed run holds only the steps after its checkpoint), and the
+// evaluations that both ran after the same optimizer step.
+void expect_same_steps(const TrainOptions& o, const Method& m, const TrainResult& cpu, const TrainResult& dev,
+                       std::size_t offset = 0) {
+  ASSERT_EQ(cpu.status, RunStatus::kOk) << "cpu: " << cpu.error;
+  ASSERT_EQ(dev.status, RunStatus::kOk) << o.device << ": " << dev.error;
+  ASSERT_EQ(cpu.steps.size(), static_cast<std::size_t>(o.max_steps));
+  ASSERT_EQ(dev.steps.size() + offset, cpu.steps.size());
+  const double reward_tol = o.dpo.beta * 2.0 * static_cast<double>(o.seq_len) * (m.tol / 10);
+  for (std::size_t j = 0; j < dev.steps.size(); ++j) {
+    const std::size_t i = j + offset;
+    const StepRecord &c = cpu.steps[i], &d = dev.steps[j];
+    EXPECT_TRUE(std::isfinite(d.loss)) << "step " << i + 1;
+    const double tol = (i > 0 && m.tol_after_update >= 0) ? m.tol_after_update : m.tol;
+    EXPECT_NEAR(d.loss, c.loss, tol * std::fabs(c.loss)) << "loss, step " << i + 1;
+    EXPECT_NEAR(d.grad_norm, c.grad_norm, tol * std::fabs(c.grad_norm)) << "gradient norm, step " << i + 1;
+    ASSERT_EQ(c.dpo.has_value(), o.dpo.enabled);
+    ASSERT_EQ(d.dpo.has_value(), o.dpo.enabled);
+    if (o.dpo.enabled) {
+      EXPECT_NEAR(d.dpo->rewards_chosen, c.dpo->rewards_chosen, reward_tol) << "rewards (chosen), step " << i + 1;
+      EXPECT_NEAR(d.dpo->rewards_rejected, c.dpo->rewards_rejected, reward_tol)
+          << "rewards (rejected), step " << i + 1;
+    }
+  }
+  // Evaluations: the device's are those of the CPU at the same step (a resumed run skips the
+  // earlier ones). The loss is a mean over the held-out set of the same per-token (per-pair) terms
+  // as a training step's, so the same tolerance holds; the DPO rewards are sums as in training.
+  std::size_t matched = 0;
+  for (const EvalRecord& d : dev.evals) {
+    const auto c = std::find_if(cpu.evals.begin(), cpu.evals.end(), [&](const EvalRecord& e) { return e.step == d.step; });
+    ASSERT_NE(c, cpu.evals.end()) << "the device evaluated after step " << d.step << ", the CPU did not";
+    ++matched;
+    const double tol = m.tol_after_update >= 0 ? m.tol_after_update : m.tol;
+    EXPECT_TRUE(std::isfinite(d.loss)) << "evaluation after step " << d.step;
+    EXPECT_NEAR(d.loss, c->loss, tol * std::fabs(c->loss)) << "evaluation loss after step " << d.step;
+    EXPECT_EQ(d.tokens, c->tokens) << "evaluation after step " << d.step;
+    ASSERT_EQ(d.dpo.has_value(), c->dpo.has_value());
+    if (d.dpo) {
+      EXPECT_NEAR(d.dpo->rewards_chosen, c->dpo->rewards_chosen, reward_tol) << "eval rewards (chosen), step " << d.step;
+      EXPECT_NEAR(d.dpo->rewards_rejected, c->dpo->rewards_rejected, reward_tol)
+          << "eval rewards (rejected), step " << d.step;
+    }
+  }
+  if (offset == 0) {
+    EXPECT_EQ(matched, cpu.evals.size()) << "the CPU ran evaluations the device did not";
+  }
+  if (!o.val_data.empty()) {
+    EXPECT_GT(matched, 0u) << "--val-data was given but the device evaluated nothing";
+  }
+}
 
 // Runs `m` on the CPU and on the test device and compares the runs step by step.
 void expect_same_run_on_both(const TrainOptions& base, const Method& m) {
@@ -117,25 +188,36 @@ void expect_same_run_on_both(const TrainOptions& base, const Method& m) {
   const TrainResult cpu = run_training(o);
   o.device = device_type_name(device_under_test());
   const TrainResult dev = run_training(o);
-  ASSERT_EQ(cpu.status, RunStatus::kOk) << "cpu: " << cpu.error;
-  ASSERT_EQ(dev.status, RunStatus::kOk) << o.device << ": " << dev.error;
-  ASSERT_EQ(cpu.steps.size(), static_cast<std::size_t>(o.max_steps));
-  ASSERT_EQ(dev.steps.size(), cpu.steps.size());
-  for (std::size_t i = 0; i < cpu.steps.size(); ++i) {
-    const StepRecord &c = cpu.steps[i], &d = dev.steps[i];
-    EXPECT_TRUE(std::isfinite(d.loss)) << "step " << i + 1;
-    const double tol = (i > 0 && m.tol_after_update >= 0) ? m.tol_after_update : m.tol;
-    EXPECT_NEAR(d.loss, c.loss, tol * std::fabs(c.loss)) << "loss, step " << i + 1;
-    EXPECT_NEAR(d.grad_norm, c.grad_norm, tol * std::fabs(c.grad_norm)) << "gradient norm, step " << i + 1;
-    ASSERT_EQ(c.dpo.has_value(), o.dpo.enabled);
-    ASSERT_EQ(d.dpo.has_value(), o.dpo.enabled);
-    if (o.dpo.enabled) {
-      const double reward_tol = o.dpo.beta * 2.0 * static_cast<double>(o.seq_len) * (m.tol / 10);
-      EXPECT_NEAR(d.dpo->rewards_chosen, c.dpo->rewards_chosen, reward_tol) << "rewards (chosen), step " << i + 1;
-      EXPECT_NEAR(d.dpo->rewards_rejected, c.dpo->rewards_rejected, reward_tol)
-          << "rewards (rejected), step " << i + 1;
-    }
-  }
+  expect_same_steps(o, m, cpu, dev);
+}
+
+// Runs `m` on the device with a checkpoint after step 2, resumes it there from that checkpoint,
+// and compares the resumed steps 3-4 (and the evaluation after step 4) with the CPU's
+// uninterrupted run: the checkpoint (weights or adapters, AdamW's state, the NF4 store's host copy,
+// DPO's reference checksum, the data position) must carry everything the device's run needs.
+void expect_device_checkpoint_resumes(const TrainOptions& base, const Method& m, const std::string& name) {
+  TrainOptions o = base;
+  m.apply(o);
+  SCOPED_TRACE(m.name + ", resumed on the device (" + o.model + ")");
+  o.device = "cpu";
+  const TrainResult cpu = run_training(o);
+  const std::string dir = ::testing::TempDir() + "finetune_device_resume_" + name;
+  std::filesystem::remove_all(dir);
+  o.device = device_type_name(device_under_test());
+  o.save = dir;
+  o.save_every = 2;
+  const TrainResult whole = run_training(o);
+  expect_same_steps(o, m, cpu, whole);
+  ASSERT_FALSE(whole.checkpoints.empty()) << "no checkpoint written";
+  o.save = dir + "-resumed";
+  o.save_every = 0;
+  o.resume = dir + "/checkpoint-2";
+  const TrainResult resumed = run_training(o);
+  ASSERT_EQ(resumed.status, RunStatus::kOk) << resumed.error;
+  EXPECT_EQ(resumed.resumed_from_step, 2);
+  expect_same_steps(o, m, cpu, resumed, 2);
+  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir + "-resumed");
 }
 
 class FinetuneOnDevice : public ::testing::Test {
@@ -152,6 +234,8 @@ TEST_F(FinetuneOnDevice, LlamaEveryMethodMatchesTheCpu) {
   const std::string qlora_dir = testing::golden_dir("nf4/qlora");  // 128 x 128 projections: nf4 blocks
   const std::vector<Method> methods = {
       {"full fine-tuning", [](TrainOptions&) {}},
+      {"full fine-tuning, embeddings and layer 0 frozen", [](TrainOptions& o) { freeze_prefix(o, "embed_tokens"); }},
+      {"full fine-tuning, --optimizer-in-backward", optimizer_in_backward},
       {"LoRA, all projections, dropout 0.05", [](TrainOptions& o) { lora(o, kLlamaTargets, 0.05); }},
       {"LoRA, all projections, --fused-kernels (frozen head)",
        [](TrainOptions& o) {
@@ -201,11 +285,42 @@ void expect_dpo_same_on_both(const std::string& dir, const char* targets) {
 
 TEST_F(FinetuneOnDevice, LlamaDpoMatchesTheCpu) {
   expect_dpo_same_on_both(testing::golden_dir("dpo/full_accum2"), kLlamaTargets);
+  expect_dpo_same_on_both(testing::golden_dir("dpo/full_eval"), kLlamaTargets);  // with evaluation
+}
+
+TEST_F(FinetuneOnDevice, CheckpointsWrittenOnTheDeviceResumeThere) {
+  const std::string dpo_dir = testing::golden_dir("dpo/full_eval");
+  expect_device_checkpoint_resumes(tiny(dpo_dir), {"DPO, full, evaluated", [&](TrainOptions& o) { dpo(o, dpo_dir); }},
+                                   "dpo_full");
+  expect_device_checkpoint_resumes(tiny(dpo_dir),
+                                   {"DPO + LoRA, evaluated",
+                                    [&](TrainOptions& o) {
+                                      dpo(o, dpo_dir);
+                                      lora(o, kLlamaTargets);
+                                    }},
+                                   "dpo_lora");
+  const std::string qlora_dir = testing::golden_dir("nf4/qlora");
+  expect_device_checkpoint_resumes(tiny(qlora_dir),
+                                   {"QLoRA --quantize-base nf4",
+                                    [&](TrainOptions& o) {
+                                      lora(o, kLlamaTargets);
+                                      o.quantize_base = "nf4";
+                                    }},
+                                   "qlora");
+  expect_device_checkpoint_resumes(tiny(dpo_dir),
+                                   {"DPO + QLoRA nf4-bnb",
+                                    [&](TrainOptions& o) {
+                                      dpo(o, dpo_dir);
+                                      lora(o, kLlamaTargets);
+                                      o.quantize_base = "nf4-bnb";
+                                    }},
+                                   "dpo_qlora");
 }
 
 TEST_F(FinetuneOnDevice, OptEveryMethodMatchesTheCpu) {
   const std::vector<Method> methods = {
       {"full fine-tuning", [](TrainOptions&) {}},
+      {"full fine-tuning, embeddings and layer 0 frozen", [](TrainOptions& o) { freeze_prefix(o, "embed"); }},
       {"LoRA, all projections, --fused-kernels (frozen head)",
        [](TrainOptions& o) {
          lora(o, kOptTargets, 0.05);
