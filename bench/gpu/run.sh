@@ -17,8 +17,8 @@
 #                                          # fused, micro-batch AB_MB (default 8), step time and the
 #                                          # op-family table of --profile for each, alternating
 #                                          # (AB_ROUNDS rounds, default 2)
-#   bench/gpu/run.sh eager-ab              # eager attention on cuBLASLt (SCALELAB_CUDA_EAGER=cublaslt)
-#                                          # against the FMA-tile kernels: opt-1.3b bf16 micro-batch
+#   bench/gpu/run.sh eager-ab              # eager attention on cuBLASLt (the default) against the first
+#                                          # FMA-tile kernels (SCALELAB_CUDA_EAGER=fma): opt-1.3b bf16 micro-batch
 #                                          # EAGER_OPT_MB (default 16) and llama-3.2-1b bf16 micro-batch
 #                                          # EAGER_LLAMA_MB (default 8), seq 1024, step time, measured
 #                                          # max reserved and `scalelab plan`'s prediction under each
@@ -217,11 +217,11 @@ run_checks() {
   fi
 
   if [ -n "$SL" ]; then
-    section "selftest of eager attention on cuBLASLt (SCALELAB_CUDA_EAGER=cublaslt)"
-    SCALELAB_CUDA_EAGER=cublaslt timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/selftest-eager-cublaslt.log" 2>&1
+    section "selftest of eager attention's FMA-tile kernels (SCALELAB_CUDA_EAGER=fma)"
+    SCALELAB_CUDA_EAGER=fma timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/selftest-eager-fma.log" 2>&1
     local erc=$?
-    tail -1 "$OUT/selftest-eager-cublaslt.log"
-    add "selftest attention, eager on cuBLASLt: exit $erc: $(tail -1 "$OUT/selftest-eager-cublaslt.log")"
+    tail -1 "$OUT/selftest-eager-fma.log"
+    add "selftest attention, eager on the FMA tiles: exit $erc: $(tail -1 "$OUT/selftest-eager-fma.log")"
     [ "$erc" -ne 0 ] && STATUS=1
   fi
 
@@ -254,18 +254,18 @@ run_checks() {
   [ "$n" -eq 0 ] && add "tests: none in $DEV_DIR/tests/"
 
   # The model tests that train (goldens, every fine-tuning method against the CPU) once more with
-  # eager attention on cuBLASLt: its forward and backward inside whole training runs.
+  # eager attention on the FMA-tile kernels (the default is cuBLASLt), so neither path rots.
   t="$DEV_DIR/tests/scalelab_model_tests"
   if [ -x "$t" ] && [ "$(left)" -gt 40 ]; then
-    section "model tests with SCALELAB_CUDA_EAGER=cublaslt"
-    tlog="$OUT/test-model-eager-cublaslt.log"
-    SCALELAB_CUDA_EAGER=cublaslt SCALELAB_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-240}" "$t" --gtest_brief=1 \
+    section "model tests with SCALELAB_CUDA_EAGER=fma"
+    tlog="$OUT/test-model-eager-fma.log"
+    SCALELAB_CUDA_EAGER=fma SCALELAB_TEST_DEVICE=cuda timeout "${TEST_TIMEOUT_S:-240}" "$t" --gtest_brief=1 \
       --gtest_filter="${EAGER_TEST_FILTER:-*Golden*:FinetuneOnDevice.*:*Device*}" >"$tlog" 2>&1
     rc=$?
     tail -20 "$tlog"
     passed=$(grep -oE '\[  PASSED  \] [0-9]+' "$tlog" | grep -oE '[0-9]+$' | tail -1)
     failed=$(grep -oE '\[  FAILED  \] [0-9]+ tests?,' "$tlog" | grep -oE '[0-9]+' | tail -1)
-    add "test scalelab_model_tests, eager on cuBLASLt: exit $rc, ${passed:-0} passed, ${failed:-0} failed"
+    add "test scalelab_model_tests, eager on the FMA tiles: exit $rc, ${passed:-0} passed, ${failed:-0} failed"
     [ "$rc" -ne 0 ] && STATUS=1
   fi
 }
@@ -456,9 +456,9 @@ run_kernels_ab() {
   done
 }
 
-# Eager attention on cuBLASLt against the FMA-tile kernels (the default until this has run): the
-# same short run under each switch, alternating, with the plan's prediction for each (the plan
-# follows the switch: cuBLASLt's fp32 score workspace is larger). EAGER_HF=1: the HF Trainer at the
+# Eager attention on cuBLASLt (the default since the H200 run of 2026-11-27) against the first
+# FMA-tile kernels: the same short run under each switch, with the plan's prediction for each (the
+# plan follows the switch: cuBLASLt's fp32 score workspace is larger). EAGER_HF=1: the HF Trainer at the
 # OPT setting in the same call (bench/gpu/hf_benchmark.py), the peer of the 0.82x row.
 run_eager_ab() {
   [ -z "$SL" ] && { add "eager-ab: skipped (no scalelab)"; return; }
@@ -470,8 +470,7 @@ run_eager_ab() {
       [ "$(left)" -lt 45 ] && { add "eager-ab $model $variant: skipped (time)"; continue; }
       section "eager-ab: $model micro-batch $mb, $variant"
       log="$OUT/eager-$model-$variant.log"
-      local env=()
-      [ "$variant" = cublaslt ] && env=(SCALELAB_CUDA_EAGER=cublaslt)
+      local env=(SCALELAB_CUDA_EAGER="$variant")
       env "${env[@]}" "$SL" plan "${args[@]}" >"$log.plan" 2>&1
       plan=$(grep -m1 -E '^ *total ' "$log.plan" | awk '{print $2, $3}')
       env "${env[@]}" timeout 100 "$SL" train "${args[@]}" --max-steps 6 --bench-warmup-steps 2 \

@@ -12,6 +12,7 @@
 
 #include "cli_run.h"
 #include "core/device.h"
+#include "model/config.h"
 
 namespace {
 
@@ -40,6 +41,43 @@ TEST(DeviceCli, TrainOnCudaRunsOrExitsTwoWithTheReason) {
   const auto j = read_json(json);  // the run record says why too
   EXPECT_EQ(j["status"], "error");
   EXPECT_TRUE(has(j["error"].get<std::string>(), "cuda")) << j.dump();
+}
+
+// Eager attention on CUDA runs on cuBLASLt by default (SCALELAB_CUDA_EAGER=fma: the first FMA-tile
+// kernels), and the plan for --device cuda follows the switch: the cuBLASLt path's largest
+// workspace is backward's fp32 dP plus dS in the activations' dtype, nkv·S·S each
+// (kernels/attention.h, attention_eager_cuda_workspace_blocks); the FMA tiles take less. A value
+// that names neither is refused with exit 2, naming the variable.
+TEST(DeviceCli, CudaEagerAttentionIsPlannedOnCublasLtUnlessSetToFma) {
+  const std::string json = testing::TempDir() + "cli_eager_plan.json";
+  const std::int64_t seq = 128;
+  auto workspace = [&](const char* eager) -> std::int64_t {
+    if (eager) {
+      setenv("SCALELAB_CUDA_EAGER", eager, 1);
+    } else {
+      unsetenv("SCALELAB_CUDA_EAGER");
+    }
+    const CmdResult r = run("plan --device cuda --model llama-tiny --attn eager --micro-batch-size 2 --seq-len " +
+                            std::to_string(seq) + " --json " + json);
+    unsetenv("SCALELAB_CUDA_EAGER");
+    EXPECT_EQ(r.code, 0) << r.output;
+    const nlohmann::json plan = read_json(json);  // kept: a loop over a temporary's member dangles
+    for (const auto& item : plan["items"]) {
+      if (item["name"] == "workspace") return item["bytes"].get<std::int64_t>();
+    }
+    ADD_FAILURE() << "no workspace line: " << r.output;
+    return -1;
+  };
+  const std::int64_t nkv = scalelab::preset_config("llama-tiny").num_key_value_heads;
+  const std::int64_t lt = nkv * seq * seq * (4 + 4);  // fp32 model: dP and dS both fp32
+  EXPECT_EQ(workspace(nullptr), lt);
+  EXPECT_EQ(workspace("cublaslt"), lt);
+  EXPECT_LT(workspace("fma"), lt);
+  setenv("SCALELAB_CUDA_EAGER", "tiles", 1);
+  const CmdResult bad = run("plan --device cuda --model llama-tiny --attn eager");
+  unsetenv("SCALELAB_CUDA_EAGER");
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_TRUE(has(bad.output, "[SCALELAB_CUDA_EAGER] 'tiles' is not one of: cublaslt (the default), fma")) << bad.output;
 }
 
 TEST(DeviceCli, TrainRefusesMetaAndUnknownDevicesWithExitTwo) {

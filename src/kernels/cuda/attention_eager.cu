@@ -27,7 +27,7 @@
 //
 // This file: the eager methods (attention_flash.cu has the flash ones).
 //
-// With SCALELAB_CUDA_EAGER=cublaslt (opt-in until a GPU run has checked it: compiled, not yet run)
+// By default (SCALELAB_CUDA_EAGER=fma: the FMA-tile kernels above, the first version, to compare)
 // the eager methods run on cuBLASLt instead of the FMA-tile kernels: the products are tensor-core GEMMs, strided-batched over the kv heads,
 // as the reference's eager attention multiplies with cuBLAS. For each batch element b and each
 // position g within a query-head group (heads h = j·G + g share kv head j):
