@@ -55,6 +55,10 @@ void validate_job(const HfJob& j) {
       bad("OPT with word_embed_proj_dim != hidden_size (project_in/out, opt-350m) is not modelled");
     if (!j.model.do_layer_norm_before) bad("OPT with do_layer_norm_before = false is not modelled");
     if (j.model.activation_function != "relu") bad("OPT with activation " + j.model.activation_function + " is not modelled");
+    if (j.model_precision == "bf16" && j.mixed_precision != "no" && j.activation_checkpointing)
+      bad("OPT with bf16 weights under autocast (--mixed-precision " + j.mixed_precision +
+          ") and gradient checkpointing is not modelled: the layer norms' fp32 casts are not traced through the "
+          "recompute");
   }
   if (j.micro_batch < 1) bad("--micro-batch-size must be at least 1 (got " + std::to_string(j.micro_batch) + ")");
   if (j.seq_len < 1) bad("--seq-len must be at least 1 (got " + std::to_string(j.seq_len) + ")");
@@ -112,6 +116,7 @@ Dims dims_of(const HfJob& j) {
   d.mixed = j.mixed_precision != "no";
   d.autocast = d.mixed && d.e_w == 4;
   d.e_c = (d.autocast || d.e_w == 2) ? 2 : 4;
+  d.ln_upcast = d.mixed && d.e_w == 2;
   d.e_r = d.e_w;
   d.e_rope = d.e_w;  // cos/sin come in the residual dtype: q (compute dtype) * cos promotes to it
   // Liger's RoPE (a Triton kernel writing into q and k, liger_kernel/ops/rope.py rope_forward) keeps
@@ -142,6 +147,8 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   if (d.autocast) {
     wl = t.alloc(d.V * d.H * 2, Category::kAutocastCache, "autocast cast of lm_head.weight");
     inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
+  } else if (d.head_in_fp32) {  // bf16 weight: only the fp32 input is cast
+    inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
   }
   logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "logits");
   // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
@@ -162,7 +169,7 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   t.free(lf);
   t.free(pad);
   for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
-  if (d.autocast) t.free(final_out);
+  if (d.autocast || d.head_in_fp32) t.free(final_out);
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                                    : 0;
@@ -221,6 +228,12 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     gh = t.alloc(d.BT * d.H * d.e_c, Tmp, "grad final norm output");
     t.free(g_logits);
     accumulate(t, head, gw);
+    if (d.head_in_fp32) {  // the input cast's backward: the gradient back to fp32
+      t.free(inl);
+      Id g32 = t.alloc(d.BT * d.H * 4, Tmp, "grad final norm output (fp32)");
+      t.free(gh);
+      gh = g32;
+    }
   }
   if (!d.autocast) t.free(final_out);
   return gh;

@@ -52,11 +52,21 @@ namespace {
 
 struct LnSaved {
   Id out = 0, mean = 0, rstd = 0;
+  Id x32 = 0, w32 = 0, b32 = 0;  // ln_upcast: autocast's fp32 casts of the input, weight and bias (saved)
 };
 // nn.LayerNorm (native_layer_norm): the output, and the fp32 mean / rstd it saves with its input.
+// Under ln_upcast (bf16 weights, autocast) layer_norm is on autocast's fp32 list: its arguments are
+// cast right to left (bias, weight, input; none cached: the cache holds only casts down to bf16),
+// native_layer_norm saves the three casts (its backward takes input, weight and bias) and returns
+// fp32; the bf16 input itself is no longer saved by it.
 LnSaved ln_forward(Tape& t, const Dims& d) {
   LnSaved s;
-  s.out = t.alloc(d.BT * d.H * d.e_r, A, "layer_norm output");
+  if (d.ln_upcast) {
+    s.b32 = t.alloc(d.H * 4, A, "autocast: layer_norm bias .to(fp32)");
+    s.w32 = t.alloc(d.H * 4, A, "autocast: layer_norm weight .to(fp32)");
+    s.x32 = t.alloc(d.BT * d.H * 4, A, "autocast: layer_norm input .to(fp32)");
+  }
+  s.out = t.alloc(d.BT * d.H * (d.ln_upcast ? 4 : d.e_r), A, "layer_norm output");
   s.mean = t.alloc(d.BT * 4, A, "layer_norm mean");
   s.rstd = t.alloc(d.BT * 4, A, "layer_norm rstd");
   return s;
@@ -64,6 +74,35 @@ LnSaved ln_forward(Tape& t, const Dims& d) {
 // native_layer_norm_backward: the input gradient (added into the residual buffer, or becoming it)
 // and the weight / bias gradients.
 void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_in, Id& g_res, Id& x_in) {
+  if (d.ln_upcast) {
+    // fp32 gradients of the casts, then each cast's backward (the input's, created last, first):
+    // the input gradient and the weight / bias gradients back to bf16
+    Id gx32 = t.alloc(d.BT * d.H * 4, Tmp, "layer_norm input grad (fp32)");
+    Id gw32 = t.alloc(d.H * 4, Tmp, "layer_norm weight grad (fp32)");
+    Id gb32 = t.alloc(d.H * 4, Tmp, "layer_norm bias grad (fp32)");
+    t.free(g_in);
+    t.free(s.out);
+    t.free(s.mean);
+    t.free(s.rstd);
+    t.free(s.x32);
+    t.free(s.w32);
+    t.free(s.b32);
+    t.free(x_in);
+    Id gx = t.alloc(d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
+    t.free(gx32);
+    Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
+    t.free(gw32);
+    accumulate(t, w, gw);
+    Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
+    t.free(gb32);
+    accumulate(t, b, gb);
+    if (g_res == 0) {
+      g_res = gx;
+    } else {
+      t.free(gx);
+    }
+    return;
+  }
   Id gx = t.alloc(d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
   Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
   Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
@@ -100,15 +139,19 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
     m.bias_casts.push_back(t.alloc(out_f * 2, Category::kAutocastCache, "autocast bias cast"));
     s.casts[s.ncasts++] = t.alloc(in_f * out_f * 2, Category::kAutocastCache, "autocast weight cast");
     if (!in_is_compute && incast != nullptr) *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
+  } else if (d.ln_upcast && !in_is_compute && incast != nullptr) {  // bf16 weight and bias: the fp32 input only
+    *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
   }
   gemm_workspace(t, m.ws_main);
   return t.alloc(d.BT * out_f * d.e_c, A, label);
 }
 
-void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
+// x_in: the layer's input. Under ln_upcast no op saves it (the layer norm saved its fp32 cast), so
+// it goes once the first residual sum is made; so does that sum once the second is.
+void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, Id& x_in) {
   (void)mask;
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
-  const bool ac = d.autocast;
+  const bool ac = d.autocast || d.ln_upcast;  // the layer norms' fp32 outputs go after their linears
   s.ln1 = ln_forward(t, d);
   Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
   s.q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
@@ -153,6 +196,7 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
   }
   s.h1 = t.alloc(nq * d.e_r, A, "residual + attention");
   t.free(o_out);
+  if (d.ln_upcast) t.free(x_in);
   s.ln2 = ln_forward(t, d);
   Id fc1 = opt_linear(t, d, m, s, d.H, d.I, false, &s.in_fc1, "fc1 output");
   s.relu = t.alloc(d.BT * d.I * d.e_c, A, "relu (saved)");
@@ -167,6 +211,7 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask) {
   }
   s.out = t.alloc(nq * d.e_r, A, "residual + mlp");
   t.free(fc2);
+  if (d.ln_upcast) t.free(s.h1);
 }
 
 // addmm backward: weight grad, input grad, bias grad (a reduction over the rows).
@@ -180,12 +225,12 @@ Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id&
   Id gb = t.alloc(out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "bias grad");
   t.free(cont);
   t.free(g);
+  if ((d.autocast || d.ln_upcast) && in_was_cast) {
+    Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
+    t.free(gin);
+    gin = g32;
+  }
   if (d.autocast) {
-    if (in_was_cast) {
-      Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
-      t.free(gin);
-      gin = g32;
-    }
     Id w32 = t.alloc(in_f * out_f * 4, Category::kGradients, "weight grad");
     t.free(gw);
     gw = w32;
@@ -200,6 +245,7 @@ Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id&
 
 void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, OptSaved& s, Id& g_res, Id& x_in) {
   const bool ac = d.autocast;
+  const bool cast_in = d.autocast || d.ln_upcast;  // the inputs of fc1 and q/k/v were cast from fp32
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
   // (under autocast the weight and bias casts go together after the q projection's backward,
   // a simplification: each is released with its own matmul's backward)
@@ -229,7 +275,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   Id g_fc1 = t.alloc(d.BT * d.I * d.e_c, Tmp, "relu backward");
   t.free(g_relu);
   t.free(s.relu);
-  Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, ac, false);
+  Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, cast_in, false);
   t.free(s.in_fc1);
   ln_backward(t, d, s.ln2, p.ln2w, p.ln2b, g_ln2, g_res, s.h1);
   // attention branch
@@ -303,15 +349,15 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   t.free(gq);
   // v, k, q projections (reverse creation order) on contiguous copies of their output grads;
   // the input grads sum (the first sum out of place)
-  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, ac, true);
-  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, ac, true);
+  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, cast_in, true);
+  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, cast_in, true);
   Id sum = gin_v;
-  if (!ac) {
+  if (!cast_in) {  // the fp32 casts' gradients (ToCopyBackward's outputs) are summed into the first
     sum = t.alloc(nq * d.e_c, Tmp, "input grad sum");
     t.free(gin_v);
   }
   t.free(gin_k);
-  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, ac, false);
+  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, cast_in, false);
   t.free(gin_q);
   t.free(s.in_q);
   t.free(s.in_k);
@@ -348,7 +394,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   const bool ckpt = j.activation_checkpointing;
   std::vector<Id> ckpt_casts;  // checkpointing: the weight casts stay in autocast's cache only
   for (u64 l = 0; l < d.L; ++l) {
-    opt_layer_forward(t, d, m, saved[l], mask);
+    opt_layer_forward(t, d, m, saved[l], mask, l > 0 ? saved[l - 1].out : x);
     if (ckpt) {  // see llama's drop_saved: what the layer saved goes; the frame keeps its inputs
       OptSaved& s = saved[l];
       for (Id* id : {&s.ln1.out, &s.ln1.mean, &s.ln1.rstd, &s.ln2.out, &s.ln2.mean, &s.ln2.rstd, &s.in_q, &s.in_k,
@@ -361,7 +407,10 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     layer_in = saved[l].out;
   }
   LnSaved fln;
-  if (m.final_ln) fln = ln_forward(t, d);
+  if (m.final_ln) {
+    fln = ln_forward(t, d);
+    if (d.ln_upcast) t.free(saved[d.L - 1].out);  // the final norm saved its fp32 cast instead
+  }
   Id& final_out = m.final_ln ? fln.out : layer_in;
   if (!ckpt) {  // else the checkpoint frames hold the mask and position_ids until their backward
     t.free(mask);
@@ -374,8 +423,10 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   m.bias_casts.clear();
   cached.insert(cached.end(), ckpt_casts.begin(), ckpt_casts.end());
   Param& head = m.tied ? m.embed : m.lm_head;
-  Head hd = head_forward(t, d, cached, final_out, ids);
-  Id gh = head_backward(t, d, m, head, hd, final_out);
+  Dims dh = d;
+  dh.head_in_fp32 = d.ln_upcast && m.final_ln;  // the final LayerNorm's fp32 output
+  Head hd = head_forward(t, dh, cached, final_out, ids);
+  Id gh = head_backward(t, dh, m, head, hd, final_out);
   Id g_res = 0;
   if (m.final_ln) {
     ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, saved[d.L - 1].out);
@@ -387,7 +438,8 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       // recomputed before its backward (under the recorded autocast state); early stop: the
       // recomputed output goes, and the recompute's autocast cache (its bias casts) with it
       OptSaved r;
-      opt_layer_forward(t, d, m, r, mask);
+      Id unused = 0;  // (checkpointing with ln_upcast is refused: the layer input is the frame's)
+      opt_layer_forward(t, d, m, r, mask, unused);
       t.free(r.out);
       for (Id& c : m.bias_casts) t.free(c);
       m.bias_casts.clear();

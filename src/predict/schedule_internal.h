@@ -58,6 +58,11 @@ struct Dims {
   u64 e_r;      // residual stream bytes (fp32 weights: 4, also under autocast)
   u64 e_rope;   // q*cos result: the promotion of q's and cos's dtypes
   bool autocast;  // fp32 weights with bf16/fp16 autocast: weight-cast cache, input casts
+  // bf16 weights under autocast (Trainer bf16=True over model.to(bfloat16)): nn.LayerNorm is on
+  // autocast's fp32 list, so OPT's layer norms cast their bf16 input, weight and bias to fp32 (saved)
+  // and return fp32, which each following linear casts back to bf16 (saved): see hf_schedule_opt.cpp
+  bool ln_upcast = false;
+  bool head_in_fp32 = false;  // the LM head's input is fp32 (OPT's final LayerNorm under ln_upcast)
   bool mixed;     // Trainer bf16=/fp16= (accelerate's convert_outputs_to_fp32)
   bool eager;
   bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
