@@ -23,6 +23,14 @@
 #                                          # EAGER_LLAMA_MB (default 8), seq 1024, step time, measured
 #                                          # max reserved and `scalelab plan`'s prediction under each
 #                                          # switch; EAGER_HF=1 adds the HF Trainer at the OPT setting
+#   bench/gpu/run.sh next                  # what the last session left for the next one, in one call
+#                                          # (~9 min): check; --optimizer-in-backward's step time and peak
+#                                          # against the step-end update (llama-3.2-1b bf16 + flash, mb 8);
+#                                          # the eager rungs (baseline, mixed, bf16) against the HF Trainer
+#                                          # now that eager runs on cuBLASLt (compare.py, micro-batch 16);
+#                                          # the HF memory rows not measured yet (hf_memory.py, the fp32
+#                                          # micro-batch-2 trace, Liger in fp32 with checkpointing, Liger
+#                                          # under autocast with eager, Liger at micro-batch 16)
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -43,7 +51,7 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 case "$mode" in
-  check|profile|bench|methods|kernels-ab|eager-ab|all) ;;
+  check|profile|bench|methods|kernels-ab|eager-ab|next|all) ;;
   -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | methods | all [compare args])" >&2; exit 2 ;;
 esac
@@ -492,6 +500,42 @@ run_eager_ab() {
   fi
 }
 
+# --optimizer-in-backward on the device: step time and peak against the step-end update, alternating.
+run_in_backward_timing() {
+  [ -z "$SL" ] && { add "in-backward timing: skipped (no scalelab)"; return; }
+  local args=(train --device cuda --model llama-3.2-1b --seq-len 1024 --micro-batch-size 8 --model-precision bf16
+              --attn flash --max-grad-norm 0 --max-steps 6 --bench-warmup-steps 2)
+  local variant log
+  for variant in step-end in-backward; do
+    [ "$(left)" -lt 60 ] && { add "in-backward timing $variant: skipped (time)"; continue; }
+    section "--optimizer-in-backward timing: $variant"
+    log="$OUT/inbwd-timing-$variant.log"
+    if [ "$variant" = in-backward ]; then
+      timeout 90 "$SL" "${args[@]}" --optimizer-in-backward >"$log" 2>&1
+    else
+      timeout 90 "$SL" "${args[@]}" >"$log" 2>&1
+    fi
+    local rc=$?
+    grep -E "Step time|Max reserved" "$log"
+    add "in-backward timing $variant: exit $rc, $(grep -m1 'Step time' "$log"), $(grep -m1 'Max reserved' "$log")"
+    [ "$rc" -ne 0 ] && STATUS=1
+  done
+}
+
+# The HF Trainer memory rows no GPU has measured yet (docs/predict.md), with the fp32 micro-batch-2
+# allocator trace.
+run_hf_memory_rows() {
+  local budget=$(( $(left) - 15 ))
+  [ "$budget" -lt 60 ] && { add "hf_memory: skipped (${budget}s left)"; return; }
+  section "hf_memory.py: the rows not measured yet (budget ${budget}s)"
+  timeout $(( budget + 10 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm" --budget-s $(( budget - 40 )) --trace llama-fp32-eager-mb2 \
+    --only llama-fp32-eager-mb2,llama-fp32-eager-mb2-liger-ckpt,llama-bf16mixed-eager-mb4-liger,llama-bf16-sdpa-mb16-liger \
+    >"$OUT/hf_memory.txt" 2>&1
+  local rc=$?
+  tail -12 "$OUT/hf_memory.txt"
+  add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
+}
+
 main() {
   say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   device_info
@@ -503,6 +547,15 @@ main() {
     methods) run_methods ;;
     kernels-ab) run_kernels_ab ;;
     eager-ab) run_eager_ab ;;
+    next)
+      run_checks
+      run_in_backward_timing
+      BUDGET_SAVED=$BUDGET
+      BUDGET=$(( BUDGET - 170 ))  # leave the HF memory rows their time
+      run_bench --models llama-3.2-1b --rungs baseline,mixed,bf16 --micro-batch 16 --steps 6 --warmup 2
+      BUDGET=$BUDGET_SAVED
+      run_hf_memory_rows
+      ;;
     all) run_checks; run_profile; run_bench "$@" ;;
   esac
   section "summary"
