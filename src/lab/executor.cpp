@@ -102,17 +102,27 @@ std::optional<TrialRow> TrialExecutor::recorded(const ParamMap& params, int repe
   return row;
 }
 
+std::string reused_trial_note(const std::string& recorded_rev, const std::string& this_rev) {
+  if (recorded_rev.empty() || this_rev.empty() || this_rev == "unknown" || recorded_rev == "unknown") return "";
+  if (recorded_rev != this_rev) {
+    return "reusing trials recorded by scalelab " + recorded_rev + " (this build is " + this_rev +
+           "): their figures are that build's — pass --rerun to measure them with this one";
+  }
+  const std::string dirty = "-dirty";
+  if (this_rev.size() > dirty.size() && this_rev.compare(this_rev.size() - dirty.size(), dirty.size(), dirty) == 0) {
+    return "reusing trials of a build with uncommitted changes (" + this_rev +
+           "): this build may differ from the one that measured them — pass --rerun to measure them with this one";
+  }
+  return "";
+}
+
 TrialExecutor::Result TrialExecutor::run(const ParamMap& params, int repeat, const std::string& role,
                                          const std::string& label_in) {
   if (auto row = recorded(params, repeat)) {
     // A trial recorded by another build measured that build: say so once per build, so that a
     // table mixing them is not read as this build's figures (--rerun measures them again).
-    const std::string here = SCALELAB_GIT_REV;
-    if (!row->git_rev.empty() && !here.empty() && here != "unknown" && row->git_rev != here &&
-        other_builds_.insert(row->git_rev).second) {
-      progress_.note("reusing trials recorded by scalelab " + row->git_rev + " (this build is " + here +
-                     "): their figures are that build's — pass --rerun to measure them with this one");
-    }
+    const std::string note = reused_trial_note(row->git_rev, SCALELAB_GIT_REV);
+    if (!note.empty() && other_builds_.insert(row->git_rev).second) progress_.note(note);
     return {*row, true};
   }
   if (options_.cancel && options_.cancel->load()) throw Interrupted("[lab] interrupted");

@@ -68,6 +68,12 @@ struct LabOptions {
 Json trial_config(const Workload& workload, const ParamMap& params);
 // "sweep name" -> a directory name ("batch-sweep", "ladder-llama-small-1a2b").
 std::string safe_file_name(const std::string& name);
+// What to say when reusing a trial recorded by the scalelab build `recorded_rev` from this build
+// `this_rev` (git revisions, "-dirty" when built from a tree with uncommitted changes): another
+// revision measured another build; the same "-dirty" revision may be another build too (the
+// uncommitted changes are not recorded). Empty: nothing to say (the same clean revision, or no
+// revision known on either side).
+std::string reused_trial_note(const std::string& recorded_rev, const std::string& this_rev);
 
 class TrialExecutor {
  public:

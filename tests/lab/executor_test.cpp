@@ -125,6 +125,20 @@ TEST(Executor, SaysWhenItReusesTrialsOfAnotherBuild) {
   EXPECT_EQ(text.find("reusing trials"), text.rfind("reusing trials")) << text;
 }
 
+TEST(Executor, ReusedTrialsNoteNamesAnotherOrAnUncommittedBuild) {
+  EXPECT_EQ(reused_trial_note("abc1234", "abc1234"), "");
+  EXPECT_EQ(reused_trial_note("", "abc1234"), "");
+  EXPECT_EQ(reused_trial_note("abc1234", "unknown"), "");
+  EXPECT_THAT(reused_trial_note("abc1234", "def5678"),
+              HasSubstr("reusing trials recorded by scalelab abc1234 (this build is def5678)"));
+  EXPECT_THAT(reused_trial_note("abc1234", "abc1234-dirty"),
+              HasSubstr("recorded by scalelab abc1234 (this build is abc1234-dirty)"));
+  // The same uncommitted revision: the changes themselves are not recorded, so it may be another build.
+  const std::string same_dirty = reused_trial_note("abc1234-dirty", "abc1234-dirty");
+  EXPECT_THAT(same_dirty, HasSubstr("uncommitted changes (abc1234-dirty)"));
+  EXPECT_THAT(same_dirty, HasSubstr("--rerun"));
+}
+
 class RecordingMonitor : public TrialMonitor {
  public:
   explicit RecordingMonitor(int* started_pid) : started_pid_(started_pid) {}
