@@ -194,6 +194,17 @@ try_build() {
   fi
 }
 
+# The attention selftest family under another kernel switch: selftest_attention_with VAR=VALUE
+# "section title" "summary label" LOGFILE
+selftest_attention_with() {
+  section "selftest of $2 ($1)"
+  env "$1" timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/$4" 2>&1
+  local rc=$?
+  tail -1 "$OUT/$4"
+  add "selftest attention, $3: exit $rc: $(tail -1 "$OUT/$4")"
+  [ "$rc" -ne 0 ] && STATUS=1
+}
+
 run_checks() {
   section "scalelab selftest --device cuda"
   if [ -z "$SL" ]; then
@@ -216,21 +227,9 @@ run_checks() {
   fi
 
   if [ -n "$SL" ]; then
-    section "selftest of scalelab's own flash kernels (SCALELAB_CUDA_FLASH=own)"
-    SCALELAB_CUDA_FLASH=own timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/selftest-own-attention.log" 2>&1
-    local orc=$?
-    tail -1 "$OUT/selftest-own-attention.log"
-    add "selftest attention, own kernels: exit $orc: $(tail -1 "$OUT/selftest-own-attention.log")"
-    [ "$orc" -ne 0 ] && STATUS=1
-  fi
-
-  if [ -n "$SL" ]; then
-    section "selftest of eager attention's FMA-tile kernels (SCALELAB_CUDA_EAGER=fma)"
-    SCALELAB_CUDA_EAGER=fma timeout 60 "$SL" selftest --device cuda --filter '^attention/' >"$OUT/selftest-eager-fma.log" 2>&1
-    local erc=$?
-    tail -1 "$OUT/selftest-eager-fma.log"
-    add "selftest attention, eager on the FMA tiles: exit $erc: $(tail -1 "$OUT/selftest-eager-fma.log")"
-    [ "$erc" -ne 0 ] && STATUS=1
+    selftest_attention_with SCALELAB_CUDA_FLASH=own "scalelab's own flash kernels" "own kernels" selftest-own-attention.log
+    selftest_attention_with SCALELAB_CUDA_EAGER=fma "eager attention's FMA-tile kernels" "eager on the FMA tiles" \
+      selftest-eager-fma.log
   fi
 
   run_in_backward_identity
