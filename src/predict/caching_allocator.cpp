@@ -117,42 +117,14 @@ bool CachingAllocator::get_free_block(bool small, std::size_t size, std::uint64_
   return true;
 }
 
-// cudaMalloc's addresses as the H200 traces show them (bench/gpu/hf_memory.py --trace, the
-// segment_alloc events): the driver hands out virtual addresses top-down, each segment of 32 MiB or
-// more directly below the lowest so far; smaller segments (16 and 20 MiB ones, the 2 MiB small-pool
-// ones) are packed bottom-up into 32 MiB ranges, the oldest range with room first, a new range
-// taken below the lowest. With these addresses the replica, fed the recorded request sequences of
-// four Trainer runs, gives their max_memory_reserved to the byte (trace_replay_test); with each new
-// segment placed above the others, as before, one of them (Llama-3.2-1B fp32, micro-batch 1) came
-// out 64 MiB low: a best-fit tie between two free 64 MiB blocks went the other way. Segments
-// released to the driver do not give their addresses back here (they are rare: the free-and-retry
-// path before an OOM and empty_cache).
-std::uint64_t CachingAllocator::segment_address(std::size_t bytes) {
-  constexpr std::size_t kChunk = std::size_t{32} << 20;
-  const std::size_t r = round_up(bytes, kRoundLarge);
-  if (r < kChunk) {
-    for (auto& [base, used] : chunks_) {
-      if (used + r <= kChunk) {
-        const std::uint64_t a = base + used;
-        used += r;
-        return a;
-      }
-    }
-    low_ -= kChunk;
-    chunks_.push_back({low_, r});
-    return low_;
-  }
-  low_ -= r;
-  return low_;
-}
-
 bool CachingAllocator::alloc_segment(bool small, std::size_t size, std::uint64_t& out) {
   const std::size_t bytes = allocation_size(size);
   if (stats_.reserved + bytes > limit_ || stats_.reserved + bytes < bytes) return false;
   Segment s;
-  s.base = segment_address(bytes);
+  s.base = next_addr_;
   s.size = bytes;
   s.small = small;
+  next_addr_ += round_up(bytes, kRoundLarge) + kRoundLarge;
   segments_[s.base] = s;
   Block b;
   b.addr = s.base;

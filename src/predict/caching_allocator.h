@@ -105,9 +105,6 @@ class CachingAllocator {
   const AllocatorStats& stats() const { return stats_; }
   std::size_t device_limit() const { return limit_; }
   std::size_t block_size(BlockId id) const;
-  // The address the next segment gets (a replay of a recorded run sets the device's own; by
-  // default each new segment lies above the others). DIAG
-  void set_next_segment_address(std::uint64_t addr) { next_addr_ = addr; }
 
   // The segments as (size, bytes in live blocks), in address order: the memory snapshot.
   std::vector<std::pair<std::size_t, std::size_t>> segments() const;
@@ -150,13 +147,7 @@ class CachingAllocator {
   FreeSet free_small_, free_large_;
   std::map<BlockId, std::uint64_t> live_;
   BlockId next_id_ = 1;
-  // Segment addresses, which break best-fit ties between free blocks of the same size (the pools
-  // are ordered by size, then address). They follow what the CUDA driver did in the H200 traces
-  // (segment_address in the .cpp). Expandable segments take their own virtual ranges from next_addr_.
   std::uint64_t next_addr_ = std::uint64_t{1} << 40;
-  std::uint64_t low_ = std::uint64_t{1} << 46;                 // the lowest address handed out so far
-  std::vector<std::pair<std::uint64_t, std::size_t>> chunks_;  // 32 MiB ranges of small segments: (base, used)
-  std::uint64_t segment_address(std::size_t bytes);
   AllocatorStats stats_;
 };
 

@@ -832,11 +832,9 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   }
   t.free(mask);
   t.free(pos);
-  // embedding backward (CUDA embedding_dense_backward: the dense [V, H] gradient; sort-based above
-  // 3072 indices, a direct kernel with no index buffers up to 3072)
-  const bool sort_path = d.BT > 3072;
-  Id sorted = sort_path ? t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices") : 0;
-  Id orig = sort_path ? t.alloc(d.BT * 8, Tmp, "embedding backward original indices") : 0;
+  // embedding backward (CUDA embedding_dense_backward: sort-based; the dense [V, H] gradient)
+  Id sorted = t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices");
+  Id orig = t.alloc(d.BT * 8, Tmp, "embedding backward original indices");
   Id gemb = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "embedding weight grad");
   t.free(sorted);
   t.free(orig);
@@ -844,14 +842,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(x);
   t.free(cos);
   t.free(sin);
-  if (d.ddp || d.liger) {
-    // DDP's bucket views: not traced. Liger: its fused loss hands back the LM head's gradient from
-    // its forward, and the measured runs agree with an in-place sum (the out-of-place one put the
-    // Liger rows 2-7 % above their measured reserved memory)
-    accumulate(t, m.embed, gemb);
-  } else {
-    accumulate_tied(t, m.embed, gemb);
-  }
+  accumulate(t, m.embed, gemb);
   t.free(labels);
 }
 

@@ -450,19 +450,14 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   }
   t.free(mask);
   t.free(pid);
-  // the embeddings' backward: positions, then tokens (dense gradients; sort buffers above 3072
-  // indices, as llama's); the tied token embedding's two gradients summed out of place
+  // the embeddings' backward: positions, then tokens (dense gradients, sort buffers)
   for (Param* p : {&m.pos, &m.embed}) {
-    Id sorted = bt > 3072 ? t.alloc(bt * 8, Tmp, "embedding backward sorted indices") : 0;
-    Id orig = bt > 3072 ? t.alloc(bt * 8, Tmp, "embedding backward original indices") : 0;
+    Id sorted = t.alloc(bt * 8, Tmp, "embedding backward sorted indices");
+    Id orig = t.alloc(bt * 8, Tmp, "embedding backward original indices");
     Id g = t.alloc(p->bytes, Category::kGradients, "embedding weight grad");
     t.free(sorted);
     t.free(orig);
-    if (d.ddp) {
-      accumulate(t, *p, g);
-    } else {
-      accumulate_tied(t, *p, g);
-    }
+    accumulate(t, *p, g);
     if (p == &m.pos) t.free(off);
   }
   t.free(g_res);

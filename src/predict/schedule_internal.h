@@ -132,21 +132,6 @@ inline void accumulate(Tape& t, Param& p, Id& g) {
   }
 }
 
-// The tied embedding's second gradient (the embedding's own backward, after the LM head's): the
-// two are summed out of place — a new [V, H] gradient, then both inputs go — as the H200 traces
-// show at the end of every backward (fp32 micro-batch 1, bf16 micro-batch 6; read from the
-// allocation sequence, not from the autograd engine's source, whose InputBuffer adds in place
-// when it may). A transient of one embedding's size at the end of backward: it is what grew
-// reserved memory by a segment in step 2 at micro-batches 1 and 2 in fp32.
-inline void accumulate_tied(Tape& t, Param& p, Id& g) {
-  if (p.grad == 0) return accumulate(t, p, g);
-  p.ready = t.now();
-  Id sum = t.alloc(p.bytes, Category::kGradients, "tied weight grad: the two contributions summed");
-  t.free(p.grad);
-  t.free(g);
-  p.grad = sum;
-}
-
 Dims dims_of(const HfJob& j);
 void add_param(Model& m, Param& p, u64 bytes, const char* name);
 

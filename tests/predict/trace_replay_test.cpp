@@ -57,8 +57,7 @@ TEST_P(TraceReplay, SegmentPeakEqualsTheGpuAllocators) {
 }
 
 INSTANTIATE_TEST_SUITE_P(H200, TraceReplay,
-                         ::testing::Values("llama-bf16mixed-eager-mb6", "llama-bf16-sdpa-mb6", "llama-bf16-eager-mb6",
-                                           "llama-fp32-eager-mb1"),
+                         ::testing::Values("llama-bf16mixed-eager-mb6", "llama-bf16-sdpa-mb6", "llama-bf16-eager-mb6"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& c : n)
