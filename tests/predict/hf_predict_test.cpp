@@ -302,6 +302,24 @@ TEST(HfPredict, TiedEmbeddingGradientsAreSummedAsTheTracesShow) {
   EXPECT_EQ(tied_sum(j).sort_buffers, 0u);
   j.micro_batch = 4;  // 4096: sorted, per backward
   EXPECT_EQ(tied_sum(j).sort_buffers, 2u);
+  // gradient accumulation: each micro-step sums the pair; from the second on, AccumulateGrad adds
+  // the sum into the existing .grad in place and it goes at once
+  j = job(1);
+  j.steps = 1;
+  j.grad_accum_steps = 2;
+  {
+    const std::vector<ScheduleEvent> ev = hf_trainer_schedule(j);
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < ev.size(); ++i)
+      if (ev[i].kind == ScheduleEvent::kAlloc && std::string(ev[i].label).find("tied embedding grad") != std::string::npos)
+        at.push_back(i);
+    ASSERT_EQ(at.size(), 2u);
+    ASSERT_LT(at[1] + 3, ev.size());
+    EXPECT_EQ(ev[at[1] + 3].kind, ScheduleEvent::kFree);
+    EXPECT_EQ(ev[at[1] + 3].tensor, ev[at[1]].tensor);  // the second sum, after both its inputs
+    for (std::size_t k = at[0] + 1; k < ev.size(); ++k)  // the first is .grad until zero_grad
+      EXPECT_FALSE(ev[k].kind == ScheduleEvent::kFree && ev[k].tensor == ev[at[0]].tensor && k < at[1]);
+  }
   j = job(1, "bf16", "no");  // linear's own gradient in bf16 too (the bf16 eager mb-6 trace)
   j.steps = 1;
   EXPECT_EQ(tied_sum(j).sums, 1u);
