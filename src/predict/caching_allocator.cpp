@@ -121,10 +121,15 @@ bool CachingAllocator::alloc_segment(bool small, std::size_t size, std::uint64_t
   const std::size_t bytes = allocation_size(size);
   if (stats_.reserved + bytes > limit_ || stats_.reserved + bytes < bytes) return false;
   Segment s;
-  s.base = next_addr_;
   s.size = bytes;
   s.small = small;
-  next_addr_ += round_up(bytes, kRoundLarge) + kRoundLarge;
+  if (placed_addr_ != 0 && blocks_.count(placed_addr_) == 0) {
+    s.base = placed_addr_;
+  } else {
+    low_addr_ -= round_up(bytes, kRoundLarge) + kRoundLarge;
+    s.base = low_addr_;
+  }
+  placed_addr_ = 0;
   segments_[s.base] = s;
   Block b;
   b.addr = s.base;

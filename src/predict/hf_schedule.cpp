@@ -222,12 +222,12 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     t.free(gin16);
     Id gw = t.alloc(d.V * d.H * 4, Category::kGradients, "lm_head weight grad");
     t.free(gw16);
-    accumulate(t, head, gw);
+    head_gradient(t, m, head, gw, true);  // the cast's backward made it
   } else {
     Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "lm_head weight grad");
     gh = t.alloc(d.BT * d.H * d.e_c, Tmp, "grad final norm output");
     t.free(g_logits);
-    accumulate(t, head, gw);
+    head_gradient(t, m, head, gw, false);  // linear's own weight gradient
     if (d.head_in_fp32) {  // the input cast's backward: the gradient back to fp32
       t.free(inl);
       Id g32 = t.alloc(d.BT * d.H * 4, Tmp, "grad final norm output (fp32)");

@@ -742,7 +742,7 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
   t.phase("backward");
   t.free(loss);
   t.free(shift);
-  accumulate(t, head, gw);  // the tied weight's first gradient: stolen as .grad
+  head_gradient(t, m, head, gw, true);  // the fused loss's own grad_weight
   t.free(final_out);  // the fused loss saved its gradients, not the final norm's output
   return gin;
 }
@@ -832,9 +832,9 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   }
   t.free(mask);
   t.free(pos);
-  // embedding backward (CUDA embedding_dense_backward: sort-based; the dense [V, H] gradient)
-  Id sorted = t.alloc(d.BT * 8, Tmp, "embedding backward sorted indices");
-  Id orig = t.alloc(d.BT * 8, Tmp, "embedding backward original indices");
+  // embedding backward (CUDA embedding_dense_backward: the dense [V, H] gradient)
+  Id sorted = 0, orig = 0;
+  embedding_backward_sort_buffers(t, d.BT, sorted, orig);
   Id gemb = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "embedding weight grad");
   t.free(sorted);
   t.free(orig);
@@ -842,7 +842,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(x);
   t.free(cos);
   t.free(sin);
-  accumulate(t, m.embed, gemb);
+  accumulate_tied(t, m.embed, gemb);
   t.free(labels);
 }
 

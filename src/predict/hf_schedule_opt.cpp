@@ -450,14 +450,15 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   }
   t.free(mask);
   t.free(pid);
-  // the embeddings' backward: positions, then tokens (dense gradients, sort buffers)
+  // the embeddings' backward: positions, then tokens (dense gradients; sort buffers above 3072
+  // indices); the token embedding's gradient summed with the tied LM head's
   for (Param* p : {&m.pos, &m.embed}) {
-    Id sorted = t.alloc(bt * 8, Tmp, "embedding backward sorted indices");
-    Id orig = t.alloc(bt * 8, Tmp, "embedding backward original indices");
+    Id sorted = 0, orig = 0;
+    embedding_backward_sort_buffers(t, bt, sorted, orig);
     Id g = t.alloc(p->bytes, Category::kGradients, "embedding weight grad");
     t.free(sorted);
     t.free(orig);
-    accumulate(t, *p, g);
+    accumulate_tied(t, *p, g);
     if (p == &m.pos) t.free(off);
   }
   t.free(g_res);

@@ -81,6 +81,10 @@ struct Param {
   Id weight = 0, grad = 0, exp_avg = 0, exp_avg_sq = 0;
   const char* name = "";
   std::uint32_t ready = 0;  // when its gradient was last accumulated (DDP's bucket rebuild order)
+  // A tied embedding: the LM head's gradient, waiting in AccumulateGrad's InputBuffer for the
+  // lookup's (head_gradient, accumulate_tied), and whether the buffer may add into it in place.
+  Id tied_first = 0;
+  bool tied_first_inplace = false;
 };
 
 struct LayerParams {
@@ -130,6 +134,50 @@ inline void accumulate(Tape& t, Param& p, Id& g) {
   } else {
     t.free(g);
   }
+}
+
+// The LM head's weight gradient. Untied, it goes to AccumulateGrad at once. Tied, the weight is
+// the embedding's, whose AccumulateGrad runs only when the lookup's gradient has come too (the end
+// of backward): until then the head's gradient waits in the node's InputBuffer, which then sums
+// the two (torch/csrc/autograd/input_buffer.cpp accumulate: in place into the first when nothing
+// else references it and it is dense, else `old + new` out of place). `inplace`: the gradient is a
+// tensor of its own (autocast's cast back to fp32, Liger's fused loss returning the grad_weight it
+// computed in the forward); linear's own weight gradient (no cast in between) is summed out of
+// place: the H200 traces show it (fp32 micro-batch 1, bf16 micro-batch 6: a new [V, H] gradient
+// after the lookup's, then both inputs freed; bf16 autocast micro-batch 6: none).
+inline void head_gradient(Tape& t, const Model& m, Param& head, Id& g, bool inplace) {
+  if (!m.tied) return accumulate(t, head, g);
+  head.tied_first = g;
+  head.tied_first_inplace = inplace;
+  g = 0;
+}
+
+// The embedding lookup's gradient: summed with the LM head's waiting one (head_gradient), then
+// AccumulateGrad.
+inline void accumulate_tied(Tape& t, Param& p, Id& g) {
+  if (p.tied_first != 0) {
+    if (p.tied_first_inplace) {
+      t.free(g);  // added into the head's gradient
+      g = p.tied_first;
+    } else {
+      Id sum = t.alloc(p.bytes, Category::kGradients, "tied embedding grad: the LM head's + the lookup's");
+      t.free(p.tied_first);
+      t.free(g);
+      g = sum;
+    }
+    p.tied_first = 0;
+  }
+  accumulate(t, p, g);
+}
+
+// CUDA's embedding_dense_backward (aten/src/ATen/native/cuda/Embedding.cu): up to 3072 indices
+// (and no scale_grad_by_freq) a direct kernel writes the zeroed [V, H] gradient with no other
+// buffer; above that the sort-based path sorts the int64 indices with their positions first. The
+// H200 traces show both: none at B·T = 1024 (fp32 micro-batch 1), the two sort buffers at 6144.
+inline void embedding_backward_sort_buffers(Tape& t, u64 indices, Id& sorted, Id& orig) {
+  if (indices <= 3072) return;
+  sorted = t.alloc(indices * 8, Tmp, "embedding backward sorted indices");
+  orig = t.alloc(indices * 8, Tmp, "embedding backward original indices");
 }
 
 Dims dims_of(const HfJob& j);

@@ -6,8 +6,9 @@
 // few bytes it misses are the Trainer's scalar tensors (a handful of 512-byte blocks), so 1e-4
 // relative is already three orders above the observed error (at most 4e-5). max_memory_reserved
 // also depends on how the allocator's segments fragment, which the schedule follows op by op but
-// not every backward temporary: the bound is the worst observed error (2.5 %) rounded up, and
-// each configuration's own error is printed in bench/README.md.
+// not every backward temporary: the bound is 1 % (the worst of these rows: 0.84 %; 2 % for the one
+// row above 1 %, Qwen2 + Liger + checkpointing, not traced), and each configuration's own error is
+// printed by bench/predict_vs_measured.py.
 #include "predict/hf_predict.h"
 
 #include <gtest/gtest.h>
@@ -78,7 +79,7 @@ TEST_P(H200Measured, PredictsThePeaks) {
   const double ea = (static_cast<double>(p.max_allocated) - static_cast<double>(m.allocated)) / m.allocated;
   const double er = (static_cast<double>(p.max_reserved) - static_cast<double>(m.reserved)) / m.reserved;
   EXPECT_LT(std::fabs(ea), 1e-4) << "allocated " << p.max_allocated << " vs measured " << m.allocated;
-  EXPECT_LT(std::fabs(er), 0.03) << "reserved " << p.max_reserved << " vs measured " << m.reserved;
+  EXPECT_LT(std::fabs(er), 0.01) << "reserved " << p.max_reserved << " vs measured " << m.reserved;
   EXPECT_GE(p.max_reserved, p.max_allocated);
 }
 
@@ -93,7 +94,7 @@ TEST(HfPredict, Opt13bMatchesTheH200) {
   j.model.dropout = 0;
   const HfPrediction p = predict_hf(j, h200());
   EXPECT_LT(std::fabs(static_cast<double>(p.max_allocated) - 40947191296.0) / 40947191296.0, 1e-4);
-  EXPECT_LT(std::fabs(static_cast<double>(p.max_reserved) - 42255515648.0) / 42255515648.0, 0.03);
+  EXPECT_LT(std::fabs(static_cast<double>(p.max_reserved) - 42255515648.0) / 42255515648.0, 0.01);
   // OPT's residual dropout (0.1 in the published config) saves a bool mask per dropout: the
   // earlier run with it (bf16 weights, no autocast, eager, micro-batch 16, 5 steps) measured
   // 117490843648 reserved, 116234997248 allocated.
@@ -104,7 +105,7 @@ TEST(HfPredict, Opt13bMatchesTheH200) {
   j.steps = 5;
   const HfPrediction q = predict_hf(j, h200());
   EXPECT_LT(std::fabs(static_cast<double>(q.max_allocated) - 116234997248.0) / 116234997248.0, 1e-4);
-  EXPECT_LT(std::fabs(static_cast<double>(q.max_reserved) - 117490843648.0) / 117490843648.0, 0.03);
+  EXPECT_LT(std::fabs(static_cast<double>(q.max_reserved) - 117490843648.0) / 117490843648.0, 0.01);
 }
 
 TEST(HfPredict, LigerMatchesTheH200) {
@@ -121,7 +122,7 @@ TEST(HfPredict, LigerMatchesTheH200) {
     const HfPrediction p = predict_hf(j, h200());
     ASSERT_FALSE(p.oom) << pt.mb;
     EXPECT_LT(std::fabs(static_cast<double>(p.max_allocated) - pt.allocated) / pt.allocated, 1e-4) << pt.mb;
-    EXPECT_LT(std::fabs(static_cast<double>(p.max_reserved) - pt.reserved) / pt.reserved, 0.03) << pt.mb;
+    EXPECT_LT(std::fabs(static_cast<double>(p.max_reserved) - pt.reserved) / pt.reserved, 0.01) << pt.mb;
   }
 }
 
@@ -132,7 +133,8 @@ TEST(HfPredict, LigerMatchesTheH200) {
 // under autocast (its layer norms run in fp32 there: hf_schedule_opt.cpp's ln_upcast; before it was
 // modelled this row was 12.6 % below the measured allocated peak). Allocated within 1e-4 as above,
 // except Qwen2 with Liger: 1.1e-4 and 7.8e-4 above (the fused loss's tied-embedding gradient at
-// the optimizer step, modelled from Liger's source and not traced); reserved within 3 %.
+// the optimizer step, modelled from Liger's source and not traced); reserved within 1 %, except
+// Qwen2 + Liger + checkpointing: 1.74 % above (not traced; bound 2 %).
 TEST(HfPredict, SourceModelledConfigurationsMatchTheH200) {
   struct Row {
     const char* name;
@@ -141,13 +143,13 @@ TEST(HfPredict, SourceModelledConfigurationsMatchTheH200) {
     const char *prec, *mixed, *attn;
     bool ckpt, liger;
     std::size_t reserved, allocated;
-    double allocated_tol;
+    double allocated_tol, reserved_tol = 0.01;
   } rows[] = {
       {"qwen2-bf16-sdpa-mb8", "qwen2.5-0.5b", 8, "bf16", "no", "sdpa", false, false, 34915483648, 29324929536, 1e-4},
       {"qwen2-bf16-sdpa-mb8-liger", "qwen2.5-0.5b", 8, "bf16", "no", "sdpa", false, true, 12222201856, 11385303552,
        2e-4},
       {"qwen2-bf16-sdpa-mb8-liger-ckpt", "qwen2.5-0.5b", 8, "bf16", "no", "sdpa", true, true, 5299503104, 5049441280,
-       1e-3},
+       1e-3, 0.02},
       {"llama-bf16-sdpa-mb16-liger-ckpt", "llama-3.2-1b", 16, "bf16", "no", "sdpa", true, true, 13239320576,
        12430625792, 1e-4},
       {"llama-bf16mixed-sdpa-mb4-liger", "llama-3.2-1b", 4, "fp32", "bf16", "sdpa", false, true, 27856470016,
@@ -169,7 +171,7 @@ TEST(HfPredict, SourceModelledConfigurationsMatchTheH200) {
     const double ea = (static_cast<double>(p.max_allocated) - static_cast<double>(r.allocated)) / r.allocated;
     const double er = (static_cast<double>(p.max_reserved) - static_cast<double>(r.reserved)) / r.reserved;
     EXPECT_LT(std::fabs(ea), r.allocated_tol) << r.name << ": allocated " << p.max_allocated << " vs " << r.allocated;
-    EXPECT_LT(std::fabs(er), 0.03) << r.name << ": reserved " << p.max_reserved << " vs " << r.reserved;
+    EXPECT_LT(std::fabs(er), r.reserved_tol) << r.name << ": reserved " << p.max_reserved << " vs " << r.reserved;
   }
 }
 
@@ -244,8 +246,9 @@ TEST(HfPredict, Qwen2HasEveryParameterWithItsBiases) {
     if (e.category == Category::kOptimizerStates) states += e.bytes;
   }
   EXPECT_EQ(weights, 494032768ull * 2);
-  // the tied embedding gets two gradients (lm_head's, then the lookup's, added in place)
-  EXPECT_EQ(grads, weights + 151936ull * 896 * 2);
+  // the tied embedding gets two gradients (lm_head's, then the lookup's) and their sum, made out of
+  // place (bf16 weights: the LM head's gradient is linear's own; see TiedEmbeddingGradients...)
+  EXPECT_EQ(grads, weights + 2 * 151936ull * 896 * 2);
   EXPECT_EQ(states, 2 * weights);
   HfJob l = j;
   l.model.family = ModelFamily::kLlama;
@@ -254,6 +257,102 @@ TEST(HfPredict, Qwen2HasEveryParameterWithItsBiases) {
   for (const auto& e : hf_trainer_schedule(l))
     if (e.kind == ScheduleEvent::kAlloc && e.category == Category::kWeights) ++n_llama;
   EXPECT_EQ(n_weights, n_llama + 24 * 3);
+}
+
+// What the fp32 micro-batch-1 trace (bench/gpu/results/2026-11-27-h200-1) showed at the end of
+// every backward: the tied embedding's two gradients summed into a new [V, H] tensor (the LM
+// head's, linear's own, is not summed into in place), and no sort buffers in the embedding's
+// backward at 1024 indices. Under autocast over fp32 weights (the bf16 autocast trace) and with
+// Liger the sum is in place.
+struct TiedSum {
+  std::size_t sums = 0, sort_buffers = 0;
+  bool inputs_freed_after_sum = false;
+};
+
+TiedSum tied_sum(const HfJob& j) {
+  const std::vector<ScheduleEvent> ev = hf_trainer_schedule(j);
+  TiedSum r;
+  std::vector<std::uint32_t> big;  // [V, H]-sized gradients, in allocation order
+  const std::size_t vh = static_cast<std::size_t>(j.model.vocab_size * j.model.hidden_size);
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    const ScheduleEvent& e = ev[i];
+    if (e.kind != ScheduleEvent::kAlloc) continue;
+    if (std::string(e.label).find("sorted indices") != std::string::npos) ++r.sort_buffers;
+    if (std::string(e.label).find("tied embedding grad") == std::string::npos) continue;
+    ++r.sums;
+    EXPECT_EQ(e.bytes % vh, 0u);
+    EXPECT_EQ(e.category, Category::kGradients);
+    // the next two events free the LM head's gradient and the lookup's: both [V, H]
+    std::size_t freed = 0;
+    for (std::size_t k = i + 1; k < ev.size() && k <= i + 2; ++k)
+      if (ev[k].kind == ScheduleEvent::kFree) ++freed;
+    r.inputs_freed_after_sum = freed == 2;
+  }
+  return r;
+}
+
+TEST(HfPredict, TiedEmbeddingGradientsAreSummedAsTheTracesShow) {
+  HfJob j = job(1);
+  j.steps = 2;
+  TiedSum s = tied_sum(j);
+  EXPECT_EQ(s.sums, 2u);  // one per backward
+  EXPECT_TRUE(s.inputs_freed_after_sum);
+  EXPECT_EQ(s.sort_buffers, 0u);  // 1024 indices: the direct kernel
+  j.micro_batch = 3;              // 3072: still the direct kernel
+  EXPECT_EQ(tied_sum(j).sort_buffers, 0u);
+  j.micro_batch = 4;  // 4096: sorted, per backward
+  EXPECT_EQ(tied_sum(j).sort_buffers, 2u);
+  // gradient accumulation: each micro-step sums the pair; from the second on, AccumulateGrad adds
+  // the sum into the existing .grad in place and it goes at once
+  j = job(1);
+  j.steps = 1;
+  j.grad_accum_steps = 2;
+  {
+    const std::vector<ScheduleEvent> ev = hf_trainer_schedule(j);
+    std::vector<std::size_t> at;
+    for (std::size_t i = 0; i < ev.size(); ++i)
+      if (ev[i].kind == ScheduleEvent::kAlloc && std::string(ev[i].label).find("tied embedding grad") != std::string::npos)
+        at.push_back(i);
+    ASSERT_EQ(at.size(), 2u);
+    ASSERT_LT(at[1] + 3, ev.size());
+    EXPECT_EQ(ev[at[1] + 3].kind, ScheduleEvent::kFree);
+    EXPECT_EQ(ev[at[1] + 3].tensor, ev[at[1]].tensor);  // the second sum, after both its inputs
+    for (std::size_t k = at[0] + 1; k < ev.size(); ++k)  // the first is .grad until zero_grad
+      EXPECT_FALSE(ev[k].kind == ScheduleEvent::kFree && ev[k].tensor == ev[at[0]].tensor && k < at[1]);
+  }
+  j = job(1, "bf16", "no");  // linear's own gradient in bf16 too (the bf16 eager mb-6 trace)
+  j.steps = 1;
+  EXPECT_EQ(tied_sum(j).sums, 1u);
+  j = job(1, "fp32", "bf16");  // autocast: the head's gradient is the cast's fp32 copy
+  j.steps = 1;
+  EXPECT_EQ(tied_sum(j).sums, 0u);
+  j = job(1, "bf16", "no", "sdpa");
+  j.fused_kernels = true;  // Liger: the fused loss's own grad_weight
+  j.steps = 1;
+  EXPECT_EQ(tied_sum(j).sums, 0u);
+  j = job(1);
+  j.model = preset_config("opt-1.3b");  // OPT's LM head is tied too
+  j.steps = 1;
+  EXPECT_EQ(tied_sum(j).sums, 1u);
+  j = job(1, "bf16", "no", "sdpa");
+  j.model = preset_config("qwen2.5-0.5b");
+  j.model.tie_word_embeddings = false;  // untied: nothing to sum
+  j.steps = 1;
+  EXPECT_EQ(tied_sum(j).sums, 0u);
+}
+
+// The step-2 growth the fp32 micro-batch-1 run measured: reserved 24,956,108,800 after step 1,
+// 26,006,781,952 after step 2 (one [V, H] fp32 segment more: the tied sum finding no cached block
+// at the end of step 2's backward), allocated 24,783,145,984 (hf_memory.jsonl's per_step).
+TEST(HfPredict, Fp32MicroBatch1GrowsBySegmentInStep2AsMeasured) {
+  HfJob j = job(1);
+  j.steps = 3;
+  const HfPrediction p = predict_hf(j, h200());
+  ASSERT_EQ(p.steps.size(), 3u);
+  EXPECT_EQ(p.steps[0].max_reserved, 24956108800u);
+  EXPECT_EQ(p.steps[1].max_reserved, 26006781952u);
+  EXPECT_EQ(p.steps[2].max_reserved, 26006781952u);
+  EXPECT_LT(std::fabs(static_cast<double>(p.max_allocated) - 24783145984.0) / 24783145984.0, 1e-4);
 }
 
 TEST(HfPredict, RefusesWhatItDoesNotModel) {
