@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include <tuple>
+
 #include "predict/schedule_internal.h"
 
 namespace scalelab::predict::detail {
@@ -74,43 +76,30 @@ LnSaved ln_forward(Tape& t, const Dims& d) {
 // native_layer_norm_backward: the input gradient (added into the residual buffer, or becoming it)
 // and the weight / bias gradients.
 void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_in, Id& g_res, Id& x_in) {
-  if (d.ln_upcast) {
-    // fp32 gradients of the casts, then each cast's backward (the input's, created last, first):
-    // the input gradient and the weight / bias gradients back to bf16
-    Id gx32 = t.alloc(d.BT * d.H * 4, Tmp, "layer_norm input grad (fp32)");
-    Id gw32 = t.alloc(d.H * 4, Tmp, "layer_norm weight grad (fp32)");
-    Id gb32 = t.alloc(d.H * 4, Tmp, "layer_norm bias grad (fp32)");
-    t.free(g_in);
-    t.free(s.out);
-    t.free(s.mean);
-    t.free(s.rstd);
-    t.free(s.x32);
-    t.free(s.w32);
-    t.free(s.b32);
-    t.free(x_in);
-    Id gx = t.alloc(d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
-    t.free(gx32);
-    Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
-    t.free(gw32);
-    accumulate(t, w, gw);
-    Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
-    t.free(gb32);
-    accumulate(t, b, gb);
-    if (g_res == 0) {
-      g_res = gx;
-    } else {
-      t.free(gx);
-    }
-    return;
-  }
-  Id gx = t.alloc(d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
-  Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
-  Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
+  // Under ln_upcast the gradients come out fp32 (the casts' dtype), then each cast's backward (the
+  // input's, created last, first) takes them back to bf16.
+  const bool up = d.ln_upcast;
+  Id gx = t.alloc(d.BT * d.H * (up ? 4 : d.e_r), Tmp, up ? "layer_norm input grad (fp32)" : "layer_norm input grad");
+  Id gw = t.alloc(d.H * (up ? 4 : d.e_w), up ? Tmp : Category::kGradients, "layer_norm weight grad");
+  Id gb = t.alloc(d.H * (up ? 4 : d.e_w), up ? Tmp : Category::kGradients, "layer_norm bias grad");
   t.free(g_in);
   t.free(s.out);
   t.free(s.mean);
   t.free(s.rstd);
+  t.free(s.x32);  // (0 unless ln_upcast)
+  t.free(s.w32);
+  t.free(s.b32);
   t.free(x_in);
+  if (up) {
+    auto cast_back = [&](Id& g, u64 bytes, Category cat, const char* label) {
+      Id c = t.alloc(bytes, cat, label);
+      t.free(g);
+      g = c;
+    };
+    cast_back(gx, d.BT * d.H * d.e_r, Tmp, "layer_norm input grad");
+    cast_back(gw, d.H * d.e_w, Category::kGradients, "layer_norm weight grad");
+    cast_back(gb, d.H * d.e_w, Category::kGradients, "layer_norm bias grad");
+  }
   accumulate(t, w, gw);
   accumulate(t, b, gb);
   if (g_res == 0) {
