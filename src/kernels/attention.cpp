@@ -77,12 +77,15 @@ void attention_flash_backward(Tensor& dqkv, const Tensor& dout, const Tensor& ou
 }
 
 bool cuda_eager_uses_cublaslt() {
-  // Not cached: a bad value must fail every run that reads it (the lookup is one getenv per eager
-  // attention call, negligible against the call).
-  const char* e = std::getenv("SCALELAB_CUDA_EAGER");
-  if (e == nullptr || *e == '\0' || std::string(e) == "cublaslt") return true;
-  if (std::string(e) == "fma") return false;
-  throw InvalidInput(std::string("[SCALELAB_CUDA_EAGER] '") + e + "' is not one of: cublaslt (the default), fma");
+  // Read once per process (each eager attention call asks, forward and backward, per layer). A bad
+  // value throws from the initializer, so the static stays unset and every call throws again.
+  static const bool lt = [] {
+    const char* e = std::getenv("SCALELAB_CUDA_EAGER");
+    if (e == nullptr || *e == '\0' || std::string(e) == "cublaslt") return true;
+    if (std::string(e) == "fma") return false;
+    throw InvalidInput(std::string("[SCALELAB_CUDA_EAGER] '") + e + "' is not one of: cublaslt (the default), fma");
+  }();
+  return lt;
 }
 
 std::vector<std::size_t> attention_eager_cuda_workspace_blocks(const AttentionShape& s, bool backward, DType act) {

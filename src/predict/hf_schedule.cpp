@@ -58,7 +58,8 @@ void validate_job(const HfJob& j) {
     if (j.model_precision == "bf16" && j.mixed_precision != "no" && j.activation_checkpointing)
       bad("OPT with bf16 weights under autocast (--mixed-precision " + j.mixed_precision +
           ") and gradient checkpointing is not modelled: the layer norms' fp32 casts are not traced through the "
-          "recompute");
+          "recompute; predict it without --activation-checkpointing, or with --model-precision fp32 (autocast "
+          "over fp32 weights is modelled with checkpointing)");
   }
   if (j.micro_batch < 1) bad("--micro-batch-size must be at least 1 (got " + std::to_string(j.micro_batch) + ")");
   if (j.seq_len < 1) bad("--seq-len must be at least 1 (got " + std::to_string(j.seq_len) + ")");
