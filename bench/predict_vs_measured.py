@@ -2,7 +2,9 @@
 """Predicted vs measured peak memory of the Hugging Face Trainer: `scalelab plan --stack
 hf-trainer --json` for every configuration that bench/gpu/hf_memory.py measured (the records in
 bench/gpu/results/*/hf_memory.jsonl, and the HF rows of the earlier compare.json runs), side by
-side, with the error of max_memory_reserved and max_memory_allocated, and the prediction's time.
+side, with the error of max_memory_reserved and max_memory_allocated, the segments the allocator holds
+after the last step (small pool + large pool, measured / predicted: where they differ, the replay laid
+out the cache differently even when the peaks agree), and the prediction's time.
 
     python3 bench/predict_vs_measured.py --build build [--results DIR ...]
 """
@@ -84,8 +86,8 @@ def main():
     exe = os.path.join(a.build, "scalelab")
     rows = measured(a.results) + compare_rows(a.results)
     print("| config | measured reserved | predicted reserved | error | measured allocated | predicted allocated | error | "
-          "largest mb (64 GiB) | plan command ms (process + search) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "segments small + large, measured / predicted | largest mb (64 GiB) | plan command ms (process + search) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     worst_r = worst_a = 0.0
     for r in rows:
         dev = f"{r['emulate_gib']}GiB" if r.get("emulate_gib") else "150109880320"
@@ -106,8 +108,15 @@ def main():
         er = (k["max_reserved_bytes"] - r["max_reserved_bytes"]) / r["max_reserved_bytes"] * 100
         ea = (k["max_allocated_bytes"] - r["max_allocated_bytes"]) / r["max_allocated_bytes"] * 100
         worst_r, worst_a = max(worst_r, abs(er)), max(worst_a, abs(ea))
+        # the segments live after the last step (hf_memory.py records them per step; no empty_cache)
+        segs = ""
+        last = (r.get("per_step") or [{}])[-1]
+        if last.get("large_segments") is not None and k.get("per_step"):
+            ps = k["per_step"][min(len(k["per_step"]), len(r["per_step"])) - 1]
+            segs = (f"{last['segments'] - last['large_segments']} + {last['large_segments']} / "
+                    f"{ps['segments'] - ps['large_segments']} + {ps['large_segments']}")
         print(f"| {r['name']} | {r['max_reserved_bytes'] / GIB:.3f} GiB | {k['max_reserved_bytes'] / GIB:.3f} GiB | {er:+.2f} % | "
-              f"{r['max_allocated_bytes'] / GIB:.3f} GiB | {k['max_allocated_bytes'] / GIB:.3f} GiB | {ea:+.3f} % | "
+              f"{r['max_allocated_bytes'] / GIB:.3f} GiB | {k['max_allocated_bytes'] / GIB:.3f} GiB | {ea:+.3f} % | {segs} | "
               f"{j['largest_micro_batch']} | {ms:.0f} |")
     print(f"\nworst |error|: reserved {worst_r:.2f} %, allocated {worst_a:.3f} % over {len(rows)} measured configurations")
     return 0

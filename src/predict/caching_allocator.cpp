@@ -139,6 +139,7 @@ bool CachingAllocator::alloc_segment(bool small, std::size_t size, std::uint64_t
   blocks_[b.addr] = b;
   stats_.reserved += bytes;
   ++stats_.num_segments;
+  if (small) ++stats_.num_small_segments;
   ++stats_.num_device_mallocs;
   update_peaks();
   out = b.addr;
@@ -170,6 +171,7 @@ bool CachingAllocator::alloc_expandable(bool small, std::size_t size, std::uint6
     blocks_[b.addr] = b;
     stats_.reserved += bytes;
     ++stats_.num_segments;
+    if (small) ++stats_.num_small_segments;
     stats_.num_device_mallocs += bytes / page;
     update_peaks();
     out = b.addr;
@@ -212,6 +214,7 @@ void CachingAllocator::release_segment(std::uint64_t base) {
   segments_.erase(sit);
   stats_.reserved -= s.size;
   --stats_.num_segments;
+  if (s.small) --stats_.num_small_segments;
   ++stats_.num_device_frees;
 }
 
@@ -285,6 +288,7 @@ void CachingAllocator::release_cached_blocks() {
     if (s.size == 0) {
       blocks_.erase(last);
       --stats_.num_segments;
+      if (s.small) --stats_.num_small_segments;
       it = segments_.erase(it);
       continue;
     }

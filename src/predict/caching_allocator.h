@@ -78,6 +78,7 @@ struct AllocatorStats {
   std::size_t requested = 0;  // live requests before rounding
   std::size_t num_allocs = 0;
   std::size_t num_segments = 0;  // live
+  std::size_t num_small_segments = 0;  // live, in the small pool (the rest are large)
   std::size_t num_device_mallocs = 0;  // cudaMalloc calls (or page maps with expandable segments)
   std::size_t num_device_frees = 0;
   std::size_t num_alloc_retries = 0;   // mallocs that had to release cached memory first

@@ -32,7 +32,8 @@ HfPrediction predict_hf(const HfJob& job, const HfPredictOptions& o) {
     if (e.kind == ScheduleEvent::kPhase) {
       phase = e.label;
       if (std::string_view(phase) == "step_end") {
-        p.steps.push_back({alloc.stats().peak_allocated, alloc.stats().peak_reserved});
+        p.steps.push_back({alloc.stats().peak_allocated, alloc.stats().peak_reserved, alloc.stats().num_segments,
+                           alloc.stats().num_small_segments});
         ++step;
       }
       continue;
@@ -152,9 +153,12 @@ nlohmann::json prediction_json(const HfJob& job, const HfPredictOptions& o, cons
   j["peak_phase"] = p.peak_phase;
   j["peak_step"] = p.peak_step;
   nlohmann::json steps = nlohmann::json::array();
-  for (const auto& s : p.steps) steps.push_back({{"max_allocated_bytes", s.max_allocated}, {"max_reserved_bytes", s.max_reserved}});
+  for (const auto& s : p.steps)
+    steps.push_back({{"max_allocated_bytes", s.max_allocated}, {"max_reserved_bytes", s.max_reserved},
+                     {"segments", s.segments}, {"large_segments", s.segments - s.small_segments}});
   j["per_step"] = steps;
   j["segments"] = p.stats.num_segments;
+  j["large_segments"] = p.stats.num_segments - p.stats.num_small_segments;
   j["device_mallocs"] = p.stats.num_device_mallocs;
   j["alloc_retries"] = p.stats.num_alloc_retries;
   j["schedule_events"] = p.events;

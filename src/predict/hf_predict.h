@@ -30,6 +30,7 @@ struct HfPredictOptions {
 
 struct StepPeak {
   std::size_t max_allocated = 0, max_reserved = 0;  // cumulative up to this step's end
+  std::size_t segments = 0, small_segments = 0;     // live at this step's end (as hf_memory.py records)
 };
 
 struct HfPrediction {

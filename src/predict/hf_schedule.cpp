@@ -116,6 +116,7 @@ Dims dims_of(const HfJob& j) {
   d.e_w = j.model_precision == "bf16" ? 2 : 4;
   d.mixed = j.mixed_precision != "no";
   d.autocast = d.mixed && d.e_w == 4;
+  d.grad_scaler = j.mixed_precision == "fp16";
   d.e_c = (d.autocast || d.e_w == 2) ? 2 : 4;
   d.ln_upcast = d.mixed && d.e_w == 2;
   d.e_r = d.e_w;
@@ -140,7 +141,7 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name) {
   m.order.push_back(&p);
 }
 
-Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& final_out, Id& ids) {
+Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Id& ids) {
   Head h;
   Id& wl = h.wl;
   Id& inl = h.inl;
@@ -190,8 +191,25 @@ Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& fin
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
   t.free(ids);
-  t.phase("backward");
+  begin_backward(t, d, m);
   return h;
+}
+
+void begin_backward(Tape& t, const Dims& d, Model& m) {
+  t.phase("backward");
+  if (!d.grad_scaler) return;
+  // scale(): _lazy_init_scale_growth_tracker at the first call (torch.full((), init_scale) fp32,
+  // torch.full((), 0) int32), then `outputs * scale`; backward's seed (ones_like of the scaled
+  // loss) goes through MulBackward0 (grad * scale) to the loss's own backward.
+  if (m.scaler_scale == 0) {
+    m.scaler_scale = t.alloc(4, Category::kOptimizerStates, "GradScaler _scale");
+    m.scaler_growth = t.alloc(4, Category::kOptimizerStates, "GradScaler _growth_tracker");
+  }
+  m.scaled_loss = t.alloc(4, Category::kLogitsLoss, "GradScaler loss * scale");
+  Id seed = t.alloc(4, Category::kLogitsLoss, "GradScaler backward seed (ones_like)");
+  Id g = t.alloc(4, Category::kLogitsLoss, "GradScaler MulBackward0 grad * scale");
+  t.free(seed);
+  t.free(g);
 }
 
 // Its backward down to the gradient of the final norm's output.
@@ -242,6 +260,20 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
 
 namespace {
 
+// GradScaler.unscale_ (accelerate's clip_grad_norm_ calls it first; without clipping scaler.step
+// does): inv_scale = scale.double().reciprocal().float(), found_inf = torch.full((), 0.0), and
+// _amp_foreach_non_finite_check_and_unscale_ on the gradients in place; inv_scale goes when
+// unscale_ returns, found_inf stays in the optimizer's state until update().
+void scaler_unscale(Tape& t, Model& m) {
+  Id dbl = t.alloc(8, Category::kOptimizerTemporaries, "GradScaler scale.double()");
+  Id rec = t.alloc(8, Category::kOptimizerTemporaries, "GradScaler .reciprocal()");
+  t.free(dbl);
+  Id inv = t.alloc(4, Category::kOptimizerTemporaries, "GradScaler inv_scale");
+  t.free(rec);
+  m.found_inf = t.alloc(4, Category::kOptimizerTemporaries, "GradScaler found_inf");
+  t.free(inv);
+}
+
 // clip_grad_norm_(foreach): _foreach_norm's per-tensor results and its chunk partials, the stack,
 // the total norm, the clip coefficient; then _foreach_mul_ in place.
 void clip_grad_norm(Tape& t, Model& m) {
@@ -270,8 +302,26 @@ void clip_grad_norm(Tape& t, Model& m) {
 // group's order; step counters on the CPU); foreach path: _foreach_sqrt(exp_avg_sqs) is the only
 // new memory, freed as the Python list dies (CPython frees list items from the last). The fused
 // path makes no temporaries.
-void optimizer_step(Tape& t, Model& m, bool fused, bool& states) {
+void optimizer_step(Tape& t, const Dims& d, Model& m, bool fused, bool& states) {
   t.phase("optimizer_step");
+  // fp16: scaler.step(). The foreach AdamW: unscale_ if clipping did not, then found_inf.item()
+  // (no memory). The fused one (_step_supports_amp_scaling) takes found_inf = sum([found_inf])
+  // (0 + t: a new tensor) and, when nothing unscaled the gradients, grad_scale = scale * 1 after
+  // _check_inf_per_device (a dummy inv_scale of 1 and its own found_inf); both go after the step.
+  Id found_sum = 0, grad_scale = 0;
+  if (d.grad_scaler) {
+    const bool unscaled = m.found_inf != 0;
+    if (!fused && !unscaled) scaler_unscale(t, m);
+    if (fused) {
+      if (!unscaled) {
+        Id dummy = t.alloc(4, Category::kOptimizerTemporaries, "GradScaler dummy inv_scale");
+        m.found_inf = t.alloc(4, Category::kOptimizerTemporaries, "GradScaler found_inf");
+        t.free(dummy);
+      }
+      found_sum = t.alloc(4, Category::kOptimizerTemporaries, "GradScaler sum(found_inf)");
+      if (!unscaled) grad_scale = t.alloc(4, Category::kOptimizerTemporaries, "GradScaler grad_scale");
+    }
+  }
   std::vector<Param*> groups[2];
   for (Param* p : m.order) {
     const std::string_view name = p->name;
@@ -292,6 +342,12 @@ void optimizer_step(Tape& t, Model& m, bool fused, bool& states) {
     }
   }
   states = true;
+  // del optimizer.grad_scale, optimizer.found_inf; update() rescales in place and drops the
+  // per-optimizer state (found_inf). A step skipped for an overflow is not modelled: its states
+  // appear at the first step that runs, with the same peak.
+  t.free(grad_scale);
+  t.free(found_sum);
+  t.free(m.found_inf);
 }
 
 }  // namespace
@@ -324,12 +380,16 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
       } else {
         llama_forward_backward(t, d, job, model);
       }
+      t.free(model.scaled_loss);  // backward returned: the scaled loss goes (fp16)
       // find_unused_parameters False: the buckets are rebuilt once, before the second forward
       if (d.ddp && !d.ddp_find_unused && step == 0 && micro == 0) model.ddp_rebuild = true;
     }
     t.phase("clip_grad_norm");
-    if (job.max_grad_norm > 0) clip_grad_norm(t, model);
-    optimizer_step(t, model, job.optimizer == "adamw_torch_fused", states);
+    if (job.max_grad_norm > 0) {
+      if (d.grad_scaler) scaler_unscale(t, model);
+      clip_grad_norm(t, model);
+    }
+    optimizer_step(t, d, model, job.optimizer == "adamw_torch_fused", states);
     t.phase("zero_grad");
     for (Param* p : model.order) t.free(p->grad);
     t.phase("step_end");

@@ -739,7 +739,7 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
   for (Id& c : cached_casts) t.free(c);
   cached_casts.clear();
   t.free(ids);
-  t.phase("backward");
+  begin_backward(t, d, m);
   t.free(loss);
   t.free(shift);
   head_gradient(t, m, head, gw, true);  // the fused loss's own grad_weight
@@ -809,7 +809,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   if (d.liger) {
     gh = liger_flce(t, d, m, head, fn.out, ids, cached_casts);
   } else {
-    Head hd = head_forward(t, d, cached_casts, fn.out, ids);
+    Head hd = head_forward(t, d, m, cached_casts, fn.out, ids);
     gh = head_backward(t, d, m, head, hd, fn.out);
   }
   Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers

@@ -414,7 +414,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Param& head = m.tied ? m.embed : m.lm_head;
   Dims dh = d;
   dh.head_in_fp32 = d.ln_upcast && m.final_ln;  // the final LayerNorm's fp32 output
-  Head hd = head_forward(t, dh, cached, final_out, ids);
+  Head hd = head_forward(t, dh, m, cached, final_out, ids);
   Id gh = head_backward(t, dh, m, head, hd, final_out);
   Id g_res = 0;
   if (m.final_ln) {

@@ -64,6 +64,7 @@ struct Dims {
   bool ln_upcast = false;
   bool head_in_fp32 = false;  // the LM head's input is fp32 (OPT's final LayerNorm under ln_upcast)
   bool mixed;     // Trainer bf16=/fp16= (accelerate's convert_outputs_to_fp32)
+  bool grad_scaler = false;  // fp16=: accelerate's torch.amp.GradScaler (see begin_backward)
   bool eager;
   bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
   bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
@@ -116,6 +117,10 @@ struct Model {
   Param pos, flnw, flnb;
   bool opt = false;
   bool final_ln = true;
+  // fp16 autocast's GradScaler (torch/amp/grad_scaler.py): its 0-d fp32 scale and int32 growth
+  // tracker (made at the first scale(), kept), the scaled loss backward runs on (until backward
+  // returns), found_inf (unscale_ to update()).
+  Id scaler_scale = 0, scaler_growth = 0, scaled_loss = 0, found_inf = 0;
 };
 
 // The cuBLAS workspace of the calling thread, allocated through the caching allocator at its
@@ -192,7 +197,10 @@ struct Head {
   Id wl = 0, inl = 0, shift = 0, ls = 0;
   Id scalars[5] = {};
 };
-Head head_forward(Tape& t, const Dims& d, std::vector<Id>& cached_casts, Id& final_out, Id& ids);
+Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Id& ids);
+// The backward marker; under fp16 the GradScaler's scale() and the scaled loss's first backward node
+// (accelerate: `scaler.scale(loss).backward()`).
+void begin_backward(Tape& t, const Dims& d, Model& m);
 // Its backward down to the gradient of the final norm's output.
 Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out);
 

@@ -225,6 +225,90 @@ TEST(HfPredict, FusedAdamWHasNoSqrtTemporaries) {
   EXPECT_LT(predict_hf(b, h200()).max_allocated, predict_hf(a, h200()).max_allocated);
 }
 
+// fp16 autocast's GradScaler (torch/amp/grad_scaler.py, as accelerate drives it): the fp16 schedule
+// is the bf16 one plus the scaler's 0-d tensors. Its scale and growth tracker are made once and
+// kept; per step the scaled loss lives through backward, found_inf from unscale_ (inside
+// clip_grad_norm_, or scaler.step without clipping) to update(); the fused AdamW adds
+// sum([found_inf]) and, when nothing unscaled first, _check_inf_per_device's tensors and grad_scale.
+struct ScalerTensors {
+  std::size_t made = 0, kept = 0, extra_events = 0;
+  std::size_t scale = 0, scaled_loss = 0, found_inf = 0, grad_scale = 0, sums = 0;
+  std::size_t found_inf_in_clip = 0;  // found_inf made inside the clip_grad_norm phase
+};
+
+ScalerTensors scaler_tensors(const HfJob& j) {
+  const std::vector<ScheduleEvent> ev = hf_trainer_schedule(j);
+  HfJob b = j;
+  b.mixed_precision = "bf16";
+  ScalerTensors r;
+  r.extra_events = ev.size() - hf_trainer_schedule(b).size();
+  std::vector<bool> live(ev.size() + 1, false);
+  std::vector<std::string> label(ev.size() + 1);
+  std::string phase;
+  for (const ScheduleEvent& e : ev) {
+    if (e.kind == ScheduleEvent::kPhase) phase = e.label;
+    if (e.kind == ScheduleEvent::kFree) live[e.tensor] = false;
+    if (e.kind != ScheduleEvent::kAlloc) continue;
+    const std::string l = e.label;
+    if (l.rfind("GradScaler", 0) != 0) continue;
+    EXPECT_LE(e.bytes, 8u) << l;  // 0-d tensors
+    ++r.made;
+    live[e.tensor] = true;
+    label[e.tensor] = l;
+    if (l == "GradScaler _scale") ++r.scale;
+    if (l == "GradScaler loss * scale") ++r.scaled_loss;
+    if (l == "GradScaler found_inf") {
+      ++r.found_inf;
+      if (phase == "clip_grad_norm") ++r.found_inf_in_clip;
+    }
+    if (l == "GradScaler grad_scale") ++r.grad_scale;
+    if (l == "GradScaler sum(found_inf)") ++r.sums;
+  }
+  for (std::size_t i = 0; i < live.size(); ++i)
+    if (live[i]) {
+      ++r.kept;
+      EXPECT_TRUE(label[i] == "GradScaler _scale" || label[i] == "GradScaler _growth_tracker") << label[i];
+    }
+  return r;
+}
+
+TEST(HfPredict, Fp16AddsTheGradScalersTensors) {
+  HfJob j = job(1, "fp32", "fp16");
+  j.seq_len = 128;
+  j.steps = 3;
+  ScalerTensors s = scaler_tensors(j);
+  EXPECT_EQ(s.scale, 1u);  // made at the first scale() only
+  EXPECT_EQ(s.kept, 2u);   // scale and growth tracker
+  EXPECT_EQ(s.scaled_loss, 3u);
+  EXPECT_EQ(s.found_inf, 3u);
+  EXPECT_EQ(s.found_inf_in_clip, 3u);  // max_grad_norm 1.0: clip_grad_norm_ unscales
+  EXPECT_EQ(s.grad_scale + s.sums, 0u);
+  // per step: the scaled loss, the seed, MulBackward0's output, unscale_'s three and found_inf
+  EXPECT_EQ(s.made, 2 + 3 * 7u);
+  EXPECT_EQ(s.extra_events, 2 * s.made - s.kept);  // every one allocated, all but two freed
+  // the peak: the bf16 one plus at most the scaler's few 512-byte blocks
+  HfJob b = j;
+  b.mixed_precision = "bf16";
+  const HfPrediction pf = predict_hf(j, h200()), pb = predict_hf(b, h200());
+  EXPECT_GE(pf.max_allocated, pb.max_allocated + 2 * 512);
+  EXPECT_LE(pf.max_allocated, pb.max_allocated + 4 * 512);
+
+  j.max_grad_norm = 0;  // no clipping: scaler.step unscales
+  s = scaler_tensors(j);
+  EXPECT_EQ(s.found_inf, 3u);
+  EXPECT_EQ(s.found_inf_in_clip, 0u);
+  j.optimizer = "adamw_torch_fused";  // _step_supports_amp_scaling: the scaler passes grad_scale
+  s = scaler_tensors(j);
+  EXPECT_EQ(s.found_inf, 3u);
+  EXPECT_EQ(s.sums, 3u);
+  EXPECT_EQ(s.grad_scale, 3u);
+  j.max_grad_norm = 1.0;  // unscaled by clipping: the fused step gets no grad_scale
+  s = scaler_tensors(j);
+  EXPECT_EQ(s.sums, 3u);
+  EXPECT_EQ(s.grad_scale, 0u);
+  EXPECT_EQ(s.found_inf_in_clip, 3u);
+}
+
 // Qwen2's schedule loads, differentiates and steps every parameter, the q/k/v biases included:
 // the weight requests are Qwen2.5-0.5B's 494,032,768 parameters (tied), the step-1 gradients
 // (one embedding more) and AdamW's two states the same again, and the biases are in the no-decay group (their own
@@ -353,6 +437,13 @@ TEST(HfPredict, Fp32MicroBatch1GrowsBySegmentInStep2AsMeasured) {
   EXPECT_EQ(p.steps[1].max_reserved, 26006781952u);
   EXPECT_EQ(p.steps[2].max_reserved, 26006781952u);
   EXPECT_LT(std::fabs(static_cast<double>(p.max_allocated) - 24783145984.0) / 24783145984.0, 1e-4);
+  // and the cache's layout: the segments after each step, small pool + large pool, as the H200 had
+  // them (hf_memory.jsonl: 2 + 316, 2 + 317, 2 + 317)
+  const std::size_t small[3] = {2, 2, 2}, large[3] = {316, 317, 317};
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(p.steps[s].small_segments, small[s]) << "step " << s + 1;
+    EXPECT_EQ(p.steps[s].segments - p.steps[s].small_segments, large[s]) << "step " << s + 1;
+  }
 }
 
 TEST(HfPredict, RefusesWhatItDoesNotModel) {

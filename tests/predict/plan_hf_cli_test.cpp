@@ -29,6 +29,10 @@ TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
   EXPECT_EQ(j["versions"]["transformers"], "5.17");
   EXPECT_GT(j["max_reserved_bytes"].get<std::uint64_t>(), j["max_allocated_bytes"].get<std::uint64_t>());
   EXPECT_TRUE(j["breakdown_at_peak_allocated"].contains("saved_activations"));
+  ASSERT_FALSE(j["per_step"].empty());
+  EXPECT_LE(j["per_step"][0]["large_segments"].get<std::uint64_t>(), j["per_step"][0]["segments"].get<std::uint64_t>());
+  EXPECT_EQ(j["per_step"].back()["segments"], j["segments"]);
+  EXPECT_EQ(j["per_step"].back()["large_segments"], j["large_segments"]);
 }
 
 // A Qwen2 config directory (Qwen2.5-0.5B's shapes, written here): its q/k/v biases are in the
