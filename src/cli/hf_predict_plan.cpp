@@ -16,9 +16,16 @@ static std::string param_text(const lab::ParamMap& p, const char* key) {
   return it->second.is_string() ? it->second.get<std::string>() : it->second.dump();
 }
 
+// A switch parameter as the lab writes it (true, or "true" / "1" / "yes" from a spec's text).
+static bool param_on(const lab::ParamMap& p, const char* key) {
+  const std::string v = param_text(p, key);
+  return v == "true" || v == "1" || v == "yes";
+}
+
 // --predict hf-trainer: the largest micro-batch `plan --stack hf-trainer` predicts for the
 // search's parameters (model, seq_len, device_memory; model_precision, mixed_precision, attn,
-// activation_checkpointing, dropout, ranks when given), as the search's first guess: the search then
+// fused_kernels (the ladder's Liger rung), activation_checkpointing, grad_accum_steps, dropout,
+// ranks when given), as the search's first guess: the search then
 // proves it with two trials (b fits, b+1 runs out of memory) when the prediction is right.
 lab::PlanFn hf_trainer_plan() {
   return [](const lab::ParamMap& p, std::string* note) -> std::optional<int> {
@@ -35,7 +42,9 @@ lab::PlanFn hf_trainer_plan() {
       if (auto v = param_text(p, "model_precision"); !v.empty()) job.model_precision = v;
       if (auto v = param_text(p, "mixed_precision"); !v.empty()) job.mixed_precision = v;
       if (auto v = param_text(p, "attn"); !v.empty()) job.attn = v == "flash" ? "sdpa" : v;
-      if (auto v = param_text(p, "activation_checkpointing"); v == "true" || v == "1") job.activation_checkpointing = true;
+      job.activation_checkpointing = param_on(p, "activation_checkpointing");
+      job.fused_kernels = param_on(p, "fused_kernels");
+      if (auto v = param_text(p, "grad_accum_steps"); !v.empty()) job.grad_accum_steps = std::stoll(v);
       if (auto v = param_text(p, "dropout"); !v.empty()) job.model.dropout = std::stod(v);
       // a multi-rank trial (the lab's "ranks"): torchrun DDP, the per-rank prediction
       if (auto v = param_text(p, "ranks"); !v.empty()) job.ranks = std::stoll(v);

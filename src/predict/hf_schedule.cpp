@@ -375,14 +375,16 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
   }
   for (std::int64_t step = 0; step < job.steps; ++step) {
     for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
+      model.ddp_sync = micro == job.grad_accum_steps - 1;
       if (opt) {
         opt_forward_backward(t, d, job, model);
       } else {
         llama_forward_backward(t, d, job, model);
       }
       t.free(model.scaled_loss);  // backward returned: the scaled loss goes (fp16)
-      // find_unused_parameters False: the buckets are rebuilt once, before the second forward
-      if (d.ddp && !d.ddp_find_unused && step == 0 && micro == 0) model.ddp_rebuild = true;
+      // find_unused_parameters False: the buckets are rebuilt once, before the forward after the
+      // first synchronized backward (the Reducer records the gradients' ready order only then)
+      if (d.ddp && !d.ddp_find_unused && step == 0 && model.ddp_sync) model.ddp_rebuild = true;
     }
     t.phase("clip_grad_norm");
     if (job.max_grad_norm > 0) {

@@ -16,6 +16,10 @@
 //   (int32 per parameter). With checkpointing (find_unused_parameters False) the first iteration
 //   has a single bucket of every parameter, rebuilt before step 2's forward in the order the
 //   gradients became ready (the old buffer freed first).
+// - gradient accumulation: the Trainer runs all micro-steps but a step's last under no_sync. Those
+//   backwards reduce nothing and record no gradient order, so the rebuild (checkpointing) waits for
+//   the first synchronized backward, and the buffers are broadcast only before a forward that
+//   follows a synchronized one (the first micro-step's).
 // - every forward: the buffers (the rotary inv_freq tables) broadcast flat; with
 //   find_unused_parameters, _DDPSink clones the outputs (the loss and the logits: a second
 //   logits-sized tensor for a moment) and the originals go.
@@ -126,10 +130,14 @@ void ddp_pre_forward(Tape& t, Model& m, const Dims& d) {
     if (d.ddp_first_bucket) limits = {kFirstBucket, d.ddp_bucket_cap};
     for (u64 b : bucket_sizes(sizes, limits)) m.ddp_buckets.push_back(t.alloc(b, Category::kDdp, "DDP gradient bucket"));
   }
-  if (m.buffer_bytes) {  // broadcast_buffers: _sync_buffers before every forward
+  // broadcast_buffers: _sync_buffers before a forward when the previous forward synchronized
+  // (will_sync_module_buffers: require_forward_param_sync, which _post_forward sets to
+  // require_backward_grad_sync); every forward without gradient accumulation
+  if (m.buffer_bytes && m.ddp_forward_param_sync) {
     Id flat = t.alloc(m.buffer_bytes, Category::kDdp, "DDP broadcast of buffers (flat)");
     t.free(flat);
   }
+  m.ddp_forward_param_sync = m.ddp_sync;
 }
 
 }  // namespace scalelab::predict::detail

@@ -108,6 +108,12 @@ struct Model {
   std::vector<Id> ddp_buckets;
   Id ddp_used_map = 0;
   bool ddp_rebuild = false;  // rebuild the buckets before the next forward
+  // Gradient accumulation: the Trainer runs every micro-step but a step's last under no_sync
+  // (require_backward_grad_sync False). ddp_sync: this micro-step synchronizes;
+  // ddp_forward_param_sync: DDP's require_forward_param_sync, which the last forward left (its
+  // buffers are broadcast before a forward only when the one before synchronized).
+  bool ddp_sync = true;
+  bool ddp_forward_param_sync = true;
   std::vector<Param*> order;  // module order: the optimizer's and zero_grad's
   // OPT
   struct OptLayer {

@@ -192,3 +192,54 @@ TEST(LadderPredict, EachRungShowsThePrediction) {
 
 }  // namespace
 }  // namespace scalelab::cli_test
+
+#include "cli/hf_predict_plan.h"
+#include "model/config.h"
+#include "predict/hf_predict.h"
+
+namespace scalelab::cli_test {
+namespace {
+
+// The lab's --predict hf-trainer reads every parameter the ladder's rungs set: the fused-kernels
+// rung (fused_kernels = true) is predicted with Liger, not as the rung below it, and
+// grad_accum_steps reaches the schedule; what the prediction does not model (Liger on OPT) says so
+// and lets the search double instead.
+TEST(LabPredict, ReadsTheFusedKernelsRungAndGradientAccumulation) {
+  const lab::PlanFn plan = cli::hf_trainer_plan();
+  lab::ParamMap p = {{"model", "llama-3.2-1b"}, {"seq_len", 1024}, {"device_memory", "64GiB"},
+                     {"model_precision", "bf16"}, {"mixed_precision", "no"}, {"attn", "flash"},
+                     {"fused_kernels", false}};
+  predict::HfJob job;
+  job.model = preset_config("llama-3.2-1b");
+  job.model_precision = "bf16";
+  job.attn = "sdpa";
+  predict::HfPredictOptions o;
+  o.device_memory = std::size_t{64} << 30;
+  std::string note;
+  const std::optional<int> plain = plan(p, &note);
+  ASSERT_TRUE(plain.has_value()) << note;
+  EXPECT_EQ(*plain, predict::largest_micro_batch(job, o));
+  p["fused_kernels"] = true;
+  const std::optional<int> liger = plan(p, &note);
+  job.fused_kernels = true;
+  ASSERT_TRUE(liger.has_value()) << note;
+  EXPECT_EQ(*liger, predict::largest_micro_batch(job, o));
+  EXPECT_GT(*liger, *plain);  // Liger's fused loss keeps no logits: a larger batch fits
+  p["fused_kernels"] = "true";  // as a spec's text writes it
+  EXPECT_EQ(plan(p, &note), liger);
+
+  p["grad_accum_steps"] = 2;
+  job.grad_accum_steps = 2;
+  job.steps = 3;
+  const std::optional<int> ga = plan(p, &note);
+  ASSERT_TRUE(ga.has_value()) << note;
+  EXPECT_EQ(*ga, predict::largest_micro_batch(job, o));
+
+  p["model"] = "opt-1.3b";
+  p.erase("grad_accum_steps");
+  EXPECT_FALSE(plan(p, &note).has_value());
+  EXPECT_NE(note.find("unavailable"), std::string::npos) << note;
+}
+
+}  // namespace
+}  // namespace scalelab::cli_test

@@ -72,6 +72,11 @@ CONFIGS["llama-ddp-bf16mixed-eager-ckpt-ddp2"] = dict(model_precision="fp32", mi
                                                       ckpt=True, ranks=2)
 CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
                                                  bucket_cap_mb=1)
+# gradient accumulation under DDP: the Trainer runs every micro-step but the last in no_sync
+CONFIGS["llama-ddp-fp32-eager-ga2-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
+                                                grad_accum=2)
+CONFIGS["llama-ddp-bf16mixed-eager-ckpt-ga2-ddp2"] = dict(model_precision="fp32", mixed_precision="bf16",
+                                                          attn="eager", ckpt=True, ranks=2, grad_accum=2)
 CONFIGS["qwen2-tiny-untied-fp32-eager"] = dict(family="qwen2", model_precision="fp32", mixed_precision="no",
                                                attn="eager", tied=False)
 SEQ, MB, STEPS = 32, 2, 2
@@ -103,7 +108,7 @@ def run(name, cfg, out_dir):
 
     class Ids(torch.utils.data.Dataset):
         def __len__(self):
-            return STEPS * MB
+            return STEPS * MB * cfg.get("grad_accum", 1)
 
         def __getitem__(self, i):
             ids = torch.randint(0, 256, (SEQ,), generator=torch.Generator().manual_seed(i))
@@ -125,7 +130,8 @@ def run(name, cfg, out_dir):
                              logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
                              use_cpu=True, dataloader_num_workers=0, seed=0,
                              gradient_checkpointing=cfg.get("ckpt", False),
-                             ddp_bucket_cap_mb=cfg.get("bucket_cap_mb"))
+                             ddp_bucket_cap_mb=cfg.get("bucket_cap_mb"),
+                             gradient_accumulation_steps=cfg.get("grad_accum", 1))
     trainer = Trainer(model=model, args=args, train_dataset=Ids(), callbacks=[Cb()])
     model.register_forward_pre_hook(lambda *a: mark("forward"))
     inner = trainer.accelerator.backward
