@@ -522,8 +522,8 @@ run_in_backward_timing() {
 }
 
 # The HF Trainer memory rows no GPU has measured yet (docs/predict.md), with the allocator traces of
-# fp32 micro-batch 2 and of Qwen2 + Liger + checkpointing (the worst row, +1.74 % reserved, whose
-# prediction has 26 more large segments than the GPU made: only its trace can say which).
+# fp32 micro-batch 2 and of Qwen2 + Liger + checkpointing (the checkpointed first forward's order,
+# taken from the CPU trace, checked on the GPU request by request).
 run_hf_memory_rows() {
   local budget=$(( $(left) - 15 ))
   [ "$budget" -lt 60 ] && { add "hf_memory: skipped (${budget}s left)"; return; }

@@ -77,14 +77,16 @@ void load_llama(Tape& t, Model& m, const Dims& d, bool tied) {
 namespace {
 
 // LlamaRMSNorm: x.to(fp32); var = x.pow(2).mean(-1, keepdim); x * rsqrt(var + eps);
-// weight * x.to(input_dtype).
-RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
+// weight * x.to(input_dtype). `drop` (a checkpointed layer's first forward): what autograd would
+// save goes as soon as Python lets it go (see drop_saved).
+RmsSaved rms_forward(Tape& t, const Dims& d, Id x, bool drop = false) {
   RmsSaved s;
   const u64 n = d.BT * d.H;
   (void)x;
   if (d.liger) {  // LigerRMSNorm: one kernel; saves its input (the caller keeps it) and rstd
     s.out = t.alloc(n * d.e_r, A, "liger rmsnorm output");
     s.rsqrt = t.alloc(d.BT * 4, A, "liger rmsnorm rstd");
+    if (drop) t.free(s.rsqrt);
     return s;
   }
   if (d.e_r == 2) s.x32 = t.alloc(n * 4, A, "rmsnorm x.to(fp32)");
@@ -97,11 +99,17 @@ RmsSaved rms_forward(Tape& t, const Dims& d, Id x) {
   Id xr = 0;
   if (d.e_r == 2) {
     xr = t.alloc(n * 4, Tmp, "rmsnorm x*rsqrt");
+    if (drop) {  // hidden_states is rebound: x.to(fp32) goes, and nothing holds rsqrt
+      t.free(s.rsqrt);
+      t.free(s.x32);
+    }
     s.xr = t.alloc(n * 2, A, "rmsnorm .to(bf16)");
   } else {
     s.xr = t.alloc(n * 4, A, "rmsnorm x*rsqrt");
+    if (drop) t.free(s.rsqrt);
   }
   s.out = t.alloc(n * d.e_r, A, "rmsnorm output");
+  if (drop) t.free(s.xr);  // the .to(bf16) temporary, or x*rsqrt as the function returns
   t.free(xr);
   t.free(var);
   return s;
@@ -295,13 +303,25 @@ Id rope_backward(Tape& t, const Dims& d, u64 width, Id& g) {
   return gc;
 }
 
-void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id x, Id mask) {
+// One decoder layer's forward. `drop`: the first forward of a checkpointed layer
+// (torch.utils.checkpoint, use_reentrant=False): autograd's saved tensors are packed into
+// placeholders, so every tensor goes when Python drops it — a projection's autocast input cast as
+// the projection returns, gate_proj's output after silu, the MLP's product after down_proj, the
+// attention's locals as it returns — rather than when the layer's backward ends. What is still
+// live at the layer's end goes in drop_saved. The recompute in backward saves as usual (drop false).
+void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id x, Id mask, bool drop = false) {
   (void)mask;
-  s.n1 = rms_forward(t, d, x);
+  auto gone = [&](Id& id) {
+    if (drop) t.free(id);
+  };
+  s.n1 = rms_forward(t, d, x, drop);
   const bool ac = d.autocast;
   Id q = linear_forward(t, d, m, p.q, s.n1.out, d.H, d.qd, false, s.wq, s.in_q, "q_proj output", &p.qb);
+  gone(s.in_q);
   Id k = linear_forward(t, d, m, p.k, s.n1.out, d.H, d.kvd, false, s.wk, s.in_k, "k_proj output", &p.kb);
+  gone(s.in_k);
   s.v = linear_forward(t, d, m, p.v, s.n1.out, d.H, d.kvd, false, s.wv, s.in_v, "v_proj output", &p.vb);
+  gone(s.in_v);
   Id k_embed;
   if (d.liger) {
     // liger_rotary_pos_emb rotates q and k in place (their [B, T, heads, hd] buffers); k comes
@@ -346,6 +366,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
     Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
     t.free(kcast);
+    gone(s.kT);   // the matmul's operands: a contiguous copy and autocast's cast of q
+    gone(s.q16);
     Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * scaling");
     t.free(scores);
     // + causal mask, which is in the embeddings' dtype (fp32 under autocast: the sum is fp32)
@@ -359,10 +381,13 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // .to(query.dtype) is a cast when q is bf16 (bf16 weights); autocast's matmul casts it too.
     if (d.e_rope == 2 || ac) s.probs16 = t.alloc(bhtt * 2, A, ac ? "autocast cast of probs" : "probs.to(bf16)");
     t.free(masked);  // attn_weights is rebound
+    if (d.e_rope == 2 && !ac) gone(s.probs32);  // the fp32 softmax: rebound by .to(bf16)
     Id o = t.alloc(d.BT * d.qd * d.e_c, Tmp, "probs @ v");
+    if (ac) gone(s.probs16);  // autocast's cast of the probabilities for the matmul
     s.ctx = t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
     t.free(o);
     t.free(k_rep);
+    gone(s.v_rep);  // eager_attention_forward returns: its repeated key and value go
   } else {
     // sdpa on the flash kernel with enable_gqa (no S x S matrix): saves q, k, v, the output and
     // the log-sum-exp (fp32 [B, heads, T]); modelled from the kernel's source
@@ -381,32 +406,62 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     }
     s.attn_out_sdpa = t.alloc(d.BT * d.qd * d.e_c, A, "flash attention output");
     s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
+    gone(s.lse);  // only autograd held it
+    if (ac && !d.liger) {  // autocast's casts of q and k
+      gone(s.kT);
+      gone(s.q16);
+    }
     // flash returns a transposed view of a [B, T, heads, hd] buffer: .transpose(1,2).contiguous()
     // is then a no-op, and o_proj saves the same storage.
     s.ctx = 0;
   }
   Id ctx_unused = 0;
   Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
-  // LlamaAttention.forward returns: its locals go.
+  gone(s.ctx);            // attn_output is rebound to o_proj's output
+  gone(s.attn_out_sdpa);
+  // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
+  // variable order, query, key, value, as the CPU trace of Qwen2 shows).
+  if (drop) {
+    t.free(s.q_embed);
+    t.free(q_view);
+    t.free(k_embed);
+    t.free(s.kT);
+    t.free(s.v);
+    t.free(s.v_rep);
+  }
   if (d.eager || d.e_c == 4) {
     t.free(k_embed);
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
     if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   }
-  if (ac) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
+  if (ac || drop) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
   s.h1 = t.alloc(d.BT * d.H * d.e_r, A, "residual + attention");
   t.free(o_out);
-  s.n2 = rms_forward(t, d, s.h1);
+  s.n2 = rms_forward(t, d, s.h1, drop);
   s.gate = linear_forward(t, d, m, p.gate, s.n2.out, d.H, d.I, false, s.wg, s.in_g, "gate_proj output");
-  if (!d.liger) s.act = t.alloc(d.BT * d.I * d.e_c, A, "silu(gate)");  // Liger's SwiGLU recomputes it
+  gone(s.in_g);
+  if (!d.liger) {
+    s.act = t.alloc(d.BT * d.I * d.e_c, A, "silu(gate)");  // Liger's SwiGLU recomputes it
+    gone(s.gate);  // act_fn's argument
+  }
   s.up = linear_forward(t, d, m, p.up, s.n2.out, d.H, d.I, false, s.wu, s.in_u, "up_proj output");
+  gone(s.in_u);
   s.prod = t.alloc(d.BT * d.I * d.e_c, A, d.liger ? "liger swiglu output" : "silu(gate) * up");
+  gone(s.gate);  // the product's operands (Liger: LigerSiLUMulFunction's two arguments)
+  gone(s.act);
+  gone(s.up);
   Id in_d = 0;
   Id down = linear_forward(t, d, m, p.down, s.prod, d.I, d.H, true, s.wd, in_d, "down_proj output");
-  if (ac) t.free(s.n2.out);
+  gone(s.prod);
+  if (ac || drop) t.free(s.n2.out);
   s.out = t.alloc(d.BT * d.H * d.e_r, A, "residual + mlp");
   t.free(down);
+  // as the layer returns: the residual, and the attention weights eager attention returned (the
+  // decoder layer binds them to `_` until then)
+  gone(s.h1);
+  gone(s.probs32);
+  gone(s.probs16);
 }
 
 // Backward of one layer, given the gradient of its output `g` (residual dtype); returns the
@@ -769,7 +824,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   const bool ckpt = j.activation_checkpointing;
   std::vector<Id> cached_casts;
   for (u64 l = 0; l < d.L; ++l) {
-    layer_forward(t, d, m, m.layers[l], saved[l], layer_in, mask);
+    layer_forward(t, d, m, m.layers[l], saved[l], layer_in, mask, ckpt);
     if (ckpt) {
       drop_saved(t, saved[l]);
       LayerSaved& s = saved[l];

@@ -61,7 +61,8 @@ struct LnSaved {
 // cast right to left (bias, weight, input; none cached: the cache holds only casts down to bf16),
 // native_layer_norm saves the three casts (its backward takes input, weight and bias) and returns
 // fp32; the bf16 input itself is no longer saved by it.
-LnSaved ln_forward(Tape& t, const Dims& d) {
+// `drop`: a checkpointed layer's first forward (see opt_layer_forward): only the output stays.
+LnSaved ln_forward(Tape& t, const Dims& d, bool drop = false) {
   LnSaved s;
   if (d.ln_upcast) {
     s.b32 = t.alloc(d.H * 4, A, "autocast: layer_norm bias .to(fp32)");
@@ -71,6 +72,9 @@ LnSaved ln_forward(Tape& t, const Dims& d) {
   s.out = t.alloc(d.BT * d.H * (d.ln_upcast ? 4 : d.e_r), A, "layer_norm output");
   s.mean = t.alloc(d.BT * 4, A, "layer_norm mean");
   s.rstd = t.alloc(d.BT * 4, A, "layer_norm rstd");
+  if (drop) {
+    for (Id* id : {&s.mean, &s.rstd, &s.x32, &s.w32, &s.b32}) t.free(*id);
+  }
   return s;
 }
 // native_layer_norm_backward: the input gradient (added into the residual buffer, or becoming it)
@@ -137,21 +141,32 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
 
 // x_in: the layer's input. Under ln_upcast no op saves it (the layer norm saved its fp32 cast), so
 // it goes once the first residual sum is made; so does that sum once the second is.
-void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, Id& x_in) {
+// `drop`: the first forward of a checkpointed layer (use_reentrant=False): autograd's saved
+// tensors are placeholders, so each tensor goes when Python drops it (as in Llama's layer_forward);
+// the recompute in backward saves as usual.
+void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, Id& x_in, bool drop = false) {
   (void)mask;
+  auto gone = [&](Id& id) {
+    if (drop) t.free(id);
+  };
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
   const bool ac = d.autocast || d.ln_upcast;  // the layer norms' fp32 outputs go after their linears
-  s.ln1 = ln_forward(t, d);
+  s.ln1 = ln_forward(t, d, drop);
   Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
+  gone(s.in_q);
   s.q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
   t.free(q);
   s.k = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_k, "k_proj output");
+  gone(s.in_k);
   s.v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
+  gone(s.in_v);
   if (d.eager || d.e_c == 4) {
     // [B, heads, T, hd] views of [B, T, H] buffers: bmm needs copies of q and k^T (saved)
     s.qc = t.alloc(nq * d.e_c, A, "q contiguous for bmm");
     s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
     Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
+    gone(s.qc);
+    gone(s.kT);
     Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
     t.free(scores);
     const u64 e_masked = std::max(d.e_c, d.e_r);
@@ -160,47 +175,62 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
     Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
     s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
     t.free(conv);
-    if (d.e_c == 2) s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
+    if (d.e_c == 2) {
+      s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
+      gone(s.probs32);  // attn_weights is rebound
+    }
     t.free(masked);
     s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
     Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
+    gone(s.vc);
     s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
     t.free(o);
   } else {
     s.attn_out = t.alloc(nq * d.e_c, A, "flash attention output");
     s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
+    gone(s.lse);  // only autograd held it
   }
   Id o_out = opt_linear(t, d, m, s, d.H, d.H, true, nullptr, "out_proj output");
-  if (d.eager || d.e_c == 4) {  // locals of the attention go; flash saved q, k, v themselves
+  gone(s.ctx);  // attn_output is rebound to out_proj's output
+  gone(s.attn_out);
+  if (d.eager || d.e_c == 4 || drop) {  // locals of the attention go; flash saved q, k, v themselves
     t.free(s.q_s);
     t.free(s.k);
     t.free(s.v);
   }
-  if (ac) t.free(s.ln1.out);
+  if (ac || drop) t.free(s.ln1.out);
   if (d.dropout) {  // F.dropout(p > 0) on CUDA: native_dropout's output and its saved bool mask
     Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
     s.mask1 = t.alloc(nq, A, "dropout mask");
+    gone(s.mask1);
     t.free(o_out);
     o_out = dr;
   }
   s.h1 = t.alloc(nq * d.e_r, A, "residual + attention");
   t.free(o_out);
   if (d.ln_upcast) t.free(x_in);
-  s.ln2 = ln_forward(t, d);
+  s.ln2 = ln_forward(t, d, drop);
   Id fc1 = opt_linear(t, d, m, s, d.H, d.I, false, &s.in_fc1, "fc1 output");
+  gone(s.in_fc1);
+  gone(s.ln2.out);  // hidden_states is rebound to fc1's output
   s.relu = t.alloc(d.BT * d.I * d.e_c, A, "relu (saved)");
   t.free(fc1);
   Id fc2 = opt_linear(t, d, m, s, d.I, d.H, true, nullptr, "fc2 output");
+  gone(s.relu);
   if (ac) t.free(s.ln2.out);
   if (d.dropout) {
     Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
     s.mask2 = t.alloc(nq, A, "dropout mask");
+    gone(s.mask2);
     t.free(fc2);
     fc2 = dr;
   }
   s.out = t.alloc(nq * d.e_r, A, "residual + mlp");
   t.free(fc2);
-  if (d.ln_upcast) t.free(s.h1);
+  if (d.ln_upcast || drop) t.free(s.h1);
+  // the attention weights eager attention returned: bound to `_` until the layer returns
+  gone(s.probs32);
+  gone(s.probs16);
 }
 
 // addmm backward: weight grad, input grad, bias grad (a reduction over the rows).
@@ -383,7 +413,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   const bool ckpt = j.activation_checkpointing;
   std::vector<Id> ckpt_casts;  // checkpointing: the weight casts stay in autocast's cache only
   for (u64 l = 0; l < d.L; ++l) {
-    opt_layer_forward(t, d, m, saved[l], mask, l > 0 ? saved[l - 1].out : x);
+    opt_layer_forward(t, d, m, saved[l], mask, l > 0 ? saved[l - 1].out : x, ckpt);
     if (ckpt) {  // see llama's drop_saved: what the layer saved goes; the frame keeps its inputs
       OptSaved& s = saved[l];
       for (Id* id : {&s.ln1.out, &s.ln1.mean, &s.ln1.rstd, &s.ln2.out, &s.ln2.mean, &s.ln2.rstd, &s.in_q, &s.in_k,
