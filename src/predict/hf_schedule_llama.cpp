@@ -235,16 +235,19 @@ void bias_backward(Tape& t, const Dims& d, Param* b, u64 out_f) {
 Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, u64 out_f, Id& wcast,
                    Id& incast, bool in_was_cast, Param* bias = nullptr) {
   gemm_workspace(t, m.ws_autograd);
-  Id gw16 = 0;
+  Id gw16 = 0, gw = 0;
   if (d.autocast) {
     gw16 = t.alloc(in_f * out_f * 2, Tmp, "weight grad (autocast dtype)");
   } else {
-    Id gw = t.alloc(in_f * out_f * d.e_w, Category::kGradients, "weight grad");
-    accumulate(t, p, gw);
+    gw = t.alloc(in_f * out_f * d.e_w, Category::kGradients, "weight grad");
   }
   Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
   bias_backward(t, d, bias, out_f);
   t.free(g);
+  // AccumulateGrad runs once the matmul's node is done (its input gradient made): with gradient
+  // accumulation the new weight gradient is added in place and freed only then (the CPU trace of
+  // micro-step 2)
+  if (!d.autocast) accumulate(t, p, gw);
   t.free(wcast);
   t.free(incast);
   if (d.autocast && in_was_cast) {
@@ -546,10 +549,10 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     t.free(g);
     gemm_workspace(t, m.ws_autograd);
     Id gw = t.alloc(out_f * d.H * d.e_w, Category::kGradients, "weight grad");
-    accumulate(t, w, gw);
     Id gin = t.alloc(d.BT * d.H * e, Tmp, "input grad");
     bias_backward(t, d, &b, out_f);
     t.free(cont);
+    accumulate(t, w, gw);  // AccumulateGrad after the matmul's node (see linear_backward)
     return gin;
   };
   Id gin_v = proj_bw(p.v, p.vb, gv, d.kvd);
@@ -577,8 +580,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   } else {
     gemm_workspace(t, m.ws_autograd);
     Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
-    accumulate(t, p.down, gw);
     gprod = t.alloc(d.BT * d.I * d.e_c, Tmp, "input grad");
+    t.free(s.prod);        // the node's saved input, released as it finishes
+    accumulate(t, p.down, gw);  // then AccumulateGrad (see linear_backward)
   }
   t.free(s.prod);
   Id g_act, g_up, g_gate;
@@ -623,8 +627,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   } else {
     gemm_workspace(t, m.ws_autograd);
     Id gw = t.alloc(d.H * d.qd * d.e_w, Category::kGradients, "weight grad");
-    accumulate(t, p.o, gw);
     g_ctx = t.alloc(d.BT * d.qd * d.e_c, Tmp, "input grad");
+    t.free(s.ctx);
+    accumulate(t, p.o, gw);
   }
   t.free(s.ctx);
   Id gq, gk, gv;

@@ -339,3 +339,60 @@ TEST(CpuTraceCheckpointing, TheRecomputeStopsAtTheLastSavedTensor) {
 
 }  // namespace
 }  // namespace scalelab::predict
+
+namespace scalelab::predict {
+namespace {
+
+// The events of 4 KiB and more in the `nth` (1-based) phase called `phase`, from an event log (the
+// tracer's or schedule_text's), as "a SIZE" / "f SIZE" rounded to 512 bytes.
+std::vector<std::string> phase_events(std::istream& in, const std::string& phase, int nth) {
+  std::vector<std::size_t> sizes;
+  std::vector<std::string> out;
+  std::string line;
+  int seen = 0;
+  bool on = false;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::string op;
+    ls >> op;
+    if (op == "#") {
+      std::string ph;
+      ls >> ph;
+      if (ph == "clip_grad_norm" || ph == "zero_grad") continue;  // markers only the schedule has
+      on = ph == phase && ++seen == nth;
+      continue;
+    }
+    std::size_t v = 0;
+    ls >> v;
+    if (op == "a") sizes.push_back((v + 511) / 512 * 512);
+    const std::size_t bytes = op == "a" ? sizes.back() : sizes.at(v);
+    if (on && bytes >= 4096) out.push_back(op + " " + std::to_string(bytes));
+  }
+  return out;
+}
+
+// Gradient accumulation (one process): in the second micro-step a weight's new gradient is added
+// into .grad and freed by AccumulateGrad, which runs after the matmul's backward node is done, so
+// after the input gradient is made. The second micro-step's backward in the CPU trace of the real
+// Trainer matches the schedule as well as the first's does, but for 4 events (two of the
+// gradient frees land elsewhere); accumulating before the input gradient, as the schedule did,
+// left 13 more unmatched.
+TEST(CpuTraceGradientAccumulation, EachNewWeightGradientIsAddedAfterItsMatmulsNode) {
+  const Case c{"llama-tiny-fp32-eager-ga2", "llama-tiny", "fp32", "no"};
+  HfJob j = job_of(c);
+  j.grad_accum_steps = 2;
+  std::size_t unmatched[2] = {};
+  for (int micro = 1; micro <= 2; ++micro) {
+    std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + c.golden + ".cpu.events");
+    ASSERT_TRUE(in.good());
+    std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+    const std::vector<std::string> traced = phase_events(in, "backward", micro);
+    const std::vector<std::string> generated = phase_events(gen, "backward", micro);
+    ASSERT_GT(generated.size(), 200u);
+    unmatched[micro - 1] = generated.size() - common_subsequence(traced, generated);
+  }
+  EXPECT_LE(unmatched[1], unmatched[0] + 4) << unmatched[0] << " unmatched in micro-step 1";
+}
+
+}  // namespace
+}  // namespace scalelab::predict

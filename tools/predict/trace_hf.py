@@ -72,6 +72,8 @@ CONFIGS["llama-ddp-bf16mixed-eager-ckpt-ddp2"] = dict(model_precision="fp32", mi
                                                       ckpt=True, ranks=2)
 CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
                                                  bucket_cap_mb=1)
+# gradient accumulation on one process: the second micro-step's gradients added into the first's
+CONFIGS["llama-tiny-fp32-eager-ga2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", grad_accum=2)
 # gradient accumulation under DDP: the Trainer runs every micro-step but the last in no_sync
 CONFIGS["llama-ddp-fp32-eager-ga2-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
                                                 grad_accum=2)
