@@ -232,8 +232,12 @@ void bias_backward(Tape& t, const Dims& d, Param* b, u64 out_f) {
 
 // Its backward: weight grad first (cuBLAS order in mm_mat1/mat2 backward), then the input grad
 // (and a bias's grad); under autocast the input grad is cast back to fp32 when the input was a cast.
+// `sum_into`: the input's gradient buffer when one is already there (q/k/v's and gate/up's shared
+// input): under autocast the input cast's backward runs before the weight cast's (it was created
+// later in the forward), and its fp32 gradient is added into that buffer in place at once (the
+// H200 trace of bf16 autocast); the function then returns 0.
 Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, u64 out_f, Id& wcast,
-                   Id& incast, bool in_was_cast, Param* bias = nullptr) {
+                   Id& incast, bool in_was_cast, Param* bias = nullptr, Id* sum_into = nullptr) {
   gemm_workspace(t, m.ws_autograd);
   Id gw16 = 0, gw = 0;
   if (d.autocast) {
@@ -254,6 +258,7 @@ Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, 
     Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
     t.free(gin);
     gin = g32;
+    if (sum_into != nullptr && *sum_into != 0) t.free(gin);
   }
   if (d.autocast) {
     Id gw = t.alloc(in_f * out_f * 4, Category::kGradients, "weight grad");
@@ -386,9 +391,14 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
     t.free(conv);
     // .to(query.dtype) is a cast when q is bf16 (bf16 weights); autocast's matmul casts it too.
-    if (d.e_rope == 2 || ac) s.probs16 = t.alloc(bhtt * 2, A, ac ? "autocast cast of probs" : "probs.to(bf16)");
+    if (d.e_rope == 2 && !ac) {
+      s.probs16 = t.alloc(bhtt * 2, A, "probs.to(bf16)");
+      gone(s.probs32);  // the fp32 softmax, a temporary of the expression
+    }
     t.free(masked);  // attn_weights is rebound
-    if (d.e_rope == 2 && !ac) gone(s.probs32);  // the fp32 softmax: rebound by .to(bf16)
+    // autocast casts the probabilities for the matmul with v, after the rebinding (the H200 trace
+    // of bf16 autocast, micro-batch 6)
+    if (ac) s.probs16 = t.alloc(bhtt * 2, A, "autocast cast of probs");
     Id o = t.alloc(d.BT * d.qd * d.e_c, Tmp, "probs @ v");
     if (ac) gone(s.probs16);  // autocast's cast of the probabilities for the matmul
     s.ctx = t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
@@ -436,10 +446,10 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(s.v);
     t.free(s.v_rep);
   }
-  if (d.eager || d.e_c == 4) {
-    t.free(k_embed);
+  if (d.eager || d.e_c == 4) {  // in the frame's order: query, key, value (the H200 trace)
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
+    t.free(k_embed);
     if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   }
   if (ac || drop) t.free(s.n1.out);  // the input casts of q/k/v were saved, not the fp32 normalized input
@@ -575,8 +585,8 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   Id gprod;
   if (ac) {
     Id gd = t.alloc(d.BT * d.H * 2, Tmp, "grad .to(bf16) into the mlp branch");  // of g_res
-    Id none = 0;
-    gprod = linear_backward(t, d, m, p.down, gd, d.I, d.H, s.wd, none, false);
+    // the product is the mm's saved input: released as its node finishes
+    gprod = linear_backward(t, d, m, p.down, gd, d.I, d.H, s.wd, s.prod, false);
   } else {
     gemm_workspace(t, m.ws_autograd);
     Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
@@ -606,7 +616,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(g_act);
     t.free(s.gate);
   }
-  Id gn2b = linear_backward(t, d, m, p.gate, g_gate, d.H, d.I, s.wg, s.in_g, ac);
+  Id gn2b = linear_backward(t, d, m, p.gate, g_gate, d.H, d.I, s.wg, s.in_g, ac, nullptr, ac ? &gn2 : nullptr);
   if (ac) {
     t.free(gn2b);  // added in place into the fp32 buffer (a cast it owns)
   } else {
@@ -622,8 +632,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   Id g_ctx;
   if (ac) {
     Id gc_in = t.alloc(d.BT * d.H * 2, Tmp, "grad .to(bf16) into the attention branch");
-    Id none = 0;
-    g_ctx = linear_backward(t, d, m, p.o, gc_in, d.qd, d.H, s.wo, none, false);
+    g_ctx = linear_backward(t, d, m, p.o, gc_in, d.qd, d.H, s.wo, s.ctx, false);  // ctx: the saved input
   } else {
     gemm_workspace(t, m.ws_autograd);
     Id gw = t.alloc(d.H * d.qd * d.e_w, Category::kGradients, "weight grad");
@@ -721,9 +730,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   if (d.liger) gq = gk = 0;
   // v_proj, k_proj, q_proj backward (reverse creation order); the input grads sum in place.
   Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac, &p.vb);
-  Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb);
+  Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb, &gn1);
   t.free(gn1k);
-  Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb);
+  Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb, &gn1);
   t.free(gn1q);
   t.free(s.v);
   if (!ac) t.free(s.n1.out);
