@@ -336,13 +336,15 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   gone(s.in_v);
   Id k_embed;
   if (d.liger) {
-    // liger_rotary_pos_emb rotates q and k in place (their [B, T, heads, hd] buffers); k comes
-    // back as a contiguous copy (inferred from the H200 measurements: one k-sized bf16 tensor
-    // per layer more is live at the peak than the in-place kernel alone explains)
+    // liger_rotary_pos_emb rotates q and k in place (their [B, T, heads, hd] buffers; rope.py
+    // rope_forward). Until 2026-11-27 the schedule had k come back as a contiguous copy, inferred
+    // from the H200 measurements while sdpa's backward was modelled as four requests instead of
+    // the one workspace the trace shows; with the workspace, in place matches: the Liger rows'
+    // segment counts equal the GPU's (Qwen2 305 / 305, Llama under autocast 492 / 492).
     s.q_embed = q;
     q = 0;
-    k_embed = t.alloc(d.BT * d.kvd * d.e_c, A, "liger rope k");
-    t.free(k);
+    k_embed = k;
+    k = 0;
   } else {
     s.q_embed = rope_forward(t, d, d.qd);
     k_embed = rope_forward(t, d, d.kvd);
@@ -375,10 +377,22 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       q_view = s.q_embed;
       s.q_embed = t.alloc(d.BT * d.qd * d.e_c, A, "q reshaped for bmm (copy of Liger's transposed q)");
     }
-    s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
+    // The transposed key: in bf16 bmm gets (and saves) a contiguous copy of it; in fp32 it takes
+    // the transposed view as it is and saves the repeated key itself (the H200 traces: bf16 and
+    // bf16 autocast at micro-batch 6 make the copy, fp32 at micro-batch 1 does not).
+    const bool kt_copy = d.e_c == 2;
+    if (kt_copy) {
+      s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
+    } else if (k_rep != 0) {
+      s.kT = k_rep;
+      k_rep = 0;
+    } else {
+      s.kT = k_embed;
+      k_embed = 0;
+    }
     Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
     t.free(kcast);
-    gone(s.kT);   // the matmul's operands: a contiguous copy and autocast's cast of q
+    if (kt_copy) gone(s.kT);  // the matmul's operands: the contiguous copy and autocast's cast of q
     gone(s.q16);
     Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * scaling");
     t.free(scores);
@@ -404,6 +418,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     s.ctx = t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
     t.free(o);
     t.free(k_rep);
+    if (!kt_copy && rep > 1) gone(s.kT);  // the repeated key, when bmm saved it
     gone(s.v_rep);  // eager_attention_forward returns: its repeated key and value go
   } else {
     // sdpa on the flash kernel with enable_gqa (no S x S matrix): saves q, k, v, the output and
@@ -697,25 +712,25 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
       gv = gv_rep;
     }
   } else {
-    // flash backward (flash_api.cpp mha_bwd): dq, dk, dv, the fp32 dq accumulator and softmax_d,
-    // and with grouped heads the expanded dk / dv that are summed into the grouped ones.
+    // flash backward: dq, dk, dv, then one workspace holding what flash_api.cpp's mha_bwd
+    // allocates one by one (softmax_d, the fp32 dq accumulator and, with grouped heads, the
+    // expanded dk / dv), 256 bytes more: the H200 trace of full bf16 sdpa shows a single request
+    // of exactly that size (101,449,984 bytes at micro-batch 6). As the node finishes: the output
+    // gradient, then the saved key, query and value (the value is saved by nothing else), the
+    // log-sum-exp and the output.
     gq = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
     gk = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad k");
     gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad v");
-    Id softmax_d = t.alloc(d.B * d.nh * d.T * 4, Tmp, "flash softmax_d");
-    Id dq_acc = t.alloc(d.BT * d.qd * 4, Tmp, "flash dq accumulator");
-    Id dk_exp = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, Tmp, "flash dk expanded") : 0;
-    Id dv_exp = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, Tmp, "flash dv expanded") : 0;
-    t.free(dk_exp);
-    t.free(dv_exp);
-    t.free(dq_acc);
-    t.free(softmax_d);
+    const u64 ws_bytes = d.B * d.nh * d.T * 4 + d.BT * d.qd * 4 + (rep > 1 ? 2 * d.BT * d.qd * d.e_c : 0) + 256;
+    Id ws = t.alloc(ws_bytes, Tmp, "flash backward workspace (softmax_d, dq accumulator, expanded dk/dv)");
+    t.free(ws);
     t.free(g_ctx);
-    t.free(s.attn_out_sdpa);
-    t.free(s.lse);
-    t.free(s.q16);
     t.free(s.kT);
+    t.free(s.q16);
     t.free(s.q_embed);
+    t.free(s.v);
+    t.free(s.lse);
+    t.free(s.attn_out_sdpa);
     if (ac && !d.liger) {  // under Liger q and k were bf16 (its RoPE keeps the projections' dtype)
       Id q32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
       t.free(gq);

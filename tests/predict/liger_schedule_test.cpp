@@ -81,8 +81,9 @@ std::uint64_t bytes_of(const std::vector<ScheduleEvent>& ev, Category c) {
 //     q/k/v_proj's addmm saves its input; RSTD (rms_norm.py:466, fp32 [rows]) = 64 B, saved with
 //     X and W (rms_norm.py:674) — X is the layer's input, already counted as the previous output.
 //   q_proj (addmm with its bias): 16x64 bf16 = 2048 B; liger_rotary_pos_emb (monkey_patch.py:1781)
-//     rotates it in place and sdpa saves it. k_proj 16x32 bf16 is rotated and comes back as a
-//     contiguous copy (1024 B, the H200 Llama measurements), the projection's output goes.
+//     rotates it in place and sdpa saves it; k_proj 16x32 bf16 = 1024 B, the same (until
+//     2026-11-27 modelled as a contiguous copy, an inference from the H200 measurements that the
+//     flash backward's one workspace, read off the H200 trace, made unnecessary).
 //     v_proj: 1024 B, saved by sdpa. LigerRopeFunction saves only cos, sin (rope.py:289), which
 //     the model holds anyway.
 //   flash sdpa: its output 16x64 bf16 = 2048 B (o_proj's saved input) and the log-sum-exp, fp32
@@ -97,8 +98,8 @@ Saved liger_layer() {
   return {{"liger rmsnorm output", 2048},
           {"liger rmsnorm rstd", 64},
           {"q_proj output", 2048},
+          {"k_proj output", 1024},
           {"v_proj output", 1024},
-          {"liger rope k", 1024},
           {"flash attention output", 2048},
           {"flash attention log-sum-exp", 256},
           {"residual + attention", 2048},
@@ -161,11 +162,12 @@ TEST(LigerSchedule, CheckpointedLayersKeepOnlyTheirInput) {
                         {"liger rmsnorm output", 2048},
                         {"liger rmsnorm rstd", 64}};
     EXPECT_EQ(saved_at_backward(ev), want) << (qwen ? "qwen2" : "llama");
-    // backward recomputes each layer's forward with Liger's kernels: its two norms, rope copy of
-    // k and SwiGLU output appear again (forward: 2 per layer + the final norm; recompute: 2 per
-    // layer), and the recomputed tensors are what the layer's backward frees.
+    // backward recomputes each layer's forward with Liger's kernels: its two norms, k_proj's
+    // output (rotated in place) and the SwiGLU output appear again (forward: 2 per layer + the
+    // final norm; recompute: 2 per layer), and the recomputed tensors are what the layer's
+    // backward frees.
     EXPECT_EQ(count_label(ev, "liger rmsnorm rstd"), 2u * 2 + 1 + 2u * 2);
-    EXPECT_EQ(count_label(ev, "liger rope k"), 2u * 2);
+    EXPECT_EQ(count_label(ev, "k_proj output"), 2u * 2);
     EXPECT_EQ(count_label(ev, "liger swiglu output"), 2u * 2);
   }
   // In the recompute, h1 (residual + attention) is what LigerRMSNorm saved as X: it must still be
@@ -233,8 +235,8 @@ TEST(LigerSchedule, Qwen2PeaksOrderAsTheModellingSays) {
 //   input_layernorm: Y = empty(X.dtype) fp32 4096 B — not saved: each of q/k/v_proj saves its own
 //     autocast cast of it, 16x64 bf16 = 2048 B, allocated before its output; RSTD 64 B.
 //   q_proj output bf16 2048 B (rotated in place by Liger's RoPE in its own dtype — the Triton kernel
-//     stores into q, rope.py rope_forward — and saved by sdpa); k_proj's cast 2048 B, its output
-//     goes for the rotated copy; v_proj's cast 2048 B and output 1024 B; the rotated k 1024 B.
+//     stores into q, rope.py rope_forward — and saved by sdpa); k_proj's cast 2048 B and output
+//     1024 B (rotated in place the same way); v_proj's cast 2048 B and output 1024 B.
 //   sdpa: q, k, v already bf16, so no casts (unlike without Liger, where rope's fp32 cos/sin made q
 //     and k fp32); output 2048 B, log-sum-exp 256 B.
 //   h1 = fp32 residual + bf16 o_proj output: fp32 4096 B, LigerRMSNorm's X.
@@ -246,9 +248,9 @@ Saved liger_autocast_layer() {
           {"autocast input cast", 2048},
           {"q_proj output", 2048},
           {"autocast input cast", 2048},
+          {"k_proj output", 1024},
           {"autocast input cast", 2048},
           {"v_proj output", 1024},
-          {"liger rope k", 1024},
           {"flash attention output", 2048},
           {"flash attention log-sum-exp", 256},
           {"residual + attention", 4096},
