@@ -228,11 +228,12 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
     t.free(g_ls);
   }
-  // lm_head backward
-  gemm_workspace(t, m.ws_autograd);
+  // lm_head backward: the weight gradient is allocated before the first GEMM of autograd's thread
+  // makes its cuBLAS workspace (the H200 traces)
   Id gh;
   if (d.autocast) {
     Id gw16 = t.alloc(d.V * d.H * 2, Tmp, "lm_head weight grad (bf16)");
+    gemm_workspace(t, m.ws_autograd);
     Id gin16 = t.alloc(d.BT * d.H * 2, Tmp, "grad final norm output");
     t.free(g_logits);
     t.free(wl);
@@ -244,6 +245,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     head_gradient(t, m, head, gw, true);  // the cast's backward made it
   } else {
     Id gw = t.alloc(d.V * d.H * d.e_w, Category::kGradients, "lm_head weight grad");
+    gemm_workspace(t, m.ws_autograd);
     gh = t.alloc(d.BT * d.H * d.e_c, Tmp, "grad final norm output");
     t.free(g_logits);
     head_gradient(t, m, head, gw, false);  // linear's own weight gradient

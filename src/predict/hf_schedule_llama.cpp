@@ -163,6 +163,9 @@ void rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g_in, Id& g
   Id gr = t.alloc(d.BT * 4, Tmp, "rmsnorm grad sum");
   t.free(prod);
   t.free(gh);
+  // fp32: x itself is the input (its .to(fp32) is a no-op), so the mul's gradient goes straight into
+  // the residual buffer, in place, before the pow path's (the H200 fp32 trace)
+  if (d.e_r == 4 && g_res != 0) t.free(gx);
   Id s1 = t.alloc(d.BT * 4, Tmp, "rsqrt backward");
   Id s2 = t.alloc(d.BT * 4, Tmp, "rsqrt backward");
   Id s3 = t.alloc(d.BT * 4, Tmp, "mean backward");
@@ -284,7 +287,26 @@ Id rope_forward(Tape& t, const Dims& d, u64 width) {
   return out;
 }
 
-// Its backward: g*cos, g*sin, rotate_half's cat/neg/slice backward, summed.
+// Its backward where q and cos share the dtype (no autocast), as the H200 traces of fp32, bf16
+// eager and bf16 sdpa show it (key first, then query): g*sin, rotate_half's neg and its gradient,
+// g*cos, the sum; `n` elements.
+Id rope_backward_plain(Tape& t, const Dims& d, u64 n, Id& g) {
+  const u64 e = d.e_c;
+  Id a = t.alloc(n * e, Tmp, "rope grad g*sin");
+  Id neg = t.alloc(n / 2 * e, Tmp, "rope grad neg");
+  Id res = t.alloc(n * e, Tmp, "rope grad");
+  t.free(neg);
+  Id c = t.alloc(n * e, Tmp, "rope grad g*cos");
+  t.free(a);
+  t.free(c);
+  Id acc = t.alloc(n * e, Tmp, "rope grad sum");
+  t.free(g);
+  t.free(acc);
+  return res;
+}
+
+// Under autocast (q and k promoted to fp32 by cos/sin): g*cos, g*sin, rotate_half's
+// cat/neg/slice backward, summed, cast back.
 Id rope_backward(Tape& t, const Dims& d, u64 width, Id& g) {
   const u64 n = d.BT * width;
   Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
@@ -517,11 +539,15 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
   const u64 rep = d.nh / d.nkv;
   const u64 bhtt = d.B * d.nh * d.T * d.T;
   const u64 nq = d.BT * d.qd, nk = d.BT * d.kvd;
-  Id gc = t.alloc(nq * e, Tmp, "grad contiguous");
-  t.free(g_ctx);
+  // probs @ v backward: in bf16 the output gradient is made contiguous first; fp32 bmm takes the
+  // transposed view (as in the forward) and the output gradient goes after grad probs (the H200
+  // traces: bf16 micro-batch 6, fp32 micro-batch 1).
+  Id gc = e == 2 ? t.alloc(nq * e, Tmp, "grad contiguous") : 0;
+  if (gc != 0) t.free(g_ctx);
   Id gv_rep = t.alloc(nq * e, Tmp, "grad v (repeated)");
   Id gp = t.alloc(bhtt * e, Tmp, "grad probs");
   t.free(gc);
+  t.free(g_ctx);
   t.free(s.v_rep);
   t.free(s.probs16);
   if (e != 4) {
@@ -553,21 +579,8 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     gk = t.alloc(nk * e, Tmp, "repeat_kv backward (k)");
     t.free(gk_rep);
   }
-  auto rope_bw = [&](Id& g, u64 n) {
-    Id a = t.alloc(n * e, Tmp, "rope grad g*sin");
-    Id neg = t.alloc(n / 2 * e, Tmp, "rope grad neg");
-    Id res = t.alloc(n * e, Tmp, "rope grad");
-    t.free(neg);
-    Id c = t.alloc(n * e, Tmp, "rope grad g*cos");
-    t.free(a);
-    t.free(c);
-    Id acc = t.alloc(n * e, Tmp, "rope grad sum");
-    t.free(g);
-    t.free(acc);
-    return res;
-  };
-  Id gk2 = d.liger ? gk : rope_bw(gk, nk);  // Liger: in place
-  Id gq2 = d.liger ? gq : rope_bw(gq, nq);
+  Id gk2 = d.liger ? gk : rope_backward_plain(t, d, nk, gk);  // Liger: in place
+  Id gq2 = d.liger ? gq : rope_backward_plain(t, d, nq, gq);
   if (d.liger) gk = gq = 0;
   auto proj_bw = [&](Param& w, Param& b, Id& g, u64 out_f) {
     Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
@@ -635,13 +648,14 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   if (ac) {
     t.free(gn2b);  // added in place into the fp32 buffer (a cast it owns)
   } else {
-    // autograd's InputBuffer: the first sum of two matmul outputs is out of place
+    // the normalized input gate_proj and up_proj saved goes with gate's node; then autograd's
+    // InputBuffer sums the two matmul outputs, the first sum out of place (the H200 traces)
+    t.free(s.n2.out);
     Id sum = t.alloc(d.BT * d.H * d.e_c, Tmp, "input grad sum");
     t.free(gn2);
     t.free(gn2b);
     gn2 = sum;
   }
-  if (!ac) t.free(s.n2.out);
   rms_backward(t, d, s.n2, p.ln2, gn2, g_res, s.h1);
   // attention branch
   Id g_ctx;
@@ -740,17 +754,47 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
       gk = k32;
     }
   }
-  Id gq2 = d.liger ? gq : rope_backward(t, d, d.qd, gq);  // Liger: in place
-  Id gk2 = d.liger ? gk : rope_backward(t, d, d.kvd, gk);
+  Id gq2 = 0, gk2 = 0;
+  if (d.liger) {  // Liger: in place
+    gq2 = gq;
+    gk2 = gk;
+  } else if (!ac) {  // the key first, as the H200 sdpa trace shows
+    gk2 = rope_backward_plain(t, d, d.BT * d.kvd, gk);
+    gq2 = rope_backward_plain(t, d, d.BT * d.qd, gq);
+  } else {
+    gq2 = rope_backward(t, d, d.qd, gq);
+    gk2 = rope_backward(t, d, d.kvd, gk);
+  }
   if (d.liger) gq = gk = 0;
-  // v_proj, k_proj, q_proj backward (reverse creation order); the input grads sum in place.
+  // v_proj, k_proj, q_proj backward (reverse creation order).
   Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac, &p.vb);
-  Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb, &gn1);
-  t.free(gn1k);
-  Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb, &gn1);
-  t.free(gn1q);
+  if (!ac && !d.liger) {
+    // Without autocast (the H200 trace of full bf16 sdpa): the rotary gradients of k and q are in
+    // [B, heads, T, hd] order, so each is made contiguous for its projection's matmul; v's comes
+    // from the attention already in [B, T, heads, hd]. The first two input gradients are summed
+    // out of place (autograd's InputBuffer), q's is added into that sum, and the normalized input
+    // the three matmuls saved goes with the last.
+    Id none = 0;
+    Id ck = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad contiguous");
+    t.free(gk2);
+    Id gn1k = linear_backward(t, d, m, p.k, ck, d.H, d.kvd, s.wk, none, false, &p.kb);
+    Id sum = t.alloc(d.BT * d.H * d.e_c, Tmp, "input grad sum");
+    t.free(gn1);
+    t.free(gn1k);
+    gn1 = sum;
+    Id cq = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad contiguous");
+    t.free(gq2);
+    Id gn1q = linear_backward(t, d, m, p.q, cq, d.H, d.qd, s.wq, none, false, &p.qb);
+    t.free(gn1q);
+    t.free(s.n1.out);
+  } else {  // the input gradients sum in place
+    Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb, &gn1);
+    t.free(gn1k);
+    Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb, &gn1);
+    t.free(gn1q);
+    if (!ac) t.free(s.n1.out);
+  }
   t.free(s.v);
-  if (!ac) t.free(s.n1.out);
   rms_backward(t, d, s.n1, p.ln1, gn1, g_res, x_in);
 }
 

@@ -6,6 +6,7 @@
 // new segment below the others, as the driver placed them in these runs) and once with the
 // recorded ones.
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -91,11 +92,13 @@ TEST_P(TraceReplay, WithTheRecordedSegmentAddressesToo) {
 // what the traces taught: under bf16 autocast the query's rope output goes before the key's and
 // the probabilities are cast after the scores are rebound (1201 of 1233 before), in fp32 bmm
 // saves the repeated key with no contiguous copy of its transpose (890 of 922 before).
-std::vector<std::string> first_forward(std::istream& in) {
+// The first `phase` of a trace or schedule, up to the next of `ends` (the traces mark the end of
+// backward `backward_end`, the schedule `clip_grad_norm`).
+std::vector<std::string> first_phase(std::istream& in, const std::string& phase, const std::set<std::string>& ends) {
   std::vector<std::size_t> sizes;
   std::vector<std::string> out;
   std::string line;
-  bool on = false;
+  bool on = false, done = false;
   while (std::getline(in, line)) {
     std::istringstream ls(line);
     std::string op;
@@ -103,8 +106,11 @@ std::vector<std::string> first_forward(std::istream& in) {
     if (op == "#") {
       std::string ph;
       ls >> ph;
-      if (ph == "forward" && out.empty()) on = true;
-      if (ph == "backward" && on) break;
+      if (on && ends.count(ph)) {
+        on = false;
+        done = true;
+      }
+      if (ph == phase && !done) on = true;
       continue;
     }
     if (op != "a" && op != "f") continue;
@@ -140,10 +146,40 @@ TEST_P(TraceReplay, TheSchedulesFirstForwardIsTheGpusRequestByRequest) {
   std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
   ASSERT_TRUE(in.good());
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
-  const std::vector<std::string> traced = first_forward(in), generated = first_forward(gen);
+  const std::vector<std::string> traced = first_phase(in, "forward", {"backward"}),
+                                 generated = first_phase(gen, "forward", {"backward"});
   ASSERT_GT(generated.size(), 800u);
   // bf16 eager: o_proj's output is the one request per layer the trace makes elsewhere (16 of 1106)
   const std::size_t allowed = name == "llama-bf16-eager-mb6" ? 16 : 0;
+  EXPECT_GE(common_subsequence(traced, generated) + allowed, generated.size());
+}
+
+// And the first backward, request by request. Reading these traces set its order: the lm_head's
+// weight gradient before autograd's cuBLAS workspace; fp32's bmm without contiguous copies of the
+// output gradient; fp32 RMSNorm's mul gradient added into the residual buffer at once; sdpa's
+// one workspace and the key's rotary backward before the query's, each made contiguous for its
+// projection; the normalized input gate/up saved released before their gradients are summed.
+// Without autocast every event matches (before: 2001 of 2082, 2279 of 2296, 1623 of 1944); bf16
+// autocast matches 2487 of 2775 (was 2374).
+TEST_P(TraceReplay, TheSchedulesFirstBackwardIsTheGpusRequestByRequest) {
+  const std::string name = GetParam();
+  // bf16 autocast: the order of equal-sized transients still differs in 288 of 2775 events; held
+  // there so that it only gets better
+  const std::size_t allowed = name == "llama-bf16mixed-eager-mb6" ? 288 : 0;
+  HfJob j;
+  j.model = preset_config("llama-3.2-1b");
+  j.seq_len = 1024;
+  j.micro_batch = name.find("mb1") != std::string::npos ? 1 : 6;
+  j.model_precision = name.find("fp32") != std::string::npos || name.find("bf16mixed") != std::string::npos ? "fp32" : "bf16";
+  j.mixed_precision = name.find("bf16mixed") != std::string::npos || j.model_precision == "bf16" ? "bf16" : "no";
+  j.attn = name.find("sdpa") != std::string::npos ? "sdpa" : "eager";
+  j.steps = 1;
+  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
+  ASSERT_TRUE(in.good());
+  std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+  const std::vector<std::string> traced = first_phase(in, "backward", {"backward_end"}),
+                                 generated = first_phase(gen, "backward", {"clip_grad_norm"});
+  ASSERT_GT(generated.size(), 1500u);
   EXPECT_GE(common_subsequence(traced, generated) + allowed, generated.size());
 }
 
