@@ -305,9 +305,29 @@ Id rope_backward_plain(Tape& t, const Dims& d, u64 n, Id& g) {
   return res;
 }
 
-// Under autocast (q and k promoted to fp32 by cos/sin): g*cos, g*sin, rotate_half's
-// cat/neg/slice backward, summed, cast back.
+// Under autocast (q and k promoted to fp32 by cos/sin, the projections' outputs bf16), as the H200
+// trace of bf16 autocast shows it: g*sin in fp32 and its cast to bf16 (rotate_half's dtype), the
+// neg and the two slices' gradients (the first becomes the result), then g*cos in fp32 and its
+// cast, added into the result.
 Id rope_backward(Tape& t, const Dims& d, u64 width, Id& g) {
+  if (d.e_rope != d.e_c) {
+    const u64 n = d.BT * width;
+    Id gs = t.alloc(n * d.e_rope, Tmp, "rope grad g*sin");
+    Id gs_c = t.alloc(n * d.e_c, Tmp, "rope grad g*sin to compute dtype");
+    t.free(gs);
+    Id neg = t.alloc(n / 2 * d.e_c, Tmp, "rope grad neg");
+    Id res = t.alloc(n * d.e_c, Tmp, "rope grad");
+    t.free(neg);
+    Id s2 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
+    t.free(gs_c);
+    t.free(s2);
+    Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
+    Id gc_c = t.alloc(n * d.e_c, Tmp, "rope grad g*cos to compute dtype");
+    t.free(gc);
+    t.free(g);
+    t.free(gc_c);  // added into the result
+    return res;
+  }
   const u64 n = d.BT * width;
   Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
   Id gs = t.alloc(n * d.e_rope, Tmp, "rope grad g*sin");
@@ -679,8 +699,8 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     // probs @ v backward: grad probs and grad v (the transposed gradient made contiguous first)
     Id gc = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad contiguous");
     t.free(g_ctx);
-    Id gp = t.alloc(bhtt * d.e_c, Tmp, "grad probs");
     Id gv_rep = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad v (repeated)");
+    Id gp = t.alloc(bhtt * d.e_c, Tmp, "grad probs");
     t.free(gc);
     t.free(s.v_rep);
     Id gp32 = gp;
@@ -691,9 +711,13 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
         t.free(gp);
       }
     }
+    // softmax backward with its grad*out transient, freed after the node's inputs (the H200 trace
+    // of bf16 autocast)
     Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
+    Id tmp = t.alloc(bhtt * 4, Tmp, "softmax backward grad*out");
     t.free(gp32);
     t.free(s.probs32);
+    t.free(tmp);
     Id gsc = gsm;
     if (d.e_c != 4) {
       gsc = t.alloc(bhtt * d.e_c, Tmp, "grad scores to compute dtype");
@@ -701,8 +725,10 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     }
     Id gsc2 = t.alloc(bhtt * d.e_c, Tmp, "scaling backward");
     t.free(gsc);
-    Id gq_ = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
+    // q @ k^T backward, then the casts back to fp32 (the query's first) and repeat_kv's sums (the
+    // value's first), in the order the H200 trace of bf16 autocast shows
     Id gkT = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad k^T");
+    Id gq_ = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
     t.free(gsc2);
     t.free(s.kT);
     t.free(s.q16);
@@ -717,10 +743,10 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     }
     // repeat_kv backward: sum over the groups
     if (rep > 1) {
-      gk = t.alloc(d.BT * d.kvd * d.e_rope, Tmp, "repeat_kv backward (k)");
-      t.free(gkT);
       gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");
       t.free(gv_rep);
+      gk = t.alloc(d.BT * d.kvd * d.e_rope, Tmp, "repeat_kv backward (k)");
+      t.free(gkT);
     } else {
       gk = gkT;
       gv = gv_rep;
@@ -761,12 +787,17 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   } else if (!ac) {  // the key first, as the H200 sdpa trace shows
     gk2 = rope_backward_plain(t, d, d.BT * d.kvd, gk);
     gq2 = rope_backward_plain(t, d, d.BT * d.qd, gq);
-  } else {
-    gq2 = rope_backward(t, d, d.qd, gq);
+  } else {  // the key first here too
     gk2 = rope_backward(t, d, d.kvd, gk);
+    gq2 = rope_backward(t, d, d.qd, gq);
   }
   if (d.liger) gq = gk = 0;
   // v_proj, k_proj, q_proj backward (reverse creation order).
+  if (ac && !d.liger && (d.eager || d.e_c == 4)) {  // eager's v gradient is in [B, heads, T, hd] order
+    Id c = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad contiguous");
+    t.free(gv);
+    gv = c;
+  }
   Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac, &p.vb);
   if (!ac && !d.liger) {
     // Without autocast (the H200 trace of full bf16 sdpa): the rotary gradients of k and q are in
@@ -788,8 +819,20 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(gn1q);
     t.free(s.n1.out);
   } else {  // the input gradients sum in place
-    Id gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb, &gn1);
+    // under autocast without Liger the rotary gradients are in [B, heads, T, hd] order, and with
+    // eager attention v's too: each made contiguous for its projection (the H200 trace)
+    const bool copies = ac && !d.liger;
+    auto contiguous = [&](Id& g, u64 width) {
+      if (!copies) return;
+      Id c = t.alloc(d.BT * width * d.e_c, Tmp, "grad contiguous");
+      t.free(g);
+      g = c;
+    };
+    Id gn1k = 0;
+    contiguous(gk2, d.kvd);
+    gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb, &gn1);
     t.free(gn1k);
+    contiguous(gq2, d.qd);
     Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb, &gn1);
     t.free(gn1q);
     if (!ac) t.free(s.n1.out);
