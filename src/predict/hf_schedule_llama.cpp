@@ -396,6 +396,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   const u64 rep = d.nh / d.nkv;
   const u64 bhtt = d.B * d.nh * d.T * d.T;
   Id q_view = 0;  // Liger + eager: the rotated q, once bmm has its copy
+  Id k_rep_late = 0;
   if (d.eager || d.e_c == 4) {
     // eager_attention_forward. sdpa in fp32 runs the same way: there is no fp32 flash kernel and
     // the memory-efficient kernel takes no GQA, so PyTorch falls back to the math path, which
@@ -459,6 +460,12 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     if (ac) gone(s.probs16);  // autocast's cast of the probabilities for the matmul
     s.ctx = t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
     t.free(o);
+    // full bf16: the repeated key goes only after o_proj's output is made (the H200 trace; under
+    // autocast and in fp32 before it)
+    if (!ac && kt_copy && !drop) {
+      k_rep_late = k_rep;
+      k_rep = 0;
+    }
     t.free(k_rep);
     if (!kt_copy && rep > 1) gone(s.kT);  // the repeated key, when bmm saved it
     gone(s.v_rep);  // eager_attention_forward returns: its repeated key and value go
@@ -491,6 +498,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   }
   Id ctx_unused = 0;
   Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
+  t.free(k_rep_late);
   gone(s.ctx);            // attn_output is rebound to o_proj's output
   gone(s.attn_out_sdpa);
   // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
