@@ -182,6 +182,30 @@ TEST_P(TraceReplay, TheSchedulesFirstBackwardIsTheGpusRequestByRequest) {
   EXPECT_EQ(common_subsequence(traced, generated), generated.size());
 }
 
+// And what follows backward up to the step's end: gradient clipping (the foreach norms' chunk
+// partials sized by the gradients' dtype: 2,340,864 bytes in full bf16, half that before), AdamW's
+// lazily made states and foreach temporaries, zero_grad.
+TEST_P(TraceReplay, TheSchedulesOptimizerStepIsTheGpusRequestByRequest) {
+  const std::string name = GetParam();
+  HfJob j;
+  j.model = preset_config("llama-3.2-1b");
+  j.seq_len = 1024;
+  j.micro_batch = name.find("mb1") != std::string::npos ? 1 : 6;
+  j.model_precision = name.find("fp32") != std::string::npos || name.find("bf16mixed") != std::string::npos ? "fp32" : "bf16";
+  j.mixed_precision = name.find("bf16mixed") != std::string::npos || j.model_precision == "bf16" ? "bf16" : "no";
+  j.attn = name.find("sdpa") != std::string::npos ? "sdpa" : "eager";
+  j.steps = 1;
+  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
+  ASSERT_TRUE(in.good());
+  std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+  // the trace marks `backward_end`, `optimizer_step`, `optimizer_step_end`; the schedule
+  // `clip_grad_norm`, `optimizer_step`, `zero_grad`: each read from its first marker to step_end
+  std::vector<std::string> traced = first_phase(in, "backward_end", {"step_end"});
+  const std::vector<std::string> generated = first_phase(gen, "clip_grad_norm", {"step_end"});
+  ASSERT_GT(generated.size(), 300u);
+  EXPECT_EQ(common_subsequence(traced, generated), generated.size());
+}
+
 // sdpa's backward (full bf16, micro-batch 6): after dq, dk, dv, one workspace request of exactly
 // softmax_d + the fp32 dq accumulator + the expanded dk and dv + 256 bytes, as the trace has it.
 TEST(TraceReplaySdpa, TheBackwardWorkspaceIsOneRequestOfTheTracesSize) {
