@@ -249,8 +249,13 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
 }
 
 // addmm backward: weight grad, input grad, bias grad (a reduction over the rows).
+// `wcast` / `incast`: the weight's and the input's autocast casts the addmm saved, released as its
+// node finishes; `sum_into`: the input's gradient buffer when one is there, into which the input
+// cast's fp32 gradient is added at once, before the weight cast's backward (as Llama's
+// linear_backward, read off the H200 trace of bf16 autocast; OPT is not traced).
 Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id& g, u64 in_f, u64 out_f,
-                       bool in_was_cast, bool contiguous_copy) {
+                       bool in_was_cast, bool contiguous_copy, Id* wcast = nullptr, Id* incast = nullptr,
+                       Id* sum_into = nullptr) {
   gemm_workspace(t, m.ws_autograd);
   Id cont = contiguous_copy ? t.alloc(d.BT * out_f * d.e_c, Tmp, "grad contiguous") : 0;
   if (cont) t.free(g);
@@ -259,10 +264,13 @@ Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id&
   Id gb = t.alloc(out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "bias grad");
   t.free(cont);
   t.free(g);
+  if (wcast != nullptr) t.free(*wcast);
+  if (incast != nullptr) t.free(*incast);
   if ((d.autocast || d.ln_upcast) && in_was_cast) {
     Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
     t.free(gin);
     gin = g32;
+    if (sum_into != nullptr && *sum_into != 0) t.free(gin);
   }
   if (d.autocast) {
     Id w32 = t.alloc(in_f * out_f * 4, Category::kGradients, "weight grad");
@@ -281,8 +289,9 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   const bool ac = d.autocast;
   const bool cast_in = d.autocast || d.ln_upcast;  // the inputs of fc1 and q/k/v were cast from fp32
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
-  // (under autocast the weight and bias casts go together after the q projection's backward,
-  // a simplification: each is released with its own matmul's backward)
+  // autocast's weight casts, saved by each addmm (q, k, v, out_proj, fc1, fc2 in the forward's
+  // order), each released with its own node
+  auto cast = [&](int i) -> Id* { return i < s.ncasts ? &s.casts[i] : nullptr; };
   // MLP branch (through fc2's dropout: grad * mask * scale, a new tensor)
   Id gd2 = 0;
   if (s.mask2) {
@@ -303,13 +312,13 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
       accumulate(t, p.fc2b, gb);
       t.free(gsrc);  // the dropout gradient, if any (else g_res itself, which stays)
     } else {
-      g_relu = opt_linear_backward(t, d, m, p.fc2, p.fc2b, gsrc, d.I, d.H, false, false);
+      g_relu = opt_linear_backward(t, d, m, p.fc2, p.fc2b, gsrc, d.I, d.H, false, false, cast(5));
     }
   }
   Id g_fc1 = t.alloc(d.BT * d.I * d.e_c, Tmp, "relu backward");
   t.free(g_relu);
   t.free(s.relu);
-  Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, cast_in, false);
+  Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, cast_in, false, cast(4), &s.in_fc1);
   t.free(s.in_fc1);
   ln_backward(t, d, s.ln2, p.ln2w, p.ln2b, g_ln2, g_res, s.h1);
   // attention branch
@@ -330,7 +339,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     accumulate(t, p.ob, gb);
     t.free(g1);
   } else {
-    g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false);
+    g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false, cast(3));
   }
   t.free(s.ctx);
   t.free(s.attn_out);
@@ -383,15 +392,17 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   t.free(gq);
   // v, k, q projections (reverse creation order) on contiguous copies of their output grads;
   // the input grads sum (the first sum out of place)
-  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, cast_in, true);
-  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, cast_in, true);
+  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, cast_in, true, cast(2), &s.in_v);
+  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, cast_in, true, cast(1), &s.in_k,
+                                 cast_in ? &gin_v : nullptr);
   Id sum = gin_v;
   if (!cast_in) {  // the fp32 casts' gradients (ToCopyBackward's outputs) are summed into the first
     sum = t.alloc(nq * d.e_c, Tmp, "input grad sum");
     t.free(gin_v);
   }
   t.free(gin_k);
-  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, cast_in, false);
+  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, cast_in, false, cast(0), &s.in_q,
+                                 cast_in ? &sum : nullptr);
   t.free(gin_q);
   t.free(s.in_q);
   t.free(s.in_k);
