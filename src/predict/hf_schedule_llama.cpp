@@ -214,6 +214,7 @@ Id linear_forward(Tape& t, const Dims& d, Model& m, Param& p, Id in, u64 in_f, u
   }
   (void)in;
   gemm_workspace(t, m.ws_main);
+  if (bias != nullptr && bias->bytes != 0) lt_workspace(t, m.ws_lt);
   return t.alloc(d.BT * out_f * d.e_c, A, label);
 }
 

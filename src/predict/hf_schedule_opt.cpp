@@ -136,6 +136,7 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
     *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
   }
   gemm_workspace(t, m.ws_main);
+  lt_workspace(t, m.ws_lt);  // every OPT Linear has a bias
   return t.alloc(d.BT * out_f * d.e_c, A, label);
 }
 

@@ -101,6 +101,7 @@ struct Model {
   bool tied = true;
   Id inv_freq = 0, inv_freq_orig = 0;
   Id ws_main = 0, ws_autograd = 0;
+  Id ws_lt = 0;  // cuBLASLt's workspace for addmm with a bias (see lt_workspace)
   // Autocast's casts of the q/k/v biases: cached, not saved by addmm, so they go when autocast's
   // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
   std::vector<Id> bias_casts;
@@ -133,6 +134,14 @@ struct Model {
 // first GEMM and kept for the process's life.
 inline void gemm_workspace(Tape& t, Id& ws) {
   if (ws == 0) ws = t.alloc(kCublasWorkspace, Category::kWorkspace, "cuBLAS workspace");
+}
+
+// A Linear with a bias runs as addmm with the bias in cuBLASLt's epilogue (at::cuda::blas::
+// gemm_and_bias), whose workspace the caching allocator hands out at the first such call and the
+// process keeps: CUBLASLT_WORKSPACE_SIZE, 1 MiB by default (getCUDABlasLtWorkspace, keyed by the
+// handle and stream: the forward's thread only, the backward's matmuls are plain mm).
+inline void lt_workspace(Tape& t, Id& ws) {
+  if (ws == 0) ws = t.alloc(u64{1} << 20, Category::kWorkspace, "cuBLASLt workspace (addmm with bias)");
 }
 
 // AccumulateGrad: the first gradient of a parameter becomes its .grad (stolen, no copy); a later
