@@ -6,6 +6,7 @@
 // step starts and the optimizer states step 1 created. Kernel temporaries and cuBLAS workspaces
 // are CUDA's own and are checked against the H200 traces instead (trace_replay_test.cpp,
 // hf_predict_test.cpp).
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
@@ -18,6 +19,7 @@
 #include "model/config.h"
 #include "predict/hf_predict.h"
 #include "predict/hf_schedule.h"
+#include "event_log.h"
 
 namespace scalelab::predict {
 namespace {
@@ -235,58 +237,20 @@ namespace {
 std::vector<std::string> first_forward_of_trace(const std::string& name) {
   std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + name + ".cpu.events");
   EXPECT_TRUE(in.good()) << name;
-  std::vector<std::size_t> sizes;
-  std::vector<std::string> out;
-  std::string line;
-  int forwards = 0;
-  bool on = false;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string op;
-    ls >> op;
-    if (op == "#") {
-      std::string ph;
-      ls >> ph;
-      if (on) break;
-      if (ph == "forward" && ++forwards == 1) on = true;
-      continue;
-    }
-    std::size_t v = 0;
-    ls >> v;
-    if (op == "a") sizes.push_back((v + 511) / 512 * 512);
-    const std::size_t bytes = op == "a" ? sizes.back() : sizes.at(v);
-    if (on && bytes >= 4096) out.push_back(op + " " + std::to_string(bytes));
-  }
-  return out;
+  return test::phase_events(in, "forward", 1, 4096);
 }
 
+// The schedule's, less what only CUDA has: the cuBLAS and cuBLASLt workspaces (made once, never
+// freed, so leaving them out leaves every free its allocation).
 std::vector<std::string> first_forward_of_schedule(const HfJob& j) {
-  std::map<std::uint32_t, std::size_t> bytes;
-  std::set<std::uint32_t> workspace;
-  std::vector<std::string> out;
-  bool on = false;
-  for (const ScheduleEvent& e : hf_trainer_schedule(j)) {
-    if (e.kind == ScheduleEvent::kPhase) {
-      if (on) break;
-      on = std::string(e.label) == "forward";
-      continue;
-    }
-    if (e.kind == ScheduleEvent::kAlloc) {
-      bytes[e.tensor] = (e.bytes + 511) / 512 * 512;
-      if (e.category == Category::kWorkspace) workspace.insert(e.tensor);
-    }
-    if (!on || workspace.count(e.tensor) || bytes[e.tensor] < 4096) continue;
-    out.push_back((e.kind == ScheduleEvent::kAlloc ? "a " : "f ") + std::to_string(bytes[e.tensor]));
-  }
-  return out;
-}
-
-std::size_t common_subsequence(const std::vector<std::string>& a, const std::vector<std::string>& b) {
-  std::vector<std::vector<std::size_t>> l(a.size() + 1, std::vector<std::size_t>(b.size() + 1, 0));
-  for (std::size_t i = a.size(); i-- > 0;)
-    for (std::size_t k = b.size(); k-- > 0;)
-      l[i][k] = a[i] == b[k] ? l[i + 1][k + 1] + 1 : std::max(l[i + 1][k], l[i][k + 1]);
-  return l[0][0];
+  std::vector<ScheduleEvent> ev = hf_trainer_schedule(j);
+  ev.erase(std::remove_if(ev.begin(), ev.end(),
+                          [](const ScheduleEvent& e) {
+                            return e.kind == ScheduleEvent::kAlloc && e.category == Category::kWorkspace;
+                          }),
+           ev.end());
+  std::istringstream in(schedule_text(ev));
+  return test::phase_events(in, "forward", 1, 4096);
 }
 
 TEST(CpuTraceCheckpointing, TheFirstForwardLetsGoOfEachTensorWhenTheTrainerDoes) {
@@ -297,7 +261,7 @@ TEST(CpuTraceCheckpointing, TheFirstForwardLetsGoOfEachTensorWhenTheTrainerDoes)
     const std::vector<std::string> traced = first_forward_of_trace(c.golden);
     const std::vector<std::string> generated = first_forward_of_schedule(job_of(c));
     ASSERT_GT(generated.size(), 80u) << c.golden;
-    EXPECT_EQ(common_subsequence(traced, generated), generated.size()) << c.golden;
+    EXPECT_EQ(test::common_subsequence(traced, generated), generated.size()) << c.golden;
   }
 }
 
@@ -343,34 +307,6 @@ TEST(CpuTraceCheckpointing, TheRecomputeStopsAtTheLastSavedTensor) {
 namespace scalelab::predict {
 namespace {
 
-// The events of 4 KiB and more in the `nth` (1-based) phase called `phase`, from an event log (the
-// tracer's or schedule_text's), as "a SIZE" / "f SIZE" rounded to 512 bytes.
-std::vector<std::string> phase_events(std::istream& in, const std::string& phase, int nth) {
-  std::vector<std::size_t> sizes;
-  std::vector<std::string> out;
-  std::string line;
-  int seen = 0;
-  bool on = false;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string op;
-    ls >> op;
-    if (op == "#") {
-      std::string ph;
-      ls >> ph;
-      if (ph == "clip_grad_norm" || ph == "zero_grad") continue;  // markers only the schedule has
-      on = ph == phase && ++seen == nth;
-      continue;
-    }
-    std::size_t v = 0;
-    ls >> v;
-    if (op == "a") sizes.push_back((v + 511) / 512 * 512);
-    const std::size_t bytes = op == "a" ? sizes.back() : sizes.at(v);
-    if (on && bytes >= 4096) out.push_back(op + " " + std::to_string(bytes));
-  }
-  return out;
-}
-
 // Gradient accumulation (one process): in the second micro-step a weight's new gradient is added
 // into .grad and freed by AccumulateGrad, which runs after the matmul's backward node is done, so
 // after the input gradient is made. The second micro-step's backward in the CPU trace of the real
@@ -386,10 +322,11 @@ TEST(CpuTraceGradientAccumulation, EachNewWeightGradientIsAddedAfterItsMatmulsNo
     std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + c.golden + ".cpu.events");
     ASSERT_TRUE(in.good());
     std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
-    const std::vector<std::string> traced = phase_events(in, "backward", micro);
-    const std::vector<std::string> generated = phase_events(gen, "backward", micro);
+    const std::set<std::string> schedule_only = {"clip_grad_norm", "zero_grad"};
+    const std::vector<std::string> traced = test::phase_events(in, "backward", micro, 4096, {}, schedule_only);
+    const std::vector<std::string> generated = test::phase_events(gen, "backward", micro, 4096, {}, schedule_only);
     ASSERT_GT(generated.size(), 200u);
-    unmatched[micro - 1] = generated.size() - common_subsequence(traced, generated);
+    unmatched[micro - 1] = generated.size() - test::common_subsequence(traced, generated);
   }
   EXPECT_LE(unmatched[1], unmatched[0] + 4) << unmatched[0] << " unmatched in micro-step 1";
 }

@@ -7,6 +7,7 @@
 // synchronized backward and the buffers' broadcast only after a synchronized forward.
 // Only tensors of 1 KiB and more are compared: the smaller ones are host scalars and metadata
 // under CUDA (and the CPU trace also has the DataLoader's).
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "model/config.h"
 #include "predict/hf_predict.h"
 #include "predict/hf_schedule.h"
+#include "event_log.h"
 
 namespace scalelab::predict {
 namespace {
@@ -27,32 +29,8 @@ constexpr std::size_t kMin = 1024;
 // "a SIZE" / "f SIZE" for allocations of kMin bytes or more between the `from` marker (its
 // `nth` occurrence) and the next `# forward`; frees only when `frees`.
 std::vector<std::string> window(std::istream& in, const std::string& from, int nth, bool frees) {
-  std::map<std::size_t, std::size_t> sizes;
-  std::vector<std::string> out;
-  std::string line;
-  std::size_t n = 0;
-  int seen = 0;
-  bool on = false;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string op;
-    ls >> op;
-    if (op == "#") {
-      std::string ph;
-      ls >> ph;
-      if (ph == "forward" && on) return out;
-      if (ph == from && ++seen == nth) on = true;
-      continue;
-    }
-    std::size_t v = 0;
-    ls >> v;
-    if (op == "a") {
-      sizes[n++] = v;
-      if (on && v >= kMin) out.push_back("a " + std::to_string(v));
-    } else if (op == "f" && on && frees && sizes[v] >= kMin) {
-      out.push_back("f " + std::to_string(sizes[v]));
-    }
-  }
+  std::vector<std::string> out = test::phase_events(in, from, nth, kMin, {"forward"}, {}, false);
+  if (!frees) out.erase(std::remove_if(out.begin(), out.end(), [](const std::string& e) { return e[0] == 'f'; }), out.end());
   return out;
 }
 

@@ -5,6 +5,7 @@
 // the GPU's did (the goldens' `s ADDR` lines). Once with the replica's own segment addresses (each
 // new segment below the others, as the driver placed them in these runs) and once with the
 // recorded ones.
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "model/config.h"
 #include "predict/hf_predict.h"
 #include "predict/hf_schedule.h"
+#include "event_log.h"
 
 namespace scalelab::predict {
 namespace {
@@ -94,63 +96,39 @@ TEST_P(TraceReplay, WithTheRecordedSegmentAddressesToo) {
 // saves the repeated key with no contiguous copy of its transpose (890 of 922 before), in full
 // bf16 the repeated key goes only after o_proj's output is made (1090 of 1106 before).
 // The first `phase` of a trace or schedule, up to the next of `ends` (the traces mark the end of
-// backward `backward_end`, the schedule `clip_grad_norm`).
+// backward `backward_end`, the schedule `clip_grad_norm`), 1 MiB and more, without the 32 MiB
+// requests (the cuBLAS workspaces; the trace makes its first before its `forward` marker).
 std::vector<std::string> first_phase(std::istream& in, const std::string& phase, const std::set<std::string>& ends) {
-  std::vector<std::size_t> sizes;
-  std::vector<std::string> out;
-  std::string line;
-  bool on = false, done = false;
-  while (std::getline(in, line)) {
-    std::istringstream ls(line);
-    std::string op;
-    ls >> op;
-    if (op == "#") {
-      std::string ph;
-      ls >> ph;
-      if (on && ends.count(ph)) {
-        on = false;
-        done = true;
-      }
-      if (ph == phase && !done) on = true;
-      continue;
-    }
-    if (op != "a" && op != "f") continue;
-    std::size_t v = 0;
-    ls >> v;
-    if (op == "a") sizes.push_back((v + 511) / 512 * 512);
-    const std::size_t bytes = op == "a" ? sizes.back() : sizes.at(v);
-    if (on && bytes >= (std::size_t{1} << 20) && bytes != (std::size_t{32} << 20))
-      out.push_back(op + " " + std::to_string(bytes));
-  }
+  std::vector<std::string> out = test::phase_events(in, phase, 1, std::size_t{1} << 20, ends);
+  const std::string ws = std::to_string(std::size_t{32} << 20);
+  out.erase(std::remove_if(out.begin(), out.end(), [&](const std::string& e) { return e.substr(2) == ws; }), out.end());
   return out;
 }
 
-std::size_t common_subsequence(const std::vector<std::string>& a, const std::vector<std::string>& b) {
-  std::vector<std::size_t> prev(b.size() + 1, 0), cur(b.size() + 1, 0);
-  for (std::size_t i = a.size(); i-- > 0;) {
-    for (std::size_t k = b.size(); k-- > 0;) cur[k] = a[i] == b[k] ? prev[k + 1] + 1 : std::max(prev[k], cur[k + 1]);
-    std::swap(prev, cur);
-  }
-  return prev[0];
-}
-
-TEST_P(TraceReplay, TheSchedulesFirstForwardIsTheGpusRequestByRequest) {
-  const std::string name = GetParam();
+// The job each trace recorded (Llama-3.2-1B, seq 1024), from its name.
+HfJob job_for(const std::string& name) {
   HfJob j;
   j.model = preset_config("llama-3.2-1b");
   j.seq_len = 1024;
   j.micro_batch = name.find("mb1") != std::string::npos ? 1 : 6;
-  j.model_precision = name.find("fp32") != std::string::npos || name.find("bf16mixed") != std::string::npos ? "fp32" : "bf16";
-  j.mixed_precision = name.find("bf16mixed") != std::string::npos || j.model_precision == "bf16" ? "bf16" : "no";
+  const bool autocast = name.find("bf16mixed") != std::string::npos;
+  j.model_precision = name.find("fp32") != std::string::npos || autocast ? "fp32" : "bf16";
+  j.mixed_precision = autocast || j.model_precision == "bf16" ? "bf16" : "no";
   j.attn = name.find("sdpa") != std::string::npos ? "sdpa" : "eager";
   j.steps = 1;
+  return j;
+}
+
+TEST_P(TraceReplay, TheSchedulesFirstForwardIsTheGpusRequestByRequest) {
+  const std::string name = GetParam();
+  const HfJob j = job_for(name);
   std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
   ASSERT_TRUE(in.good());
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
   const std::vector<std::string> traced = first_phase(in, "forward", {"backward"}),
                                  generated = first_phase(gen, "forward", {"backward"});
   ASSERT_GT(generated.size(), 800u);
-  EXPECT_EQ(common_subsequence(traced, generated), generated.size());
+  EXPECT_EQ(test::common_subsequence(traced, generated), generated.size());
 }
 
 // And the first backward, request by request. Reading these traces set its order: the lm_head's
@@ -165,21 +143,14 @@ TEST_P(TraceReplay, TheSchedulesFirstForwardIsTheGpusRequestByRequest) {
 // of 2775).
 TEST_P(TraceReplay, TheSchedulesFirstBackwardIsTheGpusRequestByRequest) {
   const std::string name = GetParam();
-  HfJob j;
-  j.model = preset_config("llama-3.2-1b");
-  j.seq_len = 1024;
-  j.micro_batch = name.find("mb1") != std::string::npos ? 1 : 6;
-  j.model_precision = name.find("fp32") != std::string::npos || name.find("bf16mixed") != std::string::npos ? "fp32" : "bf16";
-  j.mixed_precision = name.find("bf16mixed") != std::string::npos || j.model_precision == "bf16" ? "bf16" : "no";
-  j.attn = name.find("sdpa") != std::string::npos ? "sdpa" : "eager";
-  j.steps = 1;
+  const HfJob j = job_for(name);
   std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
   ASSERT_TRUE(in.good());
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
   const std::vector<std::string> traced = first_phase(in, "backward", {"backward_end"}),
                                  generated = first_phase(gen, "backward", {"clip_grad_norm"});
   ASSERT_GT(generated.size(), 1500u);
-  EXPECT_EQ(common_subsequence(traced, generated), generated.size());
+  EXPECT_EQ(test::common_subsequence(traced, generated), generated.size());
 }
 
 // And what follows backward up to the step's end: gradient clipping (the foreach norms' chunk
@@ -187,14 +158,7 @@ TEST_P(TraceReplay, TheSchedulesFirstBackwardIsTheGpusRequestByRequest) {
 // lazily made states and foreach temporaries, zero_grad.
 TEST_P(TraceReplay, TheSchedulesOptimizerStepIsTheGpusRequestByRequest) {
   const std::string name = GetParam();
-  HfJob j;
-  j.model = preset_config("llama-3.2-1b");
-  j.seq_len = 1024;
-  j.micro_batch = name.find("mb1") != std::string::npos ? 1 : 6;
-  j.model_precision = name.find("fp32") != std::string::npos || name.find("bf16mixed") != std::string::npos ? "fp32" : "bf16";
-  j.mixed_precision = name.find("bf16mixed") != std::string::npos || j.model_precision == "bf16" ? "bf16" : "no";
-  j.attn = name.find("sdpa") != std::string::npos ? "sdpa" : "eager";
-  j.steps = 1;
+  const HfJob j = job_for(name);
   std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
   ASSERT_TRUE(in.good());
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
@@ -203,7 +167,7 @@ TEST_P(TraceReplay, TheSchedulesOptimizerStepIsTheGpusRequestByRequest) {
   std::vector<std::string> traced = first_phase(in, "backward_end", {"step_end"});
   const std::vector<std::string> generated = first_phase(gen, "clip_grad_norm", {"step_end"});
   ASSERT_GT(generated.size(), 300u);
-  EXPECT_EQ(common_subsequence(traced, generated), generated.size());
+  EXPECT_EQ(test::common_subsequence(traced, generated), generated.size());
 }
 
 // sdpa's backward (full bf16, micro-batch 6): after dq, dk, dv, one workspace request of exactly
