@@ -213,13 +213,16 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
     std::snprintf(buf, sizeof buf, "  %-24s %10.3f GiB\n", category_name(static_cast<Category>(c)), gib(p.breakdown[c]));
     s += buf;
   }
-  std::snprintf(buf, sizeof buf, "  %-24s %10.3f GiB  (reserved - allocated at the peaks; %zu segments)\n",
+  std::snprintf(buf, sizeof buf,
+                "  %-24s %10.3f GiB  (reserved - allocated at the peaks; %zu segments: %zu small pool, %zu large pool)\n",
                 "allocator cache/rounding", gib(p.max_reserved - std::min(p.max_reserved, p.max_allocated)),
-                p.stats.num_segments);
+                p.stats.num_segments, p.stats.num_small_segments, p.stats.num_segments - p.stats.num_small_segments);
   s += buf;
   for (std::size_t i = 0; i < p.steps.size(); ++i) {
-    std::snprintf(buf, sizeof buf, "  after step %zu: max reserved %.2f GiB, max allocated %.2f GiB\n", i + 1,
-                  gib(p.steps[i].max_reserved), gib(p.steps[i].max_allocated));
+    std::snprintf(buf, sizeof buf,
+                  "  after step %zu: max reserved %.2f GiB, max allocated %.2f GiB, segments %zu small + %zu large\n",
+                  i + 1, gib(p.steps[i].max_reserved), gib(p.steps[i].max_allocated), p.steps[i].small_segments,
+                  p.steps[i].segments - p.steps[i].small_segments);
     s += buf;
   }
   std::snprintf(buf, sizeof buf, "Largest micro-batch that fits in %s: %s%lld%s\n", format_bytes(o.device_memory).c_str(),
