@@ -309,54 +309,28 @@ Id rope_backward_plain(Tape& t, const Dims& d, u64 n, Id& g) {
 // Under autocast (q and k promoted to fp32 by cos/sin, the projections' outputs bf16), as the H200
 // trace of bf16 autocast shows it: g*sin in fp32 and its cast to bf16 (rotate_half's dtype), the
 // neg and the two slices' gradients (the first becomes the result), then g*cos in fp32 and its
-// cast, added into the result.
-Id rope_backward(Tape& t, const Dims& d, u64 width, Id& g) {
-  if (d.e_rope != d.e_c) {
-    const u64 n = d.BT * width;
-    Id gs = t.alloc(n * d.e_rope, Tmp, "rope grad g*sin");
-    Id gs_c = t.alloc(n * d.e_c, Tmp, "rope grad g*sin to compute dtype");
-    t.free(gs);
-    Id neg = t.alloc(n / 2 * d.e_c, Tmp, "rope grad neg");
-    Id res = t.alloc(n * d.e_c, Tmp, "rope grad");
-    t.free(neg);
-    Id s2 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
-    t.free(gs_c);
-    t.free(s2);
-    Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
-    Id gc_c = t.alloc(n * d.e_c, Tmp, "rope grad g*cos to compute dtype");
-    t.free(gc);
-    t.free(g);
-    t.free(gc_c);  // added into the result
-    return res;
-  }
-  const u64 n = d.BT * width;
-  Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
+// cast, added into the result; `n` elements.
+Id rope_backward_autocast(Tape& t, const Dims& d, u64 n, Id& g) {
   Id gs = t.alloc(n * d.e_rope, Tmp, "rope grad g*sin");
-  t.free(g);
-  Id gs_c = 0;
-  if (d.e_rope != d.e_c) {  // grad of rotate_half(x), cast to x's dtype
-    gs_c = t.alloc(n * d.e_c, Tmp, "rope grad to compute dtype");
-    t.free(gs);
-    gs = gs_c;
-  }
-  Id neg = t.alloc(n / 2 * d.e_c, Tmp, "rope grad neg");
-  Id s1 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
-  Id s2 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
-  t.free(neg);
+  Id gs_c = t.alloc(n * d.e_c, Tmp, "rope grad g*sin to compute dtype");
   t.free(gs);
-  t.free(s1);
+  Id neg = t.alloc(n / 2 * d.e_c, Tmp, "rope grad neg");
+  Id res = t.alloc(n * d.e_c, Tmp, "rope grad");
+  t.free(neg);
+  Id s2 = t.alloc(n * d.e_c, Tmp, "rope grad slice");
+  t.free(gs_c);
   t.free(s2);
-  if (d.e_rope != d.e_c) {
-    Id gcc = t.alloc(n * d.e_c, Tmp, "rope grad to compute dtype");
-    t.free(gc);
-    gc = gcc;
-  }
-  return gc;
+  Id gc = t.alloc(n * d.e_rope, Tmp, "rope grad g*cos");
+  Id gc_c = t.alloc(n * d.e_c, Tmp, "rope grad g*cos to compute dtype");
+  t.free(gc);
+  t.free(g);
+  t.free(gc_c);  // added into the result
+  return res;
 }
 
 // One decoder layer's forward. `drop`: the first forward of a checkpointed layer
-// (torch.utils.checkpoint, use_reentrant=False): autograd's saved tensors are packed into
-// placeholders, so every tensor goes when Python drops it — a projection's autocast input cast as
+// (torch.utils.checkpoint, use_reentrant=False): the pack hook keeps no reference to what
+// autograd saves, so every tensor goes when Python drops it — a projection's autocast input cast as
 // the projection returns, gate_proj's output after silu, the MLP's product after down_proj, the
 // attention's locals as it returns — rather than when the layer's backward ends. What is still
 // live at the layer's end goes in drop_saved. The recompute in backward saves as usual (drop false)
@@ -651,7 +625,6 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(s.prod);        // the node's saved input, released as it finishes
     accumulate(t, p.down, gw);  // then AccumulateGrad (see linear_backward)
   }
-  t.free(s.prod);
   Id g_act, g_up, g_gate;
   Id gn2;
   if (d.liger) {
@@ -698,7 +671,6 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(s.ctx);
     accumulate(t, p.o, gw);
   }
-  t.free(s.ctx);
   Id gq, gk, gv;
   if (!ac && (d.eager || d.e_c == 4)) {
     eager_attention_backward_plain(t, d, m, p, s, g_ctx, g_res, x_in);
@@ -796,9 +768,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   } else if (!ac) {  // the key first, as the H200 sdpa trace shows
     gk2 = rope_backward_plain(t, d, d.BT * d.kvd, gk);
     gq2 = rope_backward_plain(t, d, d.BT * d.qd, gq);
-  } else {  // the key first here too
-    gk2 = rope_backward(t, d, d.kvd, gk);
-    gq2 = rope_backward(t, d, d.qd, gq);
+  } else {  // autocast: the key first here too
+    gk2 = rope_backward_autocast(t, d, d.BT * d.kvd, gk);
+    gq2 = rope_backward_autocast(t, d, d.BT * d.qd, gq);
   }
   if (d.liger) gq = gk = 0;
   // v_proj, k_proj, q_proj backward (reverse creation order).

@@ -142,8 +142,8 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
 
 // x_in: the layer's input. Under ln_upcast no op saves it (the layer norm saved its fp32 cast), so
 // it goes once the first residual sum is made; so does that sum once the second is.
-// `drop`: the first forward of a checkpointed layer (use_reentrant=False): autograd's saved
-// tensors are placeholders, so each tensor goes when Python drops it (as in Llama's layer_forward);
+// `drop`: the first forward of a checkpointed layer (use_reentrant=False): the pack hook keeps no
+// reference to what autograd saves, so each tensor goes when Python drops it (as in Llama's layer_forward);
 // the recompute in backward saves as usual and stops early (`recompute`) once the last saved tensor
 // is back: at fc2's mm as it packs its input, before fc2's output exists; with dropout, at the
 // dropout's mask (its output and fc2's go in the unwinding).
