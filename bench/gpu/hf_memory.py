@@ -96,6 +96,10 @@ def matrix(tiny):
     add("llama-fp32-eager-mb2-liger-ckpt", L, 2, ckpt=True, fused=True)
     add("llama-bf16mixed-sdpa-mb4-liger", L, 4, mixed="bf16", attn="sdpa", fused=True)
     add("llama-bf16mixed-eager-mb4-liger", L, 4, mixed="bf16", fused=True)
+    # fp16 autocast over fp32 weights (the Trainer's fp16=True: a GradScaler, its scale and
+    # found-inf tensors, the unscale before clipping): modelled, not yet measured.
+    add("llama-fp16mixed-eager-mb6", L, 6, mixed="fp16")
+    add("opt-fp16mixed-eager-mb4", O, 4, mixed="fp16")
     return rows
 
 
@@ -226,16 +230,26 @@ def worker(cfg, device, tiny, steps, trace_path=None):
                     })
                 else:
                     per_step.append({"step": state.global_step})
+                scaler = getattr(getattr(self, "trainer_ref", None), "accelerator", None)
+                scaler = getattr(scaler, "scaler", None)
+                if scaler is not None:  # fp16: a step with inf/NaN gradients skips AdamW (no states yet)
+                    per_step[-1]["grad_scale"] = float(scaler.get_scale())
+                opt = getattr(getattr(self, "trainer_ref", None), "optimizer", None)
+                if opt is not None:  # parameters with AdamW states so far (0 after a skipped first step)
+                    per_step[-1]["params_with_states"] = len(getattr(opt, "state", {}))
 
         fields = getattr(TrainingArguments, "__dataclass_fields__", {})
         ta = dict(output_dir=tempfile.mkdtemp(prefix="hf_memory_"), per_device_train_batch_size=cfg["micro_batch_size"],
                   max_steps=steps, learning_rate=5e-5, optim="adamw_torch", bf16=(cfg["mixed_precision"] == "bf16"),
+                  fp16=(cfg["mixed_precision"] == "fp16"),
                   gradient_checkpointing=cfg["activation_checkpointing"], logging_strategy="no", save_strategy="no",
                   report_to="none", disable_tqdm=True, seed=0, dataloader_num_workers=0)
         if not on_cuda:
             ta["use_cpu"] = True
         ta = {k: v for k, v in ta.items() if not fields or k in fields}
-        trainer = Trainer(model=model, args=TrainingArguments(**ta), train_dataset=RandomIds(), callbacks=[Probe()])
+        probe = Probe()
+        trainer = Trainer(model=model, args=TrainingArguments(**ta), train_dataset=RandomIds(), callbacks=[probe])
+        probe.trainer_ref = trainer
         if markers is not None:  # phase boundaries: forward, backward, optimizer step, step end
             model.register_forward_pre_hook(lambda *a_: mark(markers, "forward"))
             model.register_forward_hook(lambda *a_: mark(markers, "forward_end"))
@@ -300,7 +314,7 @@ def main():
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     ap.add_argument("--tiny", action="store_true", help="tiny models (2 layers, hidden 64), seq 64: a CPU smoke test")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated configuration names")
+    ap.add_argument("--only", default="", help="comma-separated configuration names, run in the order given")
     ap.add_argument("--list", action="store_true", help="print the configurations and exit")
     ap.add_argument("--python", default=sys.executable, help="the interpreter for the workers")
     ap.add_argument("--logs", action="store_true", help="keep every worker's output as DIR/NAME.log (default: failures only)")
@@ -324,7 +338,8 @@ def main():
         if unknown:
             print(f"hf_memory: unknown configuration(s) {sorted(unknown)}; --list shows them", file=sys.stderr)
             return 2
-        rows = [r for r in rows if r["name"] in want]
+        by_name = {r["name"]: r for r in rows}
+        rows = [by_name[n] for n in dict.fromkeys(a.only.split(","))]  # in the order given
     if a.list:
         for r in rows:
             print(json.dumps(r))

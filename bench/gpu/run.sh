@@ -26,11 +26,10 @@
 #   bench/gpu/run.sh next                  # what the last session left for the next one, in one call
 #                                          # (~9 min): check; --optimizer-in-backward's step time and peak
 #                                          # against the step-end update (llama-3.2-1b bf16 + flash, mb 8);
-#                                          # the eager rungs (baseline, mixed, bf16) against the HF Trainer
-#                                          # now that eager runs on cuBLASLt (compare.py, micro-batch 16);
-#                                          # the HF memory rows not measured yet (hf_memory.py, the fp32
-#                                          # micro-batch-2 trace, Liger in fp32 with checkpointing, Liger
-#                                          # under autocast with eager, Liger at micro-batch 16)
+#                                          # the HF memory rows not measured yet (hf_memory.py: OPT under
+#                                          # autocast and fp16 autocast with traces, Liger in fp32 with
+#                                          # checkpointing, Liger under autocast with eager, the traces of
+#                                          # Qwen2 + Liger + checkpointing and of fp32 micro-batch 2)
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -521,19 +520,21 @@ run_in_backward_timing() {
   done
 }
 
-# The HF Trainer memory rows no GPU has measured yet (docs/predict.md), with the allocator traces of
-# fp32 micro-batch 2, of Qwen2 + Liger + checkpointing (the checkpointed first forward's order,
-# taken from the CPU trace, checked on the GPU request by request) and of OPT under autocast (the
-# worst row left, +0.86 %: one 394 MiB segment more than the GPU made in step 2).
+# The HF Trainer memory rows no GPU has measured yet (docs/predict.md), most important first: OPT
+# under autocast with its allocator trace (the worst row left, +0.86 %: one 394 MiB segment more than
+# the GPU made in step 2), fp16 autocast (GradScaler; never measured) with a trace, Liger in fp32 with
+# checkpointing and Liger under autocast with eager, then the traces of Qwen2 + Liger + checkpointing
+# (148 vs 146 large segments) and of fp32 micro-batch 2 (its peak one step early).
 run_hf_memory_rows() {
   local budget=$(( $(left) - 15 ))
   [ "$budget" -lt 60 ] && { add "hf_memory: skipped (${budget}s left)"; return; }
   section "hf_memory.py: the rows not measured yet (budget ${budget}s)"
-  timeout $(( budget + 10 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm" --budget-s $(( budget - 40 )) --trace llama-fp32-eager-mb2,qwen2-bf16-sdpa-mb8-liger-ckpt,opt-bf16mixed-eager-mb4 \
-    --only llama-fp32-eager-mb2,qwen2-bf16-sdpa-mb8-liger-ckpt,llama-fp32-eager-mb2-liger-ckpt,llama-bf16mixed-eager-mb4-liger,llama-bf16-sdpa-mb16-liger,opt-bf16mixed-eager-mb4 \
+  timeout $(( budget + 10 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm" --budget-s $(( budget - 40 )) \
+    --trace opt-bf16mixed-eager-mb4,llama-fp16mixed-eager-mb6,qwen2-bf16-sdpa-mb8-liger-ckpt,llama-fp32-eager-mb2 \
+    --only opt-bf16mixed-eager-mb4,llama-fp16mixed-eager-mb6,llama-fp32-eager-mb2-liger-ckpt,llama-bf16mixed-eager-mb4-liger,opt-fp16mixed-eager-mb4,qwen2-bf16-sdpa-mb8-liger-ckpt,llama-fp32-eager-mb2 \
     >"$OUT/hf_memory.txt" 2>&1
   local rc=$?
-  tail -12 "$OUT/hf_memory.txt"
+  tail -14 "$OUT/hf_memory.txt"
   add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
 }
 
@@ -551,10 +552,6 @@ main() {
     next)
       run_checks
       run_in_backward_timing
-      BUDGET_SAVED=$BUDGET
-      BUDGET=$(( BUDGET - 170 ))  # leave the HF memory rows their time
-      run_bench --models llama-3.2-1b --rungs baseline,mixed,bf16 --micro-batch 16 --steps 6 --warmup 2
-      BUDGET=$BUDGET_SAVED
       run_hf_memory_rows
       ;;
     all) run_checks; run_profile; run_bench "$@" ;;
