@@ -170,8 +170,11 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   for (int i = 0; i < 3; ++i) sc[i] = init[i];
   t.free(lf);
   t.free(pad);
-  for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
+  // the model's forward returns: its output (the final norm's, when only its cast was saved) goes
+  // before autocast exits and its cache with it (the bias casts only the cache held: the H200
+  // trace of OPT under bf16 autocast)
   if (d.autocast || d.head_in_fp32) t.free(final_out);
+  for (Id& c : cached_casts) t.free(c);
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                                    : 0;

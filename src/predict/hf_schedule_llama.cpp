@@ -144,10 +144,7 @@ void rms_backward(Tape& t, const Dims& d, RmsSaved& s, Param& w, Id& g_in, Id& g
   Id gh = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*w");
   Id gw_t = t.alloc(n * d.e_r, Tmp, "rmsnorm grad g*h");
   Id gw = t.alloc(d.H * d.e_w, Category::kGradients, "norm weight grad");
-  Id red = t.alloc(n * 8, Tmp, "rmsnorm weight-grad reduction buffer");
-  Id part = t.alloc(64, Tmp, "reduction partials");
-  t.free(part);
-  t.free(red);
+  row_sum_scratch(t, d.BT, d.H, "rmsnorm weight-grad reduction staging");
   t.free(gw_t);
   accumulate(t, w, gw);
   t.free(g_in);
@@ -223,13 +220,16 @@ Id linear_forward(Tape& t, const Dims& d, Model& m, Param& p, Id in, u64 in_f, u
 // parameter's dtype. No-op for a missing bias.
 void bias_backward(Tape& t, const Dims& d, Param* b, u64 out_f) {
   if (b == nullptr || b->bytes == 0) return;
+  auto staging = [&] { row_sum_scratch(t, d.BT, out_f, "bias grad reduction staging"); };
   if (d.autocast) {
     Id g16 = t.alloc(out_f * 2, Tmp, "bias grad (autocast dtype)");
+    staging();
     Id g = t.alloc(out_f * 4, Category::kGradients, "bias grad");
     t.free(g16);
     accumulate(t, *b, g);
   } else {
     Id g = t.alloc(out_f * d.e_w, Category::kGradients, "bias grad");
+    staging();
     accumulate(t, *b, g);
   }
 }
@@ -243,13 +243,16 @@ void bias_backward(Tape& t, const Dims& d, Param* b, u64 out_f) {
 Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, u64 out_f, Id& wcast,
                    Id& incast, bool in_was_cast, Param* bias = nullptr, Id* sum_into = nullptr) {
   gemm_workspace(t, m.ws_autograd);
-  Id gw16 = 0, gw = 0;
+  Id gw16 = 0, gw = 0, gin = 0;
+  // addmm (a bias) computes mat1's gradient (the input's) before mat2's (the H200 trace of Qwen2)
+  const bool addmm = bias != nullptr && bias->bytes != 0;
+  if (addmm) gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
   if (d.autocast) {
     gw16 = t.alloc(in_f * out_f * 2, Tmp, "weight grad (autocast dtype)");
   } else {
     gw = t.alloc(in_f * out_f * d.e_w, Category::kGradients, "weight grad");
   }
-  Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  if (!addmm) gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
   bias_backward(t, d, bias, out_f);
   t.free(g);
   // AccumulateGrad runs once the matmul's node is done (its input gradient made): with gradient
@@ -395,11 +398,21 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       q_view = s.q_embed;
       s.q_embed = t.alloc(d.BT * d.qd * d.e_c, A, "q reshaped for bmm (copy of Liger's transposed q)");
     }
-    // The transposed key: in bf16 bmm gets (and saves) a contiguous copy of it; in fp32 it takes
-    // the transposed view as it is and saves the repeated key itself (the H200 traces: bf16 and
-    // bf16 autocast at micro-batch 6 make the copy, fp32 at micro-batch 1 does not).
-    const bool kt_copy = d.e_c == 2;
-    if (kt_copy) {
+    // matmul's operands reshaped to [B*heads, ...]: the rotated q is a [B, heads, T, hd] view of
+    // a [B, T, heads, hd] buffer, which cannot be reshaped without a copy once B > 1; bmm gets
+    // and saves that copy (the H200 traces: bf16 and bf16 autocast at micro-batch 6 and fp32 at
+    // micro-batch 2 make one, fp32 at micro-batch 1 does not). The transposed repeated key
+    // reshapes as a view: bmm saves the repeated key itself. Without autocast the copy is of the
+    // rotated q, which goes when the attention returns (as the repeated key did in the other
+    // reading of the same sizes, which the traces cannot tell apart except by the addresses
+    // freed: fp32 micro-batch 2's step-2 segments tell); under autocast it is modelled as a
+    // copy of the key beside q's saved cast, which matches its trace to the byte.
+    const bool kt_copy = d.e_c == 2 || d.B > 1;
+    if (kt_copy && !ac && !drop && rep > 1 && !d.liger) {
+      s.kT = k_rep;  // saved by bmm (its transpose, a view)
+      k_rep = s.q_embed;  // the rotated q: goes where the repeated key went
+      s.q_embed = t.alloc(d.BT * d.qd * d.e_c, A, "q contiguous for bmm (matmul's reshape)");
+    } else if (kt_copy) {
       s.kT = t.alloc(d.BT * d.qd * d.e_c, A, "k^T contiguous for bmm");
     } else if (k_rep != 0) {
       s.kT = k_rep;
@@ -545,7 +558,7 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
   // probs @ v backward: in bf16 the output gradient is made contiguous first; fp32 bmm takes the
   // transposed view (as in the forward) and the output gradient goes after grad probs (the H200
   // traces: bf16 micro-batch 6, fp32 micro-batch 1).
-  Id gc = e == 2 ? t.alloc(nq * e, Tmp, "grad contiguous") : 0;
+  Id gc = e == 2 || d.B > 1 ? t.alloc(nq * e, Tmp, "grad contiguous") : 0;
   if (gc != 0) t.free(g_ctx);
   Id gv_rep = t.alloc(nq * e, Tmp, "grad v (repeated)");
   Id gp = t.alloc(bhtt * e, Tmp, "grad probs");
@@ -589,8 +602,10 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
     t.free(g);
     gemm_workspace(t, m.ws_autograd);
+    const bool addmm = b.bytes != 0;  // mat1's gradient first (see linear_backward)
+    Id gin = addmm ? t.alloc(d.BT * d.H * e, Tmp, "input grad") : 0;
     Id gw = t.alloc(out_f * d.H * d.e_w, Category::kGradients, "weight grad");
-    Id gin = t.alloc(d.BT * d.H * e, Tmp, "input grad");
+    if (!addmm) gin = t.alloc(d.BT * d.H * e, Tmp, "input grad");
     bias_backward(t, d, &b, out_f);
     t.free(cont);
     accumulate(t, w, gw);  // AccumulateGrad after the matmul's node (see linear_backward)
@@ -636,8 +651,11 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     s.gate = 0;
     gn2 = linear_backward(t, d, m, p.up, g_up, d.H, d.I, s.wu, s.in_u, ac);
   } else {
-    g_act = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt silu");
+    // MulBackward0 makes the second operand's gradient first (as MmBackward0 its mat2's): the
+    // gradient wrt up, then wrt silu(gate) (which of the two up_proj consumes, by address: the
+    // H200 trace of fp32 micro-batch 2)
     g_up = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt up");
+    g_act = t.alloc(d.BT * d.I * d.e_c, Tmp, "mul grad wrt silu");
     t.free(gprod);
     t.free(s.up);
     t.free(s.act);
@@ -692,13 +710,13 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
         t.free(gp);
       }
     }
-    // softmax backward with its grad*out transient, freed after the node's inputs (the H200 trace
-    // of bf16 autocast)
+    // softmax backward with its grad*out transient, freed first, then the node's inputs (the
+    // H200 trace of bf16 autocast: the three are the same size, their addresses tell the order)
     Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
     Id tmp = t.alloc(bhtt * 4, Tmp, "softmax backward grad*out");
+    t.free(tmp);
     t.free(gp32);
     t.free(s.probs32);
-    t.free(tmp);
     Id gsc = gsm;
     if (d.e_c != 4) {
       gsc = t.alloc(bhtt * d.e_c, Tmp, "grad scores to compute dtype");
@@ -711,8 +729,8 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     Id gkT = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad k^T");
     Id gq_ = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
     t.free(gsc2);
+    t.free(s.q16);  // bmm's saved self (q's cast), then its mat2
     t.free(s.kT);
-    t.free(s.q16);
     if (!ac || d.liger) t.free(s.q_embed);
     gq = gq_;
     if (ac && !d.liger) {  // q and k were fp32 (rope promoted them); under Liger bf16
@@ -924,7 +942,12 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
   // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
   Id mask = d.eager ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
-  // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype
+  // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype. The rotary embedding's
+  // inv_freq @ position_ids is the process's first GEMM: cuBLAS's workspace is taken here, before
+  // the first layer (the H200 trace of fp32 micro-batch 2; where it was taken shapes the segments:
+  // with it at q_proj the step-2 peak came one step early). Its small temporaries (< 1 MiB, the
+  // small pool) are not modelled.
+  gemm_workspace(t, m.ws_main);
   Id cos = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary cos");
   Id sin = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary sin");
   std::vector<LayerSaved> saved(d.L);

@@ -88,12 +88,13 @@ void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_i
   Id gb = t.alloc(d.H * (up ? 4 : d.e_w), up ? Tmp : Category::kGradients, "layer_norm bias grad");
   t.free(g_in);
   t.free(s.out);
+  if (!up) t.free(x_in);  // the node's saved input, released before its mean and rstd
   t.free(s.mean);
   t.free(s.rstd);
   t.free(s.x32);  // (0 unless ln_upcast)
   t.free(s.w32);
   t.free(s.b32);
-  t.free(x_in);
+  if (up) t.free(x_in);
   if (up) {
     auto cast_back = [&](Id& g, u64 bytes, Category cat, const char* label) {
       Id c = t.alloc(bytes, cat, label);
@@ -109,7 +110,13 @@ void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_i
   if (g_res == 0) {
     g_res = gx;
   } else {
+    // The residual stream's gradient arrives as a view (OPT's layer reshapes it to [B*T, H] and
+    // back), so autograd's InputBuffer cannot add in place: old + new, a new tensor, then both go
+    // (the H200 trace of bf16 autocast, every layer's two norms).
+    Id sum = t.alloc(d.BT * d.H * d.e_r, Tmp, "residual gradient sum");
+    t.free(g_res);
     t.free(gx);
+    g_res = sum;
   }
 }
 
@@ -135,9 +142,12 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
   } else if (d.ln_upcast && !in_is_compute && incast != nullptr) {  // bf16 weight and bias: the fp32 input only
     *incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
   }
+  // addmm's result is made before the GEMM takes cuBLAS's workspace and then cuBLASLt's (the first
+  // call of the process: the H200 trace)
+  Id out = t.alloc(d.BT * out_f * d.e_c, A, label);
   gemm_workspace(t, m.ws_main);
   lt_workspace(t, m.ws_lt);  // every OPT Linear has a bias
-  return t.alloc(d.BT * out_f * d.e_c, A, label);
+  return out;
 }
 
 // x_in: the layer's input. Under ln_upcast no op saves it (the layer norm saved its fp32 cast), so
@@ -154,7 +164,7 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
     if (drop) t.free(id);
   };
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
-  const bool ac = d.autocast || d.ln_upcast;  // the layer norms' fp32 outputs go after their linears
+  const bool ac = d.autocast || d.ln_upcast;  // the layer norms' outputs are fp32, cast for the linears
   s.ln1 = ln_forward(t, d, drop);
   Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
   gone(s.in_q);
@@ -216,7 +226,13 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
   s.ln2 = ln_forward(t, d, drop);
   Id fc1 = opt_linear(t, d, m, s, d.H, d.I, false, &s.in_fc1, "fc1 output");
   gone(s.in_fc1);
-  gone(s.ln2.out);  // hidden_states is rebound to fc1's output
+  // hidden_states is rebound to fc1's output: the norm's output goes now unless fc1 saved it (it
+  // saved its bf16 cast instead when the norm ran in fp32: the H200 trace of bf16 autocast)
+  if (ac) {
+    t.free(s.ln2.out);
+  } else {
+    gone(s.ln2.out);
+  }
   s.relu = t.alloc(d.BT * d.I * d.e_c, A, "relu (saved)");
   t.free(fc1);
   if (recompute && !d.dropout) {  // the early stop: fc2's casts are made before its mm packs them
@@ -224,12 +240,10 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
       m.bias_casts.push_back(t.alloc(d.H * 2, Category::kAutocastCache, "autocast bias cast"));
       s.casts[s.ncasts++] = t.alloc(d.I * d.H * 2, Category::kAutocastCache, "autocast weight cast");
     }
-    if (ac) t.free(s.ln2.out);
     return;
   }
   Id fc2 = opt_linear(t, d, m, s, d.I, d.H, true, nullptr, "fc2 output");
   gone(s.relu);
-  if (ac) t.free(s.ln2.out);
   if (d.dropout) {
     Id dr = t.alloc(nq * d.e_c, Tmp, "dropout output");
     s.mask2 = t.alloc(nq, A, "dropout mask");
@@ -249,24 +263,28 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
   gone(s.probs16);
 }
 
-// addmm backward: weight grad, input grad, bias grad (a reduction over the rows).
+// addmm backward (AddmmBackward0, in its derivative's order): input grad (mat1), weight grad (mat2),
+// then the bias grad, the output gradient summed over the rows (sum_to the bias's shape) with the
+// reduction's staging buffer (row_sum_buffers); the saved input cast goes before the weight's (the
+// H200 trace of OPT under bf16 autocast).
 // `wcast` / `incast`: the weight's and the input's autocast casts the addmm saved, released as its
 // node finishes; `sum_into`: the input's gradient buffer when one is there, into which the input
 // cast's fp32 gradient is added at once, before the weight cast's backward (as Llama's
-// linear_backward, read off the H200 trace of bf16 autocast; OPT is not traced).
+// linear_backward, read off the H200 trace of bf16 autocast).
 Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id& g, u64 in_f, u64 out_f,
                        bool in_was_cast, bool contiguous_copy, Id* wcast = nullptr, Id* incast = nullptr,
                        Id* sum_into = nullptr) {
   gemm_workspace(t, m.ws_autograd);
   Id cont = contiguous_copy ? t.alloc(d.BT * out_f * d.e_c, Tmp, "grad contiguous") : 0;
   if (cont) t.free(g);
-  Id gw = t.alloc(in_f * out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "weight grad");
   Id gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  Id gw = t.alloc(in_f * out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "weight grad");
   Id gb = t.alloc(out_f * (d.autocast ? 2 : d.e_w), d.autocast ? Tmp : Category::kGradients, "bias grad");
+  row_sum_scratch(t, d.BT, out_f, "bias grad reduction staging");
   t.free(cont);
   t.free(g);
+  if (incast != nullptr) t.free(*incast);  // addmm's saved mat1, then mat2
   if (wcast != nullptr) t.free(*wcast);
-  if (incast != nullptr) t.free(*incast);
   if ((d.autocast || d.ln_upcast) && in_was_cast) {
     Id g32 = t.alloc(d.BT * in_f * 4, Tmp, "input grad (fp32)");
     t.free(gin);
@@ -306,9 +324,10 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     Id gsrc = g2;
     if (!ac) {
       gemm_workspace(t, m.ws_autograd);
-      Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
       g_relu = t.alloc(d.BT * d.I * d.e_c, Tmp, "input grad");
+      Id gw = t.alloc(d.H * d.I * d.e_w, Category::kGradients, "weight grad");
       Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
+      row_sum_scratch(t, d.BT, d.H, "bias grad reduction staging");
       accumulate(t, p.fc2, gw);
       accumulate(t, p.fc2b, gb);
       t.free(gsrc);  // the dropout gradient, if any (else g_res itself, which stays)
@@ -333,14 +352,16 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   Id g_ctx;
   if (!ac) {
     gemm_workspace(t, m.ws_autograd);
-    Id gw = t.alloc(d.H * d.H * d.e_w, Category::kGradients, "weight grad");
     g_ctx = t.alloc(nq * d.e_c, Tmp, "input grad");
+    Id gw = t.alloc(d.H * d.H * d.e_w, Category::kGradients, "weight grad");
     Id gb = t.alloc(d.H * d.e_w, Category::kGradients, "bias grad");
+    row_sum_scratch(t, d.BT, d.H, "bias grad reduction staging");
+    t.free(g1);
+    t.free(s.ctx);  // addmm's saved mat1 (eager; flash's output stays with its own node)
     accumulate(t, p.o, gw);
     accumulate(t, p.ob, gb);
-    t.free(g1);
   } else {
-    g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false, cast(3));
+    g_ctx = opt_linear_backward(t, d, m, p.o, p.ob, g1, d.H, d.H, false, false, cast(3), &s.ctx);
   }
   t.free(s.ctx);
   t.free(s.attn_out);
@@ -363,7 +384,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     t.free(tmp);
     t.free(gp);
     t.free(s.probs32);
-    if (std::max(d.e_c, d.e_r) != 4) {
+    if (d.e_c != 4) {  // softmax(dtype=fp32) over bf16 scores: the gradient back in their dtype
       Id g16 = t.alloc(bhtt * d.e_c, Tmp, "softmax backward to the input dtype");
       t.free(gsm);
       gsm = g16;
@@ -389,8 +410,6 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     t.free(s.k);
     t.free(s.v);
   }
-  Id gq2 = t.alloc(nq * d.e_c, Tmp, "q scaling backward");
-  t.free(gq);
   // v, k, q projections (reverse creation order) on contiguous copies of their output grads;
   // the input grads sum (the first sum out of place)
   Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, cast_in, true, cast(2), &s.in_v);
@@ -402,7 +421,11 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     t.free(gin_v);
   }
   t.free(gin_k);
-  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, cast_in, false, cast(0), &s.in_q,
+  // q's gradient through the q * scaling of the forward (a new tensor), made only now that v's and
+  // k's projections are done, then made contiguous for addmm like theirs (the H200 trace)
+  Id gq2 = t.alloc(nq * d.e_c, Tmp, "q scaling backward");
+  t.free(gq);
+  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gq2, d.H, d.H, cast_in, true, cast(0), &s.in_q,
                                  cast_in ? &sum : nullptr);
   t.free(gin_q);
   t.free(s.in_q);

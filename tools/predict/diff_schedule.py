@@ -4,6 +4,7 @@
     python3 tools/predict/trace_to_events.py RUN.trace.json.gz run.events
     ./build/scalelab plan --stack hf-trainer ... --steps 3 --schedule-out sched.txt
     python3 tools/predict/diff_schedule.py run.events sched.txt [--min-bytes 1048576] [--max 40]
+    python3 tools/predict/free_identity.py run.events sched.txt   # then: which tensor each free releases
 
 Both files are in the replay form (`a BYTES [CATEGORY LABEL]`, `f N`, `# PHASE`). The run's
 phase markers are mapped onto the schedule's phases (train -> load, forward_end -> forward,
