@@ -569,4 +569,8 @@ main() {
 }
 
 main "$@" 2>&1 | tee -a "$LOG"
-exit "${PIPESTATUS[0]}"
+rc="${PIPESTATUS[0]}"
+# Everything in one file as well: the lent machine's tool returns only a few files of $OUT (the
+# first call of 2026-11-27 lost its hf_memory.jsonl and traces that way and ran them again).
+tar czf "$OUT.tgz" -C "$OUT" . 2>/dev/null && mv "$OUT.tgz" "$OUT/00-all.tgz"
+exit "$rc"
