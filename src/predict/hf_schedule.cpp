@@ -130,6 +130,7 @@ Dims dims_of(const HfJob& j) {
   d.qkv_bias = j.model.qkv_bias;
   d.ddp = j.ranks > 1;
   d.ddp_find_unused = !j.activation_checkpointing;
+  d.ckpt = j.activation_checkpointing;
   d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
   d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
   return d;

@@ -210,8 +210,14 @@ Id linear_forward(Tape& t, const Dims& d, Model& m, Param& p, Id in, u64 in_f, u
     if (!in_is_compute) incast = t.alloc(d.BT * in_f * 2, A, "autocast input cast");
   }
   (void)in;
+  if (bias != nullptr && bias->bytes != 0) {
+    // addmm's result comes before the GEMM takes the thread's workspaces (OPT's and Qwen2's traces)
+    Id out = t.alloc(d.BT * out_f * d.e_c, A, label);
+    gemm_workspace(t, m.ws_main);
+    lt_workspace(t, m.ws_lt);
+    return out;
+  }
   gemm_workspace(t, m.ws_main);
-  if (bias != nullptr && bias->bytes != 0) lt_workspace(t, m.ws_lt);
   return t.alloc(d.BT * out_f * d.e_c, A, label);
 }
 
@@ -240,8 +246,12 @@ void bias_backward(Tape& t, const Dims& d, Param* b, u64 out_f) {
 // input): under autocast the input cast's backward runs before the weight cast's (it was created
 // later in the forward), and its fp32 gradient is added into that buffer in place at once (the
 // H200 trace of bf16 autocast); the function then returns 0.
+// `unpacked`: under checkpointing, the recomputed input this node saved, when this node is its
+// last user: the checkpoint's unpack hook hands it over, so it goes when the node's apply returns,
+// before the engine sums the bias gradient (the H200 trace of Qwen2 + Liger + checkpointing).
 Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, u64 out_f, Id& wcast,
-                   Id& incast, bool in_was_cast, Param* bias = nullptr, Id* sum_into = nullptr) {
+                   Id& incast, bool in_was_cast, Param* bias = nullptr, Id* sum_into = nullptr,
+                   Id* unpacked = nullptr) {
   gemm_workspace(t, m.ws_autograd);
   Id gw16 = 0, gw = 0, gin = 0;
   // addmm (a bias) computes mat1's gradient (the input's) before mat2's (the H200 trace of Qwen2)
@@ -253,6 +263,7 @@ Id linear_backward(Tape& t, const Dims& d, Model& m, Param& p, Id& g, u64 in_f, 
     gw = t.alloc(in_f * out_f * d.e_w, Category::kGradients, "weight grad");
   }
   if (!addmm) gin = t.alloc(d.BT * in_f * d.e_c, Tmp, "input grad");
+  if (unpacked != nullptr) t.free(*unpacked);
   bias_backward(t, d, bias, out_f);
   t.free(g);
   // AccumulateGrad runs once the matmul's node is done (its input gradient made): with gradient
@@ -830,9 +841,18 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     Id gn1k = 0;
     contiguous(gk2, d.kvd);
     gn1k = linear_backward(t, d, m, p.k, gk2, d.H, d.kvd, s.wk, s.in_k, ac, &p.kb, &gn1);
+    if (!ac) {
+      // v's and k's input gradients summed out of place, as without Liger (the H200 trace of
+      // Qwen2 + Liger + checkpointing); q's is then added into that sum
+      Id sum = t.alloc(d.BT * d.H * d.e_c, Tmp, "input grad sum");
+      t.free(gn1);
+      t.free(gn1k);
+      gn1 = sum;
+    }
     t.free(gn1k);
     contiguous(gq2, d.qd);
-    Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb, &gn1);
+    Id gn1q = linear_backward(t, d, m, p.q, gq2, d.H, d.qd, s.wq, s.in_q, ac, &p.qb, &gn1,
+                              !ac && d.ckpt ? &s.n1.out : nullptr);
     t.free(gn1q);
     if (!ac) t.free(s.n1.out);
   }
@@ -1006,7 +1026,9 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       // the first unpack recomputes the layer's forward (with grad, under the recorded autocast
       // state) up to the early stop at down_proj (layer_forward's `recompute`).
       LayerSaved r;
+      m.swap_thread_workspaces();
       layer_forward(t, d, m, m.layers[l], r, x_in, mask, false, true);
+      m.swap_thread_workspaces();
       for (Id& c : m.bias_casts) t.free(c);  // the recompute's autocast exits: its cache goes
       m.bias_casts.clear();
       t.free(r.out);

@@ -508,7 +508,9 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
       // recomputed output goes, and the recompute's autocast cache (its bias casts) with it
       OptSaved r;
       Id unused = 0;  // (checkpointing with ln_upcast is refused: the layer input is the frame's)
+      m.swap_thread_workspaces();
       opt_layer_forward(t, d, m, r, mask, unused, false, true);
+      m.swap_thread_workspaces();
       t.free(r.out);
       for (Id& c : m.bias_casts) t.free(c);
       m.bias_casts.clear();

@@ -3,6 +3,7 @@
 // the loss, the optimizer; hf_schedule_llama.cpp, hf_schedule_opt.cpp: the families). Not an API.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "predict/hf_schedule.h"
@@ -73,6 +74,7 @@ struct Dims {
   // DDP (--ranks > 1): see hf_schedule_ddp.cpp
   bool ddp = false;
   bool ddp_find_unused = false;  // the Trainer: not gradient checkpointing
+  bool ckpt = false;             // gradient checkpointing (saved tensors come back unpacked)
   bool ddp_first_bucket = true;  // a 1 MiB first bucket (bucket_cap_mb left at DDP's default)
   u64 ddp_bucket_cap = u64{25} << 20;
 };
@@ -103,6 +105,14 @@ struct Model {
   Id inv_freq = 0, inv_freq_orig = 0;
   Id ws_main = 0, ws_autograd = 0;
   Id ws_lt = 0;  // cuBLASLt's workspace for addmm with a bias (see lt_workspace)
+  Id ws_lt_autograd = 0;  // the autograd thread's (a checkpoint recompute's addmm with a bias)
+  // A checkpoint recompute runs the layer's forward on the autograd thread: its GEMMs take that
+  // thread's cuBLAS (and cuBLASLt) workspaces, which its first addmm makes after its output (the
+  // H200 trace of Qwen2 + Liger + checkpointing). Swaps the two threads' workspaces in and out.
+  void swap_thread_workspaces() {
+    std::swap(ws_main, ws_autograd);
+    std::swap(ws_lt, ws_lt_autograd);
+  }
   // Autocast's casts of the q/k/v biases: cached, not saved by addmm, so they go when autocast's
   // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
   std::vector<Id> bias_casts;
