@@ -222,10 +222,10 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   Id& inl = h.inl;
   // nll_loss backward, log_softmax backward
   Id g_nll = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
+  t.free(h.shift);  // nll_loss's saved target, released as its node finishes (the H200 trace)
   Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
   t.free(g_nll);
   t.free(h.ls);
-  t.free(h.shift);
   for (Id& sc : h.scalars) t.free(sc);
   Id g_logits = g_ls;
   if (d.e_c != 4) {
@@ -379,7 +379,25 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
     t.phase("ddp_init");
     ddp_construct(t, model, d);
   }
+  // The Trainer's running loss (tr_loss, a 0-d tensor made before the first batch and added to in
+  // place), then per optimizer step: get_batch_samples fetches every micro-step's batch (accelerate
+  // moves each to the GPU: input_ids, labels) and computes num_items_in_batch (one int64 on the
+  // device) before the first forward; the previous step's batches and count go only then, when the
+  // loop's variables are rebound (the H200 traces: a step's batch is alive through its optimizer
+  // step). The count's own temporaries (the mask of labels != -100 and its sum, < 1 MiB) are not
+  // modelled.
+  Id tr_loss = t.alloc(4, Category::kLogitsLoss, "Trainer tr_loss");
+  (void)tr_loss;  // kept to the end
+  std::vector<Id> held;
   for (std::int64_t step = 0; step < job.steps; ++step) {
+    std::vector<Id> fetched;
+    for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
+      fetched.push_back(t.alloc(static_cast<u64>(d.BT) * 8, Category::kInputs, "input_ids"));
+      fetched.push_back(t.alloc(static_cast<u64>(d.BT) * 8, Category::kInputs, "labels"));
+    }
+    fetched.push_back(t.alloc(8, Category::kInputs, "num_items_in_batch"));
+    for (Id& h : held) t.free(h);
+    held = fetched;
     for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
       model.ddp_sync = micro == job.grad_accum_steps - 1;
       if (opt) {

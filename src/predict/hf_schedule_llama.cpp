@@ -29,6 +29,7 @@ struct LayerSaved {
   Id q_embed = 0, q16 = 0, kT = 0;   // scores = q @ k^T operands
   Id probs32 = 0, probs16 = 0, v_rep = 0, v = 0;
   Id lse = 0, attn_out_sdpa = 0;     // flash / mem-efficient sdpa
+  Id rng_seed = 0, rng_offset = 0;   // flash sdpa's philox seed and offset (0-d, saved)
   Id ctx = 0;                        // attn_output.transpose(1,2).contiguous(): o_proj's input
   Id h1 = 0;                         // residual after attention
   Id in_g = 0, in_u = 0;             // autocast casts of n2.out
@@ -484,9 +485,15 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       s.kT = k_embed;
       k_embed = 0;
     }
+    // the kernel's philox RNG seed and offset (0-d int64 tensors on the GPU, made even without
+    // dropout and saved for backward: two 512-byte blocks per layer in the H200 traces)
+    s.rng_seed = t.alloc(8, A, "flash attention philox seed");
+    s.rng_offset = t.alloc(8, A, "flash attention philox offset");
     s.attn_out_sdpa = t.alloc(d.BT * d.qd * d.e_c, A, "flash attention output");
     s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
     gone(s.lse);  // only autograd held it
+    gone(s.rng_seed);
+    gone(s.rng_offset);
     if (ac && !d.liger) {  // autocast's casts of q and k
       gone(s.kT);
       gone(s.q16);
@@ -774,6 +781,8 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     const u64 ws_bytes = d.B * d.nh * d.T * 4 + d.BT * d.qd * 4 + (rep > 1 ? 2 * d.BT * d.qd * d.e_c : 0) + 256;
     Id ws = t.alloc(ws_bytes, Tmp, "flash backward workspace (softmax_d, dq accumulator, expanded dk/dv)");
     t.free(ws);
+    t.free(s.rng_seed);
+    t.free(s.rng_offset);
     t.free(g_ctx);
     t.free(s.kT);
     t.free(s.q16);
@@ -868,7 +877,7 @@ void drop_saved(Tape& t, LayerSaved& s) {
   Id* ids[] = {&s.n1.x32, &s.n1.rsqrt, &s.n1.xr, &s.n1.out, &s.n2.x32, &s.n2.rsqrt, &s.n2.xr, &s.n2.out,
                &s.in_q,   &s.in_k,    &s.in_v,  &s.q_embed, &s.q16,   &s.kT,       &s.probs32, &s.probs16,
                &s.v_rep,  &s.v,       &s.lse,   &s.attn_out_sdpa, &s.ctx, &s.h1,   &s.in_g,   &s.in_u,
-               &s.gate,   &s.act,     &s.up,    &s.prod};
+               &s.gate,   &s.act,     &s.up,    &s.prod,  &s.rng_seed, &s.rng_offset};
   for (Id* id : ids) t.free(*id);
 }
 
@@ -951,9 +960,10 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
 }  // namespace
 
 void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
-  // The batch (input_ids, labels: int64 [B, T]) and the Trainer's num_items_in_batch.
-  Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
-  Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  // The batch (input_ids, labels: int64 [B, T]) is the driver's (hf_trainer_schedule: the
+  // Trainer's loop holds it until the next step's batches are fetched); the frees of these copies
+  // below are no-ops.
+  Id ids = 0, labels = 0;
   if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   Id x = t.alloc(d.BT * d.H * d.e_r, A, "embedding output");

@@ -128,6 +128,7 @@ struct OptSaved {
   Id qc = 0, kT = 0, vc = 0, probs32 = 0, probs16 = 0, ctx = 0, lse = 0, attn_out = 0, q_s = 0, k = 0, v = 0;
   Id h1 = 0, relu = 0, out = 0;
   Id mask1 = 0, mask2 = 0;  // dropout masks (config dropout > 0)
+  Id rng_seed = 0, rng_offset = 0;  // flash sdpa's philox seed and offset (0-d, saved)
 };
 
 // Linear with bias (addmm): autocast casts the weight and the bias (cached) and the input (saved).
@@ -200,9 +201,13 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
     s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
     t.free(o);
   } else {
+    s.rng_seed = t.alloc(8, A, "flash attention philox seed");  // as Llama's (0-d, saved)
+    s.rng_offset = t.alloc(8, A, "flash attention philox offset");
     s.attn_out = t.alloc(nq * d.e_c, A, "flash attention output");
     s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
     gone(s.lse);  // only autograd held it
+    gone(s.rng_seed);
+    gone(s.rng_offset);
   }
   Id o_out = opt_linear(t, d, m, s, d.H, d.H, true, nullptr, "out_proj output");
   gone(s.ctx);  // attn_output is rebound to out_proj's output
@@ -404,6 +409,8 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
     Id dq_acc = t.alloc(nq * 4, Tmp, "flash dq accumulator");
     t.free(dq_acc);
     t.free(softmax_d);
+    t.free(s.rng_seed);
+    t.free(s.rng_offset);
     t.free(g_ctx);
     t.free(s.lse);
     t.free(s.q_s);
@@ -438,8 +445,9 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
 }  // namespace
 
 void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
-  Id ids = t.alloc(d.BT * 8, Category::kInputs, "input_ids");
-  Id labels = t.alloc(d.BT * 8, Category::kInputs, "labels");
+  // the batch (input_ids, labels) is the driver's (hf_trainer_schedule: the Trainer's loop holds
+  // it until the next step's batches are fetched); the model's frees of these copies are no-ops
+  Id ids = 0, labels = 0;
   if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   const u64 bt = d.BT;
@@ -467,7 +475,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     if (ckpt) {  // see llama's drop_saved: what the layer saved goes; the frame keeps its inputs
       OptSaved& s = saved[l];
       for (Id* id : {&s.ln1.out, &s.ln1.mean, &s.ln1.rstd, &s.ln2.out, &s.ln2.mean, &s.ln2.rstd, &s.in_q, &s.in_k,
-                     &s.in_v, &s.in_fc1, &s.qc, &s.kT, &s.vc, &s.probs32, &s.probs16, &s.ctx, &s.lse, &s.attn_out,
+                     &s.in_v, &s.in_fc1, &s.qc, &s.kT, &s.vc, &s.probs32, &s.probs16, &s.ctx, &s.lse, &s.attn_out, &s.rng_seed, &s.rng_offset,
                      &s.q_s, &s.k, &s.v, &s.h1, &s.relu, &s.mask1, &s.mask2})
         t.free(*id);
       for (int i = 0; i < s.ncasts; ++i) ckpt_casts.push_back(s.casts[i]);
