@@ -226,7 +226,13 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
   t.free(g_nll);
   t.free(h.ls);
-  for (Id& sc : h.scalars) t.free(sc);
+  for (int i = 0; i < 5; ++i) {
+    if (i == 1) {  // the loss compute_loss returned: the Trainer keeps it (Model::kept_loss)
+      m.kept_loss = h.scalars[1];
+      h.scalars[1] = 0;
+    }
+    t.free(h.scalars[i]);
+  }
   Id g_logits = g_ls;
   if (d.e_c != 4) {
     g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
@@ -283,6 +289,7 @@ void scaler_unscale(Tape& t, Model& m) {
 // clip_grad_norm_(foreach): _foreach_norm's per-tensor results and its chunk partials, the stack,
 // the total norm, the clip coefficient; then _foreach_mul_ in place.
 void clip_grad_norm(Tape& t, const Dims& d, Model& m) {
+  t.free(m.kept_grad_norm);  // the previous step's, which the Trainer kept for logging
   const u64 n = m.order.size();
   u64 max_numel = 0;  // the gradients are in the parameters' dtype (the bf16 H200 trace: 2,340,864 B)
   for (Param* p : m.order) max_numel = std::max<u64>(max_numel, p->bytes / d.e_w);
@@ -299,7 +306,7 @@ void clip_grad_norm(Tape& t, const Dims& d, Model& m) {
   Id clamped = t.alloc(4, Category::kOptimizerTemporaries, "clip coef clamped");
   t.free(coef);
   t.free(clamped);
-  t.free(total);
+  m.kept_grad_norm = total;  // returned by clip_grad_norm_ and kept by the Trainer
 }
 
 // AdamW over the Trainer's two parameter groups (get_decay_parameter_names: weight decay on all
@@ -389,6 +396,7 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
   Id tr_loss = t.alloc(4, Category::kLogitsLoss, "Trainer tr_loss");
   (void)tr_loss;  // kept to the end
   std::vector<Id> held;
+  Id kept_loss = 0;
   for (std::int64_t step = 0; step < job.steps; ++step) {
     std::vector<Id> fetched;
     for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
@@ -406,6 +414,10 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
         llama_forward_backward(t, d, job, model);
       }
       t.free(model.scaled_loss);  // backward returned: the scaled loss goes (fp16)
+      // training_step returned: the loop rebinds tr_loss_step, the previous micro-step's loss goes
+      t.free(kept_loss);
+      kept_loss = model.kept_loss;
+      model.kept_loss = 0;
       // find_unused_parameters False: the buckets are rebuilt once, before the forward after the
       // first synchronized backward (the Reducer records the gradients' ready order only then)
       if (d.ddp && !d.ddp_find_unused && step == 0 && model.ddp_sync) model.ddp_rebuild = true;

@@ -950,7 +950,8 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
   cached_casts.clear();
   t.free(ids);
   begin_backward(t, d, m);
-  t.free(loss);
+  m.kept_loss = loss;  // the Trainer keeps the returned loss (Model::kept_loss)
+  loss = 0;
   t.free(shift);
   head_gradient(t, m, head, gw, true);  // the fused loss's own grad_weight
   t.free(final_out);  // the fused loss saved its gradients, not the final norm's output

@@ -139,6 +139,10 @@ struct Model {
   // tracker (made at the first scale(), kept), the scaled loss backward runs on (until backward
   // returns), found_inf (unscale_ to update()).
   Id scaler_scale = 0, scaler_growth = 0, scaled_loss = 0, found_inf = 0;
+  // The Trainer's training loop keeps the last micro-step's loss (tr_loss_step, a 0-d tensor) until
+  // the next training_step returns, and the last clip's total norm (grad_norm, for logging) until
+  // the next clipping starts (the H200 traces): handed from the head / clip_grad_norm to the driver.
+  Id kept_loss = 0, kept_grad_norm = 0;
 };
 
 // The cuBLAS workspace of the calling thread, allocated through the caching allocator at its
