@@ -972,15 +972,39 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // with checkpointing by every layer's checkpoint frame (a keyword argument) until its backward
   Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
   // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
+  // (the boolean [1, 1, T, T] causal pattern it starts from, 1 MiB at T = 1024, goes once the float
+  // mask is made: the H200 traces of eager attention)
+  Id causal = d.eager ? t.alloc(d.T * d.T, Tmp, "causal mask pattern (bool)") : 0;
   Id mask = d.eager ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
-  // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype. The rotary embedding's
-  // inv_freq @ position_ids is the process's first GEMM: cuBLAS's workspace is taken here, before
-  // the first layer (the H200 trace of fp32 micro-batch 2; where it was taken shapes the segments:
-  // with it at q_proj the step-2 peak came one step early). Its small temporaries (< 1 MiB, the
-  // small pool) are not modelled.
+  t.free(causal);
+  // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype, as LlamaRotaryEmbedding makes them
+  // (the H200 traces, request by request): position_ids.float(), inv_freq @ positions (the
+  // process's first GEMM: cuBLAS's workspace is taken here, before the first layer; where it was
+  // taken shapes the segments: with it at q_proj fp32 micro-batch 2's step-2 peak came one step
+  // early), cat(freqs, freqs), cos() and sin() each times attention_scaling, then .to(dtype).
+  const u64 rot = d.T * d.hd * 4;
+  Id pf = t.alloc(d.T * 4, Tmp, "rotary position_ids.float()");
+  Id freqs = t.alloc(d.T * d.hd / 2 * 4, Tmp, "rotary inv_freq @ positions");
   gemm_workspace(t, m.ws_main);
-  Id cos = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary cos");
-  Id sin = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary sin");
+  Id emb = t.alloc(rot, Tmp, "rotary cat(freqs, freqs)");
+  Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
+  Id cos = t.alloc(rot, Category::kInputs, "rotary cos");
+  t.free(c0);
+  Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
+  Id sin = t.alloc(rot, Category::kInputs, "rotary sin");
+  t.free(s0);
+  Id cos32 = 0, sin32 = 0;
+  if (d.e_r != 4) {
+    cos32 = cos;
+    sin32 = sin;
+    cos = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary cos");
+    sin = t.alloc(d.T * d.hd * d.e_r, Category::kInputs, "rotary sin");
+  }
+  t.free(pf);
+  t.free(freqs);
+  t.free(emb);
+  t.free(cos32);
+  t.free(sin32);
   std::vector<LayerSaved> saved(d.L);
   Id layer_in = x;
   const bool ckpt = j.activation_checkpointing;

@@ -461,7 +461,17 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(mul);
   Id pid = t.alloc(bt * 8, Category::kInputs, "position_ids");
   t.free(sub);
-  Id mask = d.eager || d.e_c == 4 ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
+  // the float mask is made from boolean patterns (the H200 trace of eager attention): two [1, 1, T, T]
+  // (the causal pattern, 1 MiB each at T = 1024) and the [B, 1, T, T] combined with the padding mask,
+  // which goes once the float mask exists
+  const bool masked = d.eager || d.e_c == 4;
+  Id p1 = masked ? t.alloc(d.T * d.T, Tmp, "causal pattern (bool)") : 0;
+  Id p2 = masked ? t.alloc(d.T * d.T, Tmp, "causal pattern (bool)") : 0;
+  t.free(p1);
+  Id pm = masked ? t.alloc(d.B * d.T * d.T, Tmp, "causal & padding mask (bool)") : 0;
+  t.free(p2);
+  Id mask = masked ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
+  t.free(pm);
   Id off = t.alloc(bt * 8, Category::kInputs, "position_ids + offset");
   // the position embedding's lookup saves its indices (position_ids + offset) for its backward
   Id x_pos = t.alloc(bt * d.H * d.e_r, A, "embed_positions output");
