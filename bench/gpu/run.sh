@@ -24,12 +24,11 @@
 #                                          # max reserved and `scalelab plan`'s prediction under each
 #                                          # switch; EAGER_HF=1 adds the HF Trainer at the OPT setting
 #   bench/gpu/run.sh next                  # what the last session left for the next one, in one call
-#                                          # (~9 min): check; --optimizer-in-backward's step time and peak
+#                                          # (~7 min): check; --optimizer-in-backward's step time and peak
 #                                          # against the step-end update (llama-3.2-1b bf16 + flash, mb 8);
-#                                          # the HF memory rows not measured yet (hf_memory.py: OPT under
-#                                          # autocast and fp16 autocast with traces, Liger in fp32 with
-#                                          # checkpointing, Liger under autocast with eager, the traces of
-#                                          # Qwen2 + Liger + checkpointing and of fp32 micro-batch 2)
+#                                          # the HF memory rows whose prediction is not yet exact, each
+#                                          # with its allocator trace (fp32 sdpa, Liger under autocast
+#                                          # with eager and with sdpa, Qwen2 + Liger, Liger at mb 16)
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -520,19 +519,19 @@ run_in_backward_timing() {
   done
 }
 
-# The HF Trainer memory rows no GPU has measured yet (docs/predict.md), most important first: OPT
-# under autocast with its allocator trace (the worst row left, +0.86 %: one 394 MiB segment more than
-# the GPU made in step 2), fp16 autocast (GradScaler; never measured) with a trace, Liger in fp32 with
-# checkpointing and Liger under autocast with eager, then the traces of Qwen2 + Liger + checkpointing
-# (148 vs 146 large segments) and of fp32 micro-batch 2 (its peak one step early).
+# The HF Trainer memory rows whose prediction is not yet the GPU's to the byte, each with its
+# allocator trace (docs/predict.md, bench/README.md): fp32 sdpa (PyTorch's math path, modelled as
+# eager: -0.09 %), Liger under autocast with eager (-0.04 %; allocated 1 KiB under), Liger under
+# autocast with sdpa (allocated 37 KiB under), Qwen2 + Liger (allocated 1 KiB under), and Liger at
+# micro-batch 16 without checkpointing (never run through hf_memory.py; the H100 compare row is the
+# worst, +0.89 %).
 run_hf_memory_rows() {
   local budget=$(( $(left) - 15 ))
   [ "$budget" -lt 60 ] && { add "hf_memory: skipped (${budget}s left)"; return; }
-  section "hf_memory.py: the rows not measured yet (budget ${budget}s)"
+  section "hf_memory.py: the rows not yet exact, with traces (budget ${budget}s)"
+  local rows=llama-fp32-sdpa-mb6,llama-bf16mixed-eager-mb4-liger,llama-bf16mixed-sdpa-mb4-liger,qwen2-bf16-sdpa-mb8-liger,llama-bf16-sdpa-mb16-liger
   timeout $(( budget + 10 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm" --budget-s $(( budget - 40 )) \
-    --trace opt-bf16mixed-eager-mb4,llama-fp16mixed-eager-mb6,qwen2-bf16-sdpa-mb8-liger-ckpt,llama-fp32-eager-mb2 \
-    --only opt-bf16mixed-eager-mb4,llama-fp16mixed-eager-mb6,llama-fp32-eager-mb2-liger-ckpt,llama-bf16mixed-eager-mb4-liger,opt-fp16mixed-eager-mb4,qwen2-bf16-sdpa-mb8-liger-ckpt,llama-fp32-eager-mb2 \
-    >"$OUT/hf_memory.txt" 2>&1
+    --trace "$rows" --only "$rows" >"$OUT/hf_memory.txt" 2>&1
   local rc=$?
   tail -14 "$OUT/hf_memory.txt"
   add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
