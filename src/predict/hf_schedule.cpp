@@ -226,13 +226,9 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
   t.free(g_nll);
   t.free(h.ls);
-  for (int i = 0; i < 5; ++i) {
-    if (i == 1) {  // the loss compute_loss returned: the Trainer keeps it (Model::kept_loss)
-      m.kept_loss = h.scalars[1];
-      h.scalars[1] = 0;
-    }
-    t.free(h.scalars[i]);
-  }
+  m.kept_loss = h.scalars[1];  // the loss compute_loss returned: the Trainer keeps it
+  h.scalars[1] = 0;
+  for (Id& sc : h.scalars) t.free(sc);
   Id g_logits = g_ls;
   if (d.e_c != 4) {
     g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
