@@ -174,16 +174,21 @@ TEST_P(TraceReplay, TheSchedulesOptimizerStepIsTheGpusRequestByRequest) {
   EXPECT_EQ(test::common_subsequence(traced, generated), generated.size());
 }
 
-// The peak of segments after each of the three steps (what torch.cuda.max_memory_reserved reads at
-// each step's end), for the trace, replayed, and for the generated schedule, replayed the same way.
-std::vector<std::size_t> trace_step_peaks(const std::string& name) {
-  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
+// What torch.cuda.max_memory_reserved reads at each step's end and max_memory_allocated at the end,
+// replaying a request log (`a BYTES ...`, `f N`, `# PHASE`): the trace's, or the generated
+// schedule's in the same form (schedule_text).
+struct Peaks {
+  std::vector<std::size_t> reserved_after_step;
+  std::size_t allocated = 0;
+};
+
+Peaks replay_peaks(std::istream& in) {
   CachingAllocator a(std::size_t{1} << 50);
   std::vector<BlockId> ids;
-  std::vector<std::size_t> peaks;
+  Peaks p;
   std::string line;
   while (std::getline(in, line)) {
-    if (line == "# step_end") peaks.push_back(a.stats().peak_reserved);
+    if (line == "# step_end") p.reserved_after_step.push_back(a.stats().peak_reserved);
     if (line.empty() || line[0] == '#') continue;
     std::istringstream ls(line);
     std::string op;
@@ -192,54 +197,20 @@ std::vector<std::size_t> trace_step_peaks(const std::string& name) {
     if (op == "a") ids.push_back(a.malloc(v).id);
     if (op == "f") a.free(ids.at(v));
   }
-  return peaks;
+  p.allocated = a.stats().peak_allocated;
+  return p;
 }
 
-// The peak of live allocations (torch.cuda.max_memory_allocated) over the three steps.
-std::size_t trace_allocated_peak(const std::string& name) {
+Peaks trace_peaks(const std::string& name) {
   std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/" + name + ".events");
-  CachingAllocator a(std::size_t{1} << 50);
-  std::vector<BlockId> ids;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string op;
-    std::size_t v = 0;
-    ls >> op >> v;
-    if (op == "a") ids.push_back(a.malloc(v).id);
-    if (op == "f") a.free(ids.at(v));
-  }
-  return a.stats().peak_allocated;
+  EXPECT_TRUE(in.good()) << name;
+  return replay_peaks(in);
 }
 
-std::size_t schedule_allocated_peak(HfJob j) {
+Peaks schedule_peaks(HfJob j) {
   j.steps = 3;
-  CachingAllocator a(std::size_t{1} << 50);
-  std::vector<BlockId> ids(1);
-  for (const ScheduleEvent& e : hf_trainer_schedule(j)) {
-    if (e.kind == ScheduleEvent::kAlloc) {
-      if (ids.size() <= e.tensor) ids.resize(e.tensor + 1);
-      ids[e.tensor] = a.malloc(e.bytes).id;
-    }
-    if (e.kind == ScheduleEvent::kFree) a.free(ids.at(e.tensor));
-  }
-  return a.stats().peak_allocated;
-}
-
-std::vector<std::size_t> schedule_step_peaks(const HfJob& j) {
-  CachingAllocator a(std::size_t{1} << 50);
-  std::vector<BlockId> ids(1);
-  std::vector<std::size_t> peaks;
-  for (const ScheduleEvent& e : hf_trainer_schedule(j)) {
-    if (e.kind == ScheduleEvent::kPhase && std::string(e.label) == "step_end") peaks.push_back(a.stats().peak_reserved);
-    if (e.kind == ScheduleEvent::kAlloc) {
-      if (ids.size() <= e.tensor) ids.resize(e.tensor + 1);
-      ids[e.tensor] = a.malloc(e.bytes).id;
-    }
-    if (e.kind == ScheduleEvent::kFree) a.free(ids.at(e.tensor));
-  }
-  return peaks;
+  std::istringstream in(schedule_text(hf_trainer_schedule(j)));
+  return replay_peaks(in);
 }
 
 // The generated schedule's segment peak after each step equals the GPU's to the byte on every traced
@@ -250,9 +221,9 @@ std::vector<std::size_t> schedule_step_peaks(const HfJob& j) {
 // the copy bmm needs of the rotated q once the micro-batch is above 1 (fp32 micro-batch 2: its
 // peak comes in step 3, not 2, as on the GPU); and for the small pool's 2 MiB segments, the
 // rotary tables' temporaries and the causal mask's boolean patterns (1 MiB at T = 1024).
-void expect_step_peaks(const std::string& name, HfJob j) {
-  j.steps = 3;
-  const std::vector<std::size_t> traced = trace_step_peaks(name), generated = schedule_step_peaks(j);
+void expect_step_peaks(const std::string& name, const HfJob& j) {
+  const std::vector<std::size_t> traced = trace_peaks(name).reserved_after_step,
+                                 generated = schedule_peaks(j).reserved_after_step;
   ASSERT_EQ(traced.size(), 3u);
   EXPECT_EQ(generated, traced);
 }
@@ -266,7 +237,7 @@ TEST_P(TraceReplay, TheSchedulesPeakAfterEachStepIsTheGpus) { expect_step_peaks(
 // layer, nll_loss's target goes as its node finishes, and the Trainer keeps the last loss until
 // the next training_step returns and the last total norm until the next clipping.
 TEST_P(TraceReplay, TheSchedulesAllocatedPeakIsTheGpus) {
-  const std::size_t traced = trace_allocated_peak(GetParam()), generated = schedule_allocated_peak(job_for(GetParam()));
+  const std::size_t traced = trace_peaks(GetParam()).allocated, generated = schedule_peaks(job_for(GetParam())).allocated;
   EXPECT_EQ(traced - generated, 512u);  // the harness's context tensor
 }
 
@@ -290,8 +261,9 @@ TEST(TraceReplayQwen2, TheSchedulesPeakAfterEachStepIsTheGpus) {
   const Replay r = replay("qwen2-bf16-sdpa-mb8-liger-ckpt", false);
   EXPECT_EQ(r.peak_reserved, r.measured_segment_peak);
   // to the byte (it was 4 MiB below, 5,295,308,800 against 5,299,503,104)
-  EXPECT_EQ(schedule_step_peaks(j), trace_step_peaks("qwen2-bf16-sdpa-mb8-liger-ckpt"));
-  EXPECT_EQ(trace_allocated_peak("qwen2-bf16-sdpa-mb8-liger-ckpt") - schedule_allocated_peak(j), 512u);
+  const Peaks traced = trace_peaks("qwen2-bf16-sdpa-mb8-liger-ckpt"), generated = schedule_peaks(j);
+  EXPECT_EQ(generated.reserved_after_step, traced.reserved_after_step);
+  EXPECT_EQ(traced.allocated - generated.allocated, 512u);  // the harness's context tensor
 }
 
 // sdpa's backward (full bf16, micro-batch 6): after dq, dk, dv, one workspace request of exactly
