@@ -142,7 +142,7 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name) {
   m.order.push_back(&p);
 }
 
-Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Id& ids) {
+Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out) {
   Head h;
   Id& wl = h.wl;
   Id& inl = h.inl;
@@ -194,7 +194,6 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   }
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
-  t.free(ids);
   begin_backward(t, d, m);
   return h;
 }

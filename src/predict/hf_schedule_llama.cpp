@@ -896,7 +896,7 @@ void drop_saved(Tape& t, LayerSaved& s) {
 // itself (a leaf: cached from the first chunk until the model's autocast exits) and its bf16 result
 // is copied into grad_input; grad_weight accumulates by addmm(out_dtype=fp32, out=grad_weight)
 // (torch >= 2.8, sm >= 8) after `_input_chunk.to(bf16)`.
-Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& ids, std::vector<Id>& cached_casts) {
+Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, std::vector<Id>& cached_casts) {
   const u64 inc = (d.V + d.H - 1) / d.H;
   u64 chunk = 1;
   while (chunk < (d.BT + inc - 1) / inc) chunk *= 2;
@@ -948,7 +948,6 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
   t.free(wcache);
   for (Id& c : cached_casts) t.free(c);
   cached_casts.clear();
-  t.free(ids);
   begin_backward(t, d, m);
   m.kept_loss = loss;  // the Trainer keeps the returned loss (Model::kept_loss)
   loss = 0;
@@ -962,9 +961,7 @@ Id liger_flce(Tape& t, const Dims& d, Model& m, Param& head, Id& final_out, Id& 
 
 void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // The batch (input_ids, labels: int64 [B, T]) is the driver's (hf_trainer_schedule: the
-  // Trainer's loop holds it until the next step's batches are fetched); the frees of these copies
-  // below are no-ops.
-  Id ids = 0, labels = 0;
+  // Trainer's loop holds it until the next step's batches are fetched).
   if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   Id x = t.alloc(d.BT * d.H * d.e_r, A, "embedding output");
@@ -1048,9 +1045,9 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Param& head = m.tied ? m.embed : m.lm_head;
   Id gh;
   if (d.liger) {
-    gh = liger_flce(t, d, m, head, fn.out, ids, cached_casts);
+    gh = liger_flce(t, d, m, head, fn.out, cached_casts);
   } else {
-    Head hd = head_forward(t, d, m, cached_casts, fn.out, ids);
+    Head hd = head_forward(t, d, m, cached_casts, fn.out);
     gh = head_backward(t, d, m, head, hd, fn.out);
   }
   Id g_res = 0;  // the residual stream's gradient: one buffer, accumulated in place down the layers
@@ -1086,7 +1083,6 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.free(cos);
   t.free(sin);
   accumulate_tied(t, m.embed, gemb);
-  t.free(labels);
 }
 
 }  // namespace scalelab::predict::detail

@@ -446,8 +446,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
 
 void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // the batch (input_ids, labels) is the driver's (hf_trainer_schedule: the Trainer's loop holds
-  // it until the next step's batches are fetched); the model's frees of these copies are no-ops
-  Id ids = 0, labels = 0;
+  // it until the next step's batches are fetched)
   if (d.ddp) ddp_pre_forward(t, m, d);  // DDP.forward before the module's: rebuild, buffers
   t.phase("forward");
   const u64 bt = d.BT;
@@ -512,7 +511,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Param& head = m.tied ? m.embed : m.lm_head;
   Dims dh = d;
   dh.head_in_fp32 = d.ln_upcast && m.final_ln;  // the final LayerNorm's fp32 output
-  Head hd = head_forward(t, dh, m, cached, final_out, ids);
+  Head hd = head_forward(t, dh, m, cached, final_out);
   Id gh = head_backward(t, dh, m, head, hd, final_out);
   Id g_res = 0;
   if (m.final_ln) {
@@ -552,7 +551,6 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   }
   t.free(g_res);
   t.free(x);
-  t.free(labels);
 }
 
 }  // namespace scalelab::predict::detail

@@ -290,7 +290,7 @@ struct Head {
   Id wl = 0, inl = 0, shift = 0, ls = 0;
   Id scalars[5] = {};
 };
-Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Id& ids);
+Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out);
 // The backward marker; under fp16 the GradScaler's scale() and the scaled loss's first backward node
 // (accelerate: `scaler.scale(loss).backward()`).
 void begin_backward(Tape& t, const Dims& d, Model& m);

@@ -257,7 +257,6 @@ TEST(TraceReplayQwen2, TheSchedulesPeakAfterEachStepIsTheGpus) {
   j.attn = "sdpa";
   j.fused_kernels = true;
   j.activation_checkpointing = true;
-  j.steps = 3;
   const Replay r = replay("qwen2-bf16-sdpa-mb8-liger-ckpt", false);
   EXPECT_EQ(r.peak_reserved, r.measured_segment_peak);
   // to the byte (it was 4 MiB below, 5,295,308,800 against 5,299,503,104)
