@@ -84,6 +84,25 @@ CONFIGS["qwen2-tiny-untied-fp32-eager"] = dict(family="qwen2", model_precision="
 SEQ, MB, STEPS = 32, 2, 2
 
 
+def _older(version):
+    """Whether this transformers is an older release than the pinned 5.17: its traces are written as
+    NAME.tf<major.minor>.cpu.events (e.g. llama-tiny-fp32-eager.tf4.45.cpu.events), beside the pinned
+    release's NAME.cpu.events. The older release the predictor models is 4.45 (--transformers-version
+    4.45), the one the issue's published point ran (its loss copies the shifted logits); trace it with
+    the pinned torch and transformers 4.45.2 / accelerate 1.0.1 put first on PYTHONPATH:
+
+        pip install --no-deps --target /work/venvs/tf445 transformers==4.45.2 tokenizers==0.20.3 \
+            huggingface_hub==0.26.2 accelerate==1.0.1 requests
+        PYTHONPATH=/work/venvs/tf445 /work/venvs/predict/bin/python tools/predict/trace_hf.py \
+            --out tests/golden/predict/cpu --only llama-tiny-fp32-eager
+    """
+    return int(version.split(".")[0]) < 5
+
+
+def _tag(version):
+    return ".tf" + ".".join(version.split(".")[:2]) if _older(version) else ""
+
+
 def run(name, cfg, out_dir):
     import torch
     from torch.profiler import profile, ProfilerActivity
@@ -105,8 +124,11 @@ def run(name, cfg, out_dir):
         if name.startswith("llama-ddp"):
             d.update(DDP_SHAPE)
     dtype = torch.bfloat16 if cfg["model_precision"] == "bf16" else torch.float32
+    import transformers
+    # transformers < 4.56 names the load dtype `torch_dtype` (the older releases traced: OLDER below)
+    dtype_kw = "torch_dtype" if _older(transformers.__version__) else "dtype"
     model = AutoModelForCausalLM.from_config(CONFIG_MAPPING[d["model_type"]].from_dict(d), attn_implementation=cfg["attn"],
-                                             dtype=dtype)
+                                             **{dtype_kw: dtype})
 
     class Ids(torch.utils.data.Dataset):
         def __len__(self):
@@ -179,9 +201,9 @@ def run(name, cfg, out_dir):
             lines.append(f"f {live.pop(ptr)}")
     if rank != 0:
         return None, n
-    path = os.path.join(out_dir, name + ".cpu.events")
+    path = os.path.join(out_dir, name + _tag(transformers.__version__) + ".cpu.events")
     with open(path + ".tmp", "w") as f:
-        f.write(f"# trace of {name}: torch {torch.__version__}, seq {SEQ}, micro-batch {MB}, {STEPS} steps on the CPU"
+        f.write(f"# trace of {name}: torch {torch.__version__}, transformers {transformers.__version__}, seq {SEQ}, micro-batch {MB}, {STEPS} steps on the CPU"
                 + (f", rank 0 of {cfg['ranks']} (DDP, gloo)" if cfg.get("ranks", 1) > 1 else "") + "\n")
         f.write("\n".join(lines) + "\n")
     os.replace(path + ".tmp", path)
@@ -216,7 +238,8 @@ def main():
             if any(p.wait() != 0 for p in procs):
                 print(f"{name}: a DDP rank failed", file=sys.stderr)
                 return 1
-            path = os.path.join(a.out, name + ".cpu.events")
+            import transformers
+            path = os.path.join(a.out, name + _tag(transformers.__version__) + ".cpu.events")
             n = sum(1 for line in open(path) if line.startswith("a "))
         else:
             path, n = run(name, cfg, a.out)
