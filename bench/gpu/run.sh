@@ -537,6 +537,25 @@ run_hf_memory_rows() {
   add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
 }
 
+# transformers 4.45 (plan --transformers-version 4.45, CPU-traced only): the published point's job,
+# Llama-3.2-1B fp32 eager micro-batch 6, with its allocator trace, under transformers 4.45.2 put
+# first on PYTHONPATH from $WHEELS_DIR/tf445/ (transformers 4.45.2, tokenizers 0.20.3,
+# huggingface_hub 0.26.2, accelerate 1.0.1: `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux2014_x86_64 -d .whl/tf445 ...`).
+run_hf_memory_445() {
+  local dir="${WHEELS_DIR:-$DEV_DIR/wheels}/tf445" budget=$(( $(left) - 15 ))
+  ls "$dir"/transformers-4.45.2-*.whl >/dev/null 2>&1 || { add "hf_memory 4.45: skipped (no $dir)"; return; }
+  [ "$budget" -lt 90 ] && { add "hf_memory 4.45: skipped (${budget}s left)"; return; }
+  section "hf_memory.py under transformers 4.45.2: llama-fp32-eager-mb6 with its trace"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tf445 "$dir"/*.whl \
+    >"$OUT/tf445-pip.txt" 2>&1 || { add "hf_memory 4.45: pip failed (tf445-pip.txt)"; return; }
+  PYTHONPATH=/tmp/tf445 timeout $(( budget < 200 ? budget : 200 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm445" \
+    --budget-s 120 --trace llama-fp32-eager-mb6 --only llama-fp32-eager-mb6 >"$OUT/hf_memory_445.txt" 2>&1
+  local rc=$?
+  tail -6 "$OUT/hf_memory_445.txt"
+  add "hf_memory 4.45: exit $rc (hf_memory_445.txt, hfm445/; predicted 60.19 GiB reserved, 54.69 allocated)"
+}
+
 main() {
   say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   device_info
@@ -551,6 +570,7 @@ main() {
     next)
       run_checks
       run_in_backward_timing
+      run_hf_memory_445
       run_hf_memory_rows
       ;;
     all) run_checks; run_profile; run_bench "$@" ;;

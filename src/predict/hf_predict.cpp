@@ -178,6 +178,10 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
                 job.fused_kernels ? ", Liger kernels" : "",
                 job.activation_checkpointing ? ", gradient checkpointing" : "", job.optimizer.c_str());
   s += buf;
+  if (job.versions.transformers == kOlderTransformers) {
+    s += "  transformers 4.45: its schedule is checked against CPU traces of transformers 4.45.2, not measured on a "
+         "GPU (docs/predict.md)\n";
+  }
   if (job.ranks > 1) {
     std::snprintf(buf, sizeof buf, "  per rank of %lld (torchrun DDP: gradient buckets, gradient_as_bucket_view False)\n",
                   static_cast<long long>(job.ranks));

@@ -43,9 +43,23 @@ void validate_job(const HfJob& j) {
   auto bad = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
   if (j.versions.torch != kSupportedTorch)
     bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorch);
-  if (j.versions.transformers != kSupportedTransformers)
+  if (j.versions.transformers != kSupportedTransformers && j.versions.transformers != kOlderTransformers)
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
-        kSupportedTransformers);
+        kSupportedTransformers + " (the default), " + kOlderTransformers + " (Llama, eager attention)");
+  if (j.versions.transformers == kOlderTransformers) {
+    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.45.2), never on a GPU
+    const std::string why = std::string("--transformers-version ") + kOlderTransformers + " models ";
+    if (j.model.family != ModelFamily::kLlama) bad(why + "Llama only (got " + family_name(j.model.family) + ")");
+    if (j.attn != "eager") bad(why + "eager attention only (its sdpa path is not modelled): use --attn eager");
+    if (j.model_precision != "fp32" || j.mixed_precision != "no")
+      bad(why + "fp32 without mixed precision only (--model-precision fp32 --mixed-precision no): under "
+                "autocast accelerate's convert_outputs_to_fp32 also upcasts the DynamicCache's bf16 keys and "
+                "values, which is not modelled");
+    if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
+    if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
+    if (j.ranks > 1) bad(why + "one process only (no --ranks)");
+    if (j.seq_len < 2) bad(why + "--seq-len 2 or more (its loss shifts the logits by one token)");
+  }
   if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT &&
       j.model.family != ModelFamily::kQwen2)
     bad(std::string("model family '") + family_name(j.model.family) +
@@ -133,6 +147,7 @@ Dims dims_of(const HfJob& j) {
   d.ckpt = j.activation_checkpointing;
   d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
   d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
+  d.tf445 = j.versions.transformers == kOlderTransformers;
   return d;
 }
 
@@ -141,6 +156,43 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name) {
   p.name = name;
   m.order.push_back(&p);
 }
+
+namespace {
+
+// transformers 4.45's LlamaForCausalLM.forward with labels, from the lm_head's output `logits` on:
+// `logits = self.lm_head(h).float()` (the lm_head's output, a temporary of the expression, goes at
+// once unless it was fp32), then `logits.float()` again (a no-op), `shift_logits =
+// logits[..., :-1, :].contiguous()` (an fp32 copy of B·(T−1) rows), `shift_labels =
+// labels[..., 1:].contiguous()`, CrossEntropyLoss: log_softmax (saved) and nll_loss (mean, no
+// num_items_in_batch before 4.46). The copy goes as the forward returns; the logits and the
+// DynamicCache's keys and values go when compute_loss returns and drops the outputs (logits first,
+// then the legacy cache tuple, which CPython releases last item first: layer L−1's value, its key,
+// ...). The CPU trace of transformers 4.45.2 (tools/predict/trace_hf.py) shows each of these.
+// accelerate's convert_outputs_to_fp32 finds fp32 logits: no copy.
+Head head_forward_445(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Head& h,
+                      Id logits) {
+  if (d.e_c != 4) {
+    Id l32 = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits .float()");
+    t.free(logits);
+    logits = l32;
+  }
+  const u64 rows = d.B * (d.T - 1);
+  Id shifted = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "shift_logits (contiguous copy)");
+  h.shift = t.alloc(rows * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
+  h.ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+  h.scalars[0] = t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight");
+  h.scalars[1] = t.alloc(4, Category::kLogitsLoss, "loss");
+  t.free(shifted);  // LlamaForCausalLM.forward returns
+  if (d.autocast || d.head_in_fp32) t.free(final_out);
+  for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
+  t.free(logits);
+  for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(*it);
+  m.kv_cache.clear();
+  begin_backward(t, d, m);
+  return h;
+}
+
+}  // namespace
 
 Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out) {
   Head h;
@@ -154,6 +206,7 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
     inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
   }
   logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "logits");
+  if (d.tf445) return head_forward_445(t, d, m, cached_casts, final_out, h, logits);
   // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
   // copy), cross_entropy = log_softmax (saved, fp32) + nll_loss.
   Id lf = d.e_c == 4 ? 0 : t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits.float()");
@@ -219,19 +272,25 @@ void begin_backward(Tape& t, const Dims& d, Model& m) {
 Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out) {
   Id& wl = h.wl;
   Id& inl = h.inl;
-  // nll_loss backward, log_softmax backward
-  Id g_nll = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
+  // nll_loss backward, log_softmax backward (over B·(T−1) rows under transformers 4.45's shifted copy)
+  const u64 rows = d.tf445 ? d.B * (d.T - 1) : d.BT;
+  Id g_nll = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
   t.free(h.shift);  // nll_loss's saved target, released as its node finishes (the H200 trace)
-  Id g_ls = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
+  Id g_ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
   t.free(g_nll);
   t.free(h.ls);
   m.kept_loss = h.scalars[1];  // the loss compute_loss returned: the Trainer keeps it
   h.scalars[1] = 0;
   for (Id& sc : h.scalars) t.free(sc);
   Id g_logits = g_ls;
-  if (d.e_c != 4) {
-    g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
+  if (d.tf445) {  // the slice's backward: a zero-filled fp32 [B, T, V] with the rows copied in
+    g_logits = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "grad logits (slice backward, zero-filled)");
     t.free(g_ls);
+  }
+  if (d.e_c != 4) {
+    Id g32 = g_logits;
+    g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
+    t.free(g32);
   }
   // lm_head backward: the weight gradient is allocated before the first GEMM of autograd's thread
   // makes its cuBLAS workspace (the H200 traces)

@@ -32,6 +32,8 @@ struct StackVersions {
 inline const char* kSupportedStacks = "hf-trainer";
 inline const char* kSupportedTorch = "2.11";
 inline const char* kSupportedTransformers = "5.17";
+// An older release, modelled for Llama with eager attention (the published point's era; docs/predict.md)
+inline const char* kOlderTransformers = "4.45";
 
 enum class Category : int {
   kWeights = 0,

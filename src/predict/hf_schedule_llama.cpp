@@ -520,6 +520,15 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   if (d.eager || d.e_c == 4) {  // in the frame's order: query, key, value (the H200 trace)
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
+    if (d.tf445) {
+      // transformers 4.45: past_key_value.update() put the rotated key and the value into the
+      // forward's DynamicCache, which holds them until compute_loss returns (head_forward_445).
+      // What bmm saved instead (a copy, the repeated key) goes with backward as before.
+      if (k_embed != 0) m.kv_cache.push_back(k_embed);
+      if (rep > 1) m.kv_cache.push_back(s.v);
+      k_embed = 0;
+      if (rep > 1) s.v = 0;
+    }
     t.free(k_embed);
     if (rep > 1) t.free(s.v);   // the repeated copy is saved instead
   }
@@ -968,12 +977,31 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // position_ids = torch.arange(T, device).unsqueeze(0) (int64): held by LlamaModel.forward, and
   // with checkpointing by every layer's checkpoint frame (a keyword argument) until its backward
   Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
-  // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
-  // (the boolean [1, 1, T, T] causal pattern it starts from, 1 MiB at T = 1024, goes once the float
-  // mask is made: the H200 traces of eager attention)
-  Id causal = d.eager ? t.alloc(d.T * d.T, Tmp, "causal mask pattern (bool)") : 0;
-  Id mask = d.eager ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
-  t.free(causal);
+  Id mask = 0;
+  if (d.tf445) {
+    // transformers 4.45 _update_causal_mask (eager, no attention_mask):
+    // _prepare_4d_causal_attention_mask_with_cache_position with target_length T + 1: full((T, T+1),
+    // min), triu(diagonal=1), `*= arange(T+1) > cache_position.reshape(-1, 1)` (a bool [T, T+1],
+    // which the in-place product takes as a converted copy on the CPU; assumed the same on CUDA),
+    // then an expand over the batch (a view): the mask is [T, T+1] in the embeddings' dtype.
+    const u64 tt = d.T * (d.T + 1);
+    Id full = t.alloc(tt * d.e_r, Tmp, "causal mask full((T, T+1))");
+    mask = t.alloc(tt * d.e_r, Category::kInputs, "causal mask triu [T, T+1]");
+    t.free(full);
+    Id ar = t.alloc((d.T + 1) * 8, Tmp, "arange(T+1)");
+    Id gt = t.alloc(tt, Tmp, "arange > cache_position (bool)");
+    t.free(ar);
+    Id conv = t.alloc(tt * d.e_r, Tmp, "mask *= bool: the bool converted");
+    t.free(conv);
+    t.free(gt);
+  } else if (d.eager) {
+    // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
+    // (the boolean [1, 1, T, T] causal pattern it starts from, 1 MiB at T = 1024, goes once the
+    // float mask is made: the H200 traces of eager attention)
+    Id causal = t.alloc(d.T * d.T, Tmp, "causal mask pattern (bool)");
+    mask = t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]");
+    t.free(causal);
+  }
   // rotary cos / sin: [1, T, head_dim] in the embeddings' dtype, as LlamaRotaryEmbedding makes them
   // (the H200 traces, request by request): position_ids.float(), inv_freq @ positions (the
   // process's first GEMM: cuBLAS's workspace is taken here, before the first layer; where it was
@@ -984,12 +1012,22 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Id freqs = t.alloc(d.T * d.hd / 2 * 4, Tmp, "rotary inv_freq @ positions");
   gemm_workspace(t, m.ws_main);
   Id emb = t.alloc(rot, Tmp, "rotary cat(freqs, freqs)");
-  Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
-  Id cos = t.alloc(rot, Category::kInputs, "rotary cos");
-  t.free(c0);
-  Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
-  Id sin = t.alloc(rot, Category::kInputs, "rotary sin");
-  t.free(s0);
+  Id cos = 0, sin = 0;
+  if (d.tf445) {  // 4.45: cos() and sin() both, then each times attention_scaling (its CPU trace)
+    Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
+    Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
+    cos = t.alloc(rot, Category::kInputs, "rotary cos");
+    t.free(c0);
+    sin = t.alloc(rot, Category::kInputs, "rotary sin");
+    t.free(s0);
+  } else {
+    Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
+    cos = t.alloc(rot, Category::kInputs, "rotary cos");
+    t.free(c0);
+    Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
+    sin = t.alloc(rot, Category::kInputs, "rotary sin");
+    t.free(s0);
+  }
   Id cos32 = 0, sin32 = 0;
   if (d.e_r != 4) {
     cos32 = cos;

@@ -77,6 +77,11 @@ struct Dims {
   bool ckpt = false;             // gradient checkpointing (saved tensors come back unpacked)
   bool ddp_first_bucket = true;  // a 1 MiB first bucket (bucket_cap_mb left at DDP's default)
   u64 ddp_bucket_cap = u64{25} << 20;
+  // transformers 4.45 (--transformers-version 4.45; Llama, eager, no checkpointing): the forward
+  // fills a DynamicCache with every layer's rotated key and value (held until compute_loss
+  // returns), the causal mask is a [T, T+1] float expanded over the batch, the loss copies the
+  // shifted logits, and there is no num_items_in_batch (hf_schedule.cpp head_forward_445).
+  bool tf445 = false;
 };
 
 // One parameter: its tensor ids across steps.
@@ -116,6 +121,8 @@ struct Model {
   // Autocast's casts of the q/k/v biases: cached, not saved by addmm, so they go when autocast's
   // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
   std::vector<Id> bias_casts;
+  // transformers 4.45: the DynamicCache's tensors, each layer's rotated key then its value (Dims::tf445)
+  std::vector<Id> kv_cache;
   u64 buffer_bytes = 0;  // the module's buffers (Llama/Qwen2: rotary inv_freq, original_inv_freq)
   std::vector<Id> ddp_buckets;
   Id ddp_used_map = 0;

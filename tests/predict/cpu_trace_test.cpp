@@ -101,6 +101,7 @@ struct Case {
   bool ckpt = false;
   bool untied = false;
   bool check_order = false;  // the saved tensors in allocation order (checked for Qwen2)
+  const char* transformers = kSupportedTransformers;  // golden NAME.tf4.45 for kOlderTransformers
 };
 
 HfJob job_of(const Case& c) {
@@ -114,6 +115,7 @@ HfJob job_of(const Case& c) {
   j.attn = c.attn;
   j.activation_checkpointing = c.ckpt;
   j.steps = 2;
+  j.versions.transformers = c.transformers;
   return j;
 }
 
@@ -224,11 +226,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no", "eager", false, false, true},
                       Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16", "eager", false, false, true},
                       Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
-                      Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}),
+                      Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true},
+                      // transformers 4.45.2 (--transformers-version 4.45)
+                      Case{"llama-tiny-fp32-eager.tf4.45", "llama-tiny", "fp32", "no", "eager", false, false, false,
+                           kOlderTransformers}),
     [](const auto& info) {
       std::string n = info.param.golden;
       for (char& ch : n)
-        if (ch == '-') ch = '_';
+        if (ch == '-' || ch == '.') ch = '_';
       return n;
     });
 
@@ -342,6 +347,84 @@ TEST(CpuTraceGradientAccumulation, EachNewWeightGradientIsAddedAfterItsMatmulsNo
     unmatched[micro - 1] = generated.size() - test::common_subsequence(traced, generated);
   }
   EXPECT_LE(unmatched[1], unmatched[0] + 4) << unmatched[0] << " unmatched in micro-step 1";
+}
+
+}  // namespace
+}  // namespace scalelab::predict
+
+namespace scalelab::predict {
+namespace {
+
+// transformers 4.45 (--transformers-version 4.45, fp32): step 2's forward and backward, every
+// request and free of 4 KiB and more in order, against the real Trainer's CPU trace under
+// transformers 4.45.2. What differs from 5.17 there (the [T, T+1] causal mask, the DynamicCache
+// holding each layer's rotated key and value until compute_loss returns, the shifted logits' copy,
+// the B·(T−1)-row loss and the slice's full-size gradient in backward) must leave the forward as
+// well matched as the 5.17 schedule's against its own trace, and the backward no worse but for
+// three events per layer: 4.45's attention backward runs the q/k/v rotary and projection
+// backwards in another order (its projections' view/transpose nodes come after all three
+// projections, so autograd's sequence numbers differ), which the schedule does not follow (sizes
+// equal; docs/predict.md). The 5.17 schedule against the 4.45 trace leaves more in both phases.
+std::size_t unmatched(const Case& c, const std::string& golden, const std::string& phase) {
+  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + golden + ".cpu.events");
+  EXPECT_TRUE(in.good()) << golden;
+  const std::set<std::string> schedule_only = {"clip_grad_norm", "zero_grad"};
+  const std::vector<std::string> traced = test::phase_events(in, phase, 2, 4096, {}, schedule_only);
+  std::vector<ScheduleEvent> ev = hf_trainer_schedule(job_of(c));
+  ev.erase(std::remove_if(ev.begin(), ev.end(),
+                          [](const ScheduleEvent& e) {
+                            return e.kind == ScheduleEvent::kAlloc && e.category == Category::kWorkspace;
+                          }),
+           ev.end());
+  std::istringstream gen(schedule_text(ev));
+  const std::vector<std::string> generated = test::phase_events(gen, phase, 2, 4096, {}, schedule_only);
+  EXPECT_GT(generated.size(), 40u) << golden << " " << phase;
+  return generated.size() - test::common_subsequence(traced, generated);
+}
+
+TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
+  const Case now{"", "llama-tiny", "fp32", "no"};
+  Case older = now;
+  older.transformers = kOlderTransformers;
+  const std::size_t layers = static_cast<std::size_t>(job_of(now).model.num_hidden_layers);
+  for (const char* phase : {"forward", "backward"}) {
+    const std::size_t own = unmatched(now, "llama-tiny-fp32-eager", phase);
+    const std::size_t older_own = unmatched(older, "llama-tiny-fp32-eager.tf4.45", phase);
+    const std::size_t crossed = unmatched(now, "llama-tiny-fp32-eager.tf4.45", phase);
+    const std::size_t allowed = std::string(phase) == "backward" ? 3 * layers : 0;
+    EXPECT_LE(older_own, own + allowed) << phase;
+    EXPECT_GT(crossed, older_own) << phase << ": the 4.45 trace does not tell the versions apart";
+  }
+}
+
+// The loss's tensors and the cache, one for one with the trace: between the loss's forward and the
+// backward marker, the 4.45 trace frees the shifted copy, the logits, then the cache (2 per layer
+// for grouped-query attention: the rotated key and the value).
+TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
+  Case older{"", "llama-tiny", "fp32", "no"};
+  older.transformers = kOlderTransformers;
+  const HfJob j = job_of(older);
+  const std::size_t logits = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
+  auto tail_of_forward = [&](std::istream& in) {
+    const std::vector<std::string> ev = test::phase_events(in, "forward", 2, 4096, {"backward"}, {}, false);
+    std::vector<std::string> out;
+    bool on = false;
+    for (const std::string& e : ev) {
+      if (e == "a " + std::to_string(logits)) on = true;
+      if (on) out.push_back(e);
+    }
+    return out;
+  };
+  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/llama-tiny-fp32-eager.tf4.45.cpu.events");
+  ASSERT_TRUE(in.good());
+  const std::vector<std::string> traced = tail_of_forward(in);
+  std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+  const std::vector<std::string> generated = tail_of_forward(gen);
+  const std::size_t kv = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.num_key_value_heads *
+                                                  j.model.head_dim * 4);
+  ASSERT_EQ(traced.size(), 5u + 2 * static_cast<std::size_t>(j.model.num_hidden_layers)) << ::testing::PrintToString(traced);
+  EXPECT_EQ(generated, traced);
+  EXPECT_EQ(traced.back(), "f " + std::to_string(kv));
 }
 
 }  // namespace

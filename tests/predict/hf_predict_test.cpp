@@ -534,6 +534,46 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   EXPECT_THROW(validate_job(j), InvalidInput);  // tensors beyond 2^62 bytes
 }
 
+// --transformers-version 4.45 is modelled for Llama, fp32, eager, one process, no checkpointing or
+// Liger (what its CPU trace checks: cpu_trace_test.cpp CpuTrace445); each other switch is refused
+// with the reason, and its prediction says it was not measured on a GPU.
+TEST(HfPredict, Transformers445IsLlamaFp32EagerOnly) {
+  auto refused = [](HfJob j, const char* why) {
+    j.versions.transformers = kOlderTransformers;
+    try {
+      validate_job(j);
+      ADD_FAILURE() << "not refused: " << why;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  HfJob ok = job(6);
+  ok.versions.transformers = kOlderTransformers;
+  EXPECT_NO_THROW(validate_job(ok));
+  HfPredictOptions o;
+  o.device_memory = 64 * GiB;
+  const HfPrediction p = predict_hf(ok, o);
+  EXPECT_NE(prediction_table(ok, o, p, 0).find("not measured on a GPU"), std::string::npos);
+  refused(job(6, "fp32", "no", "sdpa"), "eager attention only");
+  refused(job(6, "bf16", "bf16"), "fp32 without mixed precision");
+  refused(job(6, "fp32", "bf16"), "fp32 without mixed precision");
+  HfJob j = job(6);
+  j.activation_checkpointing = true;
+  refused(j, "--activation-checkpointing");
+  j = job(6);
+  j.fused_kernels = true;
+  refused(j, "--fused-kernels");
+  j = job(6);
+  j.ranks = 2;
+  refused(j, "--ranks");
+  j = job(6);
+  j.seq_len = 1;
+  refused(j, "--seq-len 2 or more");
+  j = job(6);
+  j.model = preset_config("opt-1.3b");
+  refused(j, "Llama only");
+}
+
 TEST(HfPredict, LargestMicroBatchIsExactAtTheBoundary) {
   HfPredictOptions o;
   o.device_memory = 80 * GiB;
