@@ -625,9 +625,14 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
   Id gk2 = d.liger ? gk : rope_backward_plain(t, d, nk, gk);  // Liger: in place
   Id gq2 = d.liger ? gq : rope_backward_plain(t, d, nq, gq);
   if (d.liger) gk = gq = 0;
-  auto proj_bw = [&](Param& w, Param& b, Id& g, u64 out_f) {
+  // each projection's output gradient made contiguous (its view's backward on the transposed
+  // gradient), then its matmul's backward
+  auto contiguous = [&](Id& g, u64 out_f) {
     Id cont = t.alloc(d.BT * out_f * e, Tmp, "grad contiguous");
     t.free(g);
+    return cont;
+  };
+  auto proj_mm_bw = [&](Param& w, Param& b, Id& cont, u64 out_f) {
     gemm_workspace(t, m.ws_autograd);
     const bool addmm = b.bytes != 0;  // mat1's gradient first (see linear_backward)
     Id gin = addmm ? t.alloc(d.BT * d.H * e, Tmp, "input grad") : 0;
@@ -638,12 +643,31 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     accumulate(t, w, gw);  // AccumulateGrad after the matmul's node (see linear_backward)
     return gin;
   };
-  Id gin_v = proj_bw(p.v, p.vb, gv, d.kvd);
-  Id gin_k = proj_bw(p.k, p.kb, gk2, d.kvd);
-  Id sum = t.alloc(d.BT * d.H * e, Tmp, "input grad sum");
-  t.free(gin_v);
-  t.free(gin_k);
-  Id gin_q = proj_bw(p.q, p.qb, gq2, d.qd);
+  Id gin_v = 0, gin_k = 0, gin_q = 0, sum = 0;
+  if (d.tf445) {
+    // transformers 4.45 views and transposes q, k and v only after all three projections, so
+    // their view nodes outrank every projection's matmul in autograd's queue: the three copies
+    // come first (v, k, q), then the matmuls (v, k, q). Its CPU trace, request by request.
+    Id cv = contiguous(gv, d.kvd);
+    Id ck = contiguous(gk2, d.kvd);
+    Id cq = contiguous(gq2, d.qd);
+    gin_v = proj_mm_bw(p.v, p.vb, cv, d.kvd);
+    gin_k = proj_mm_bw(p.k, p.kb, ck, d.kvd);
+    sum = t.alloc(d.BT * d.H * e, Tmp, "input grad sum");
+    t.free(gin_v);
+    t.free(gin_k);
+    gin_q = proj_mm_bw(p.q, p.qb, cq, d.qd);
+  } else {
+    Id cv = contiguous(gv, d.kvd);
+    gin_v = proj_mm_bw(p.v, p.vb, cv, d.kvd);
+    Id ck = contiguous(gk2, d.kvd);
+    gin_k = proj_mm_bw(p.k, p.kb, ck, d.kvd);
+    sum = t.alloc(d.BT * d.H * e, Tmp, "input grad sum");
+    t.free(gin_v);
+    t.free(gin_k);
+    Id cq = contiguous(gq2, d.qd);
+    gin_q = proj_mm_bw(p.q, p.qb, cq, d.qd);
+  }
   t.free(s.n1.out);
   t.free(gin_q);  // added in place into the sum
   t.free(s.v);
@@ -981,9 +1005,10 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   if (d.tf445) {
     // transformers 4.45 _update_causal_mask (eager, no attention_mask):
     // _prepare_4d_causal_attention_mask_with_cache_position with target_length T + 1: full((T, T+1),
-    // min), triu(diagonal=1), `*= arange(T+1) > cache_position.reshape(-1, 1)` (a bool [T, T+1],
-    // which the in-place product takes as a converted copy on the CPU; assumed the same on CUDA),
-    // then an expand over the batch (a view): the mask is [T, T+1] in the embeddings' dtype.
+    // min), triu(diagonal=1), `*= arange(T+1) > cache_position.reshape(-1, 1)` (a bool [T, T+1];
+    // the CPU trace shows the in-place product converting it into a float temporary, which is
+    // TensorIterator's CPU path: on CUDA its kernels cast while they read, so no temporary), then
+    // an expand over the batch (a view): the mask is [T, T+1] in the embeddings' dtype.
     const u64 tt = d.T * (d.T + 1);
     Id full = t.alloc(tt * d.e_r, Tmp, "causal mask full((T, T+1))");
     mask = t.alloc(tt * d.e_r, Category::kInputs, "causal mask triu [T, T+1]");
@@ -991,8 +1016,6 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
     Id ar = t.alloc((d.T + 1) * 8, Tmp, "arange(T+1)");
     Id gt = t.alloc(tt, Tmp, "arange > cache_position (bool)");
     t.free(ar);
-    Id conv = t.alloc(tt * d.e_r, Tmp, "mask *= bool: the bool converted");
-    t.free(conv);
     t.free(gt);
   } else if (d.eager) {
     // create_causal_mask (eager: a float [B, 1, T, T] mask in the embeddings' dtype; sdpa: none)
