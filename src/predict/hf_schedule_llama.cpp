@@ -524,8 +524,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       // transformers 4.45: past_key_value.update() put the rotated key and the value into the
       // forward's DynamicCache, which holds them until compute_loss returns (head_forward_445).
       // What bmm saved instead (a copy, the repeated key) goes with backward as before.
-      if (k_embed != 0) m.kv_cache.push_back(k_embed);
-      if (rep > 1) m.kv_cache.push_back(s.v);
+      if (k_embed != 0) m.kv_cache.emplace_back(k_embed, d.e_rope);
+      if (rep > 1) m.kv_cache.emplace_back(s.v, d.e_c);
       k_embed = 0;
       if (rep > 1) s.v = 0;
     }

@@ -121,8 +121,9 @@ struct Model {
   // Autocast's casts of the q/k/v biases: cached, not saved by addmm, so they go when autocast's
   // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
   std::vector<Id> bias_casts;
-  // transformers 4.45: the DynamicCache's tensors, each layer's rotated key then its value (Dims::tf445)
-  std::vector<Id> kv_cache;
+  // transformers 4.45: the DynamicCache's tensors, each layer's rotated key then its value, with
+  // their element sizes (Dims::tf445)
+  std::vector<std::pair<Id, u64>> kv_cache;
   u64 buffer_bytes = 0;  // the module's buffers (Llama/Qwen2: rotary inv_freq, original_inv_freq)
   std::vector<Id> ddp_buckets;
   Id ddp_used_map = 0;

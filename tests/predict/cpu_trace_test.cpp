@@ -229,6 +229,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true},
                       // transformers 4.45.2 (--transformers-version 4.45)
                       Case{"llama-tiny-fp32-eager.tf4.45", "llama-tiny", "fp32", "no", "eager", false, false, false,
+                           kOlderTransformers},
+                      Case{"llama-tiny-bf16-eager.tf4.45", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
                            kOlderTransformers}),
     [](const auto& info) {
       std::string n = info.param.golden;
@@ -381,46 +383,57 @@ std::size_t unmatched(const Case& c, const std::string& golden, const std::strin
 }
 
 TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
-  const Case now{"", "llama-tiny", "fp32", "no"};
-  Case older = now;
-  older.transformers = kOlderTransformers;
-  for (const char* phase : {"forward", "backward"}) {
-    const std::size_t own = unmatched(now, "llama-tiny-fp32-eager", phase);
-    const std::size_t older_own = unmatched(older, "llama-tiny-fp32-eager.tf4.45", phase);
-    const std::size_t crossed = unmatched(now, "llama-tiny-fp32-eager.tf4.45", phase);
-    EXPECT_LE(older_own, own) << phase;
-    EXPECT_GT(crossed, older_own) << phase << ": the 4.45 trace does not tell the versions apart";
+  // (autocast over fp32 weights, refused under 4.45, leaves 2 forward and 8 backward events out
+  // of order against its trace: not modelled yet)
+  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16-eager", "bf16", "bf16"}};
+  for (const auto& pr : prec) {
+    const std::string name = std::string("llama-tiny-") + pr[0];
+    const Case now{"", "llama-tiny", pr[1], pr[2]};
+    Case older = now;
+    older.transformers = kOlderTransformers;
+    for (const char* phase : {"forward", "backward"}) {
+      const std::size_t own = unmatched(now, name, phase);
+      const std::size_t older_own = unmatched(older, name + ".tf4.45", phase);
+      const std::size_t crossed = unmatched(now, name + ".tf4.45", phase);
+      EXPECT_LE(older_own, own) << name << " " << phase;
+      EXPECT_GT(crossed, older_own) << name << " " << phase << ": the 4.45 trace does not tell the versions apart";
+    }
   }
 }
 
-// The loss's tensors and the cache, one for one with the trace: between the loss's forward and the
-// backward marker, the 4.45 trace frees the shifted copy, the logits, then the cache (2 per layer
-// for grouped-query attention: the rotated key and the value).
+// The loss's tensors and the cache, one for one with the trace: from the fp32 logits to the
+// backward marker, the 4.45 traces free the shifted copy, with bf16 weights copy the cache's bf16
+// keys and values to fp32 and free the originals (accelerate's convert_outputs_to_fp32),
+// then free the logits and the cache (2 per layer for grouped-query attention).
 TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
-  Case older{"", "llama-tiny", "fp32", "no"};
-  older.transformers = kOlderTransformers;
-  const HfJob j = job_of(older);
-  const std::size_t logits = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
-  auto tail_of_forward = [&](std::istream& in) {
-    const std::vector<std::string> ev = test::phase_events(in, "forward", 2, 4096, {"backward"}, {}, false);
-    std::vector<std::string> out;
-    bool on = false;
-    for (const std::string& e : ev) {
-      if (e == "a " + std::to_string(logits)) on = true;
-      if (on) out.push_back(e);
-    }
-    return out;
-  };
-  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/llama-tiny-fp32-eager.tf4.45.cpu.events");
-  ASSERT_TRUE(in.good());
-  const std::vector<std::string> traced = tail_of_forward(in);
-  std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
-  const std::vector<std::string> generated = tail_of_forward(gen);
-  const std::size_t kv = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.num_key_value_heads *
-                                                  j.model.head_dim * 4);
-  ASSERT_EQ(traced.size(), 5u + 2 * static_cast<std::size_t>(j.model.num_hidden_layers)) << ::testing::PrintToString(traced);
-  EXPECT_EQ(generated, traced);
-  EXPECT_EQ(traced.back(), "f " + std::to_string(kv));
+  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16-eager", "bf16", "bf16"}};
+  for (const auto& pr : prec) {
+    Case older{"", "llama-tiny", pr[1], pr[2]};
+    older.transformers = kOlderTransformers;
+    const HfJob j = job_of(older);
+    const std::size_t logits = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
+    auto tail_of_forward = [&](std::istream& in) {
+      const std::vector<std::string> ev = test::phase_events(in, "forward", 2, 4096, {"backward"}, {}, false);
+      std::vector<std::string> out;
+      bool on = false;
+      for (const std::string& e : ev) {
+        if (e == "a " + std::to_string(logits)) on = true;
+        if (on) out.push_back(e);
+      }
+      return out;
+    };
+    const std::string golden = std::string("llama-tiny-") + pr[0] + ".tf4.45";
+    std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + golden + ".cpu.events");
+    ASSERT_TRUE(in.good()) << golden;
+    const std::vector<std::string> traced = tail_of_forward(in);
+    std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+    const std::vector<std::string> generated = tail_of_forward(gen);
+    const std::size_t kv32 = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.num_key_value_heads *
+                                                      j.model.head_dim * 4);
+    ASSERT_GE(traced.size(), 5u + 2 * static_cast<std::size_t>(j.model.num_hidden_layers)) << golden;
+    EXPECT_EQ(generated, traced) << golden;
+    EXPECT_EQ(traced.back(), "f " + std::to_string(kv32)) << golden;
+  }
 }
 
 }  // namespace

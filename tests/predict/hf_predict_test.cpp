@@ -534,10 +534,10 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   EXPECT_THROW(validate_job(j), InvalidInput);  // tensors beyond 2^62 bytes
 }
 
-// --transformers-version 4.45 is modelled for Llama, fp32, eager, one process, no checkpointing or
-// Liger (what its CPU trace checks: cpu_trace_test.cpp CpuTrace445); each other switch is refused
+// --transformers-version 4.45 is modelled for Llama with eager attention, one process, no
+// checkpointing or Liger (what its CPU trace checks: cpu_trace_test.cpp CpuTrace445); each other switch is refused
 // with the reason, and its prediction says it was not measured on a GPU.
-TEST(HfPredict, Transformers445IsLlamaFp32EagerOnly) {
+TEST(HfPredict, Transformers445IsLlamaEagerOnly) {
   auto refused = [](HfJob j, const char* why) {
     j.versions.transformers = kOlderTransformers;
     try {
@@ -555,8 +555,11 @@ TEST(HfPredict, Transformers445IsLlamaFp32EagerOnly) {
   const HfPrediction p = predict_hf(ok, o);
   EXPECT_NE(prediction_table(ok, o, p, 0).find("not measured on a GPU"), std::string::npos);
   refused(job(6, "fp32", "no", "sdpa"), "eager attention only");
-  refused(job(6, "bf16", "bf16"), "fp32 without mixed precision");
-  refused(job(6, "fp32", "bf16"), "fp32 without mixed precision");
+  HfJob bf16 = job(6, "bf16", "bf16");
+  bf16.versions.transformers = kOlderTransformers;
+  EXPECT_NO_THROW(validate_job(bf16));
+  refused(job(6, "fp32", "bf16"), "autocast over fp32 weights");
+  refused(job(6, "fp32", "fp16"), "autocast over fp32 weights");
   HfJob j = job(6);
   j.activation_checkpointing = true;
   refused(j, "--activation-checkpointing");
