@@ -25,7 +25,7 @@ static bool param_on(const lab::ParamMap& p, const char* key) {
 // --predict hf-trainer: the largest micro-batch `plan --stack hf-trainer` predicts for the
 // search's parameters (model, seq_len, device_memory; model_precision, mixed_precision, attn,
 // fused_kernels (the ladder's Liger rung), activation_checkpointing, grad_accum_steps, dropout,
-// ranks when given), as the search's first guess: the search then
+// ranks, torch_version, transformers_version when given), as the search's first guess: the search then
 // proves it with two trials (b fits, b+1 runs out of memory) when the prediction is right.
 lab::PlanFn hf_trainer_plan() {
   return [](const lab::ParamMap& p, std::string* note) -> std::optional<int> {
@@ -48,6 +48,9 @@ lab::PlanFn hf_trainer_plan() {
       if (auto v = param_text(p, "dropout"); !v.empty()) job.model.dropout = std::stod(v);
       // a multi-rank trial (the lab's "ranks"): torchrun DDP, the per-rank prediction
       if (auto v = param_text(p, "ranks"); !v.empty()) job.ranks = std::stoll(v);
+      // the releases the job runs, when the spec names them (plan's --torch-version / --transformers-version)
+      if (auto v = param_text(p, "torch_version"); !v.empty()) job.versions.torch = v;
+      if (auto v = param_text(p, "transformers_version"); !v.empty()) job.versions.transformers = v;
       predict::HfPredictOptions o;
       o.device_memory = parse_bytes(mem, "device_memory");
       predict::validate_job(job);

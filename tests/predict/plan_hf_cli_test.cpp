@@ -241,5 +241,30 @@ TEST(LabPredict, ReadsTheFusedKernelsRungAndGradientAccumulation) {
   EXPECT_NE(note.find("unavailable"), std::string::npos) << note;
 }
 
+// The spec's transformers_version reaches the prediction: 4.45 (Llama, eager) is predicted and says
+// so; what 4.45 does not model (sdpa) says why and lets the search double; an unknown release too.
+TEST(LabPredict, ReadsTheTransformersVersion) {
+  const lab::PlanFn plan = cli::hf_trainer_plan();
+  lab::ParamMap p = {{"model", "llama-3.2-1b"}, {"seq_len", 1024}, {"device_memory", "64GiB"},
+                     {"model_precision", "fp32"}, {"attn", "eager"}, {"transformers_version", "4.45"}};
+  std::string note;
+  predict::HfJob job;
+  job.model = preset_config("llama-3.2-1b");
+  job.versions.transformers = predict::kOlderTransformers;
+  predict::HfPredictOptions o;
+  o.device_memory = std::size_t{64} << 30;
+  const std::optional<int> b = plan(p, &note);
+  ASSERT_TRUE(b.has_value()) << note;
+  EXPECT_EQ(*b, predict::largest_micro_batch(job, o));
+  EXPECT_NE(note.find("transformers 4.45"), std::string::npos) << note;
+  p["attn"] = "flash";
+  EXPECT_FALSE(plan(p, &note).has_value());
+  EXPECT_NE(note.find("eager attention only"), std::string::npos) << note;
+  p["attn"] = "eager";
+  p["transformers_version"] = "4.40";
+  EXPECT_FALSE(plan(p, &note).has_value());
+  EXPECT_NE(note.find("not modelled"), std::string::npos) << note;
+}
+
 }  // namespace
 }  // namespace scalelab::cli_test
