@@ -115,6 +115,10 @@ def main():
             ps = k["per_step"][min(len(k["per_step"]), len(r["per_step"])) - 1]
             segs = (f"{last['segments'] - last['large_segments']} + {last['large_segments']} / "
                     f"{ps['segments'] - ps['large_segments']} + {ps['large_segments']}")
+        # a run that ran out of memory (its peaks are up to the failure): did the prediction too?
+        if r.get("status") == "oom" or not k.get("fits", True):
+            segs += (f" OOM measured {'yes' if r.get('status') == 'oom' else 'no'}, "
+                     f"predicted {'no' if k.get('fits', True) else 'yes'}")
         print(f"| {r['name']} | {r['max_reserved_bytes'] / GIB:.3f} GiB | {k['max_reserved_bytes'] / GIB:.3f} GiB | {er:+.2f} % | "
               f"{r['max_allocated_bytes'] / GIB:.3f} GiB | {k['max_allocated_bytes'] / GIB:.3f} GiB | {ea:+.3f} % | {segs} | "
               f"{j['largest_micro_batch']} | {ms:.0f} |")

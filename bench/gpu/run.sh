@@ -529,7 +529,7 @@ run_hf_memory_rows() {
   local budget=$(( $(left) - 15 ))
   [ "$budget" -lt 60 ] && { add "hf_memory: skipped (${budget}s left)"; return; }
   section "hf_memory.py: the rows not yet exact, with traces (budget ${budget}s)"
-  local rows=llama-fp32-sdpa-mb6,llama-bf16mixed-eager-mb4-liger,llama-bf16mixed-sdpa-mb4-liger,qwen2-bf16-sdpa-mb8-liger,llama-bf16-sdpa-mb16-liger
+  local rows=llama-fp32-eager-mb8-64GiB,llama-fp32-sdpa-mb6,llama-bf16mixed-eager-mb4-liger,llama-bf16mixed-sdpa-mb4-liger,qwen2-bf16-sdpa-mb8-liger,llama-bf16-sdpa-mb16-liger
   timeout $(( budget + 10 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm" --budget-s $(( budget - 40 )) \
     --trace "$rows" --only "$rows" >"$OUT/hf_memory.txt" 2>&1
   local rc=$?
