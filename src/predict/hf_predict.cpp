@@ -178,8 +178,9 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
                 job.fused_kernels ? ", Liger kernels" : "",
                 job.activation_checkpointing ? ", gradient checkpointing" : "", job.optimizer.c_str());
   s += buf;
-  if (job.versions.transformers == kOlderTransformers) {
-    s += "  transformers 4.45: its schedule is checked against CPU traces of transformers 4.45.2, not measured on a "
+  if (is_older_transformers(job.versions.transformers)) {
+    s += "  transformers " + job.versions.transformers +
+         ": its schedule is checked against CPU traces of transformers 4.45.2, 4.46.3 and 4.47.1, not measured on a "
          "GPU (docs/predict.md)\n";
   }
   if (job.ranks > 1) {

@@ -43,12 +43,12 @@ void validate_job(const HfJob& j) {
   auto bad = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
   if (j.versions.torch != kSupportedTorch)
     bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorch);
-  if (j.versions.transformers != kSupportedTransformers && j.versions.transformers != kOlderTransformers)
+  if (j.versions.transformers != kSupportedTransformers && !is_older_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
-        kSupportedTransformers + " (the default), " + kOlderTransformers + " (Llama, eager attention)");
-  if (j.versions.transformers == kOlderTransformers) {
-    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.45.2), never on a GPU
-    const std::string why = std::string("--transformers-version ") + kOlderTransformers + " models ";
+        kSupportedTransformers + " (the default), " + kOlderTransformersList + " (Llama, eager attention)");
+  if (is_older_transformers(j.versions.transformers)) {
+    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.45.2, 4.46.3, 4.47.1), never on a GPU
+    const std::string why = "--transformers-version " + j.versions.transformers + " models ";
     if (j.model.family != ModelFamily::kLlama) bad(why + "Llama only (got " + family_name(j.model.family) + ")");
     if (j.attn != "eager") bad(why + "eager attention only (its sdpa path is not modelled): use --attn eager");
     if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
@@ -146,7 +146,8 @@ Dims dims_of(const HfJob& j) {
   d.ckpt = j.activation_checkpointing;
   d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
   d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
-  d.tf445 = j.versions.transformers == kOlderTransformers;
+  d.tf445 = is_older_transformers(j.versions.transformers);
+  d.tf4_minor = d.tf445 ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
   return d;
 }
 
@@ -158,22 +159,27 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name) {
 
 namespace {
 
-// transformers 4.45's LlamaForCausalLM.forward with labels, from the lm_head's output `logits` on:
-// `logits = self.lm_head(h).float()` (the lm_head's output, a temporary of the expression, goes at
-// once unless it was fp32), then `logits.float()` again (a no-op), `shift_logits =
+// transformers 4.45 to 4.47's LlamaForCausalLM.forward with labels, from the lm_head's output
+// `logits` on: the logits upcast to fp32 (below: where differs by release), `shift_logits =
 // logits[..., :-1, :].contiguous()` (an fp32 copy of B·(T−1) rows), `shift_labels =
-// labels[..., 1:].contiguous()`, CrossEntropyLoss: log_softmax (saved) and nll_loss (mean, no
-// num_items_in_batch before 4.46). The copy goes as the forward returns; the logits and the
-// DynamicCache's keys and values go when compute_loss returns and drops the outputs (logits first,
-// then the legacy cache tuple, which CPython releases last item first: layer L−1's value, its key,
-// ...). The CPU trace of transformers 4.45.2 (tools/predict/trace_hf.py) shows each of these.
-// accelerate's convert_outputs_to_fp32 finds fp32 logits: no copy.
+// labels[..., 1:].contiguous()`, the cross-entropy: log_softmax (saved) and nll_loss. The copy goes
+// as the forward returns; the logits and the DynamicCache's keys and values go when compute_loss
+// returns and drops the outputs (logits first, then the legacy cache tuple, which CPython releases
+// last item first: layer L−1's value, its key, ...). The CPU traces of transformers 4.45.2, 4.46.3
+// and 4.47.1 (tools/predict/trace_hf.py) show each of these.
 Head head_forward_445(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Head& h,
                       Id logits) {
+  // the fp32 logits the loss reads: 4.45's model upcasts its output itself (the 16-bit output, a
+  // temporary of the expression, goes at once); 4.46 and 4.47 leave the output in the model's
+  // dtype and the loss function upcasts a local copy, which goes as it returns
+  Id lf = 0;
   if (d.e_c != 4) {
-    Id l32 = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits .float()");
-    t.free(logits);
-    logits = l32;
+    lf = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits .float()");
+    if (d.tf4_minor == 45) {
+      t.free(logits);
+      logits = lf;
+      lf = 0;
+    }
   }
   const u64 rows = d.B * (d.T - 1);
   Id shifted = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "shift_logits (contiguous copy)");
@@ -181,19 +187,38 @@ Head head_forward_445(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_
   h.ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
   h.scalars[0] = t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight");
   h.scalars[1] = t.alloc(4, Category::kLogitsLoss, "loss");
+  if (d.tf4_minor >= 46) {
+    // 4.46 and 4.47: ForCausalLMLoss's fixed_cross_entropy (reduction "sum", then / num_items);
+    // 4.47 also moves num_items_in_batch to the device (alive until backward is done), as 5.17 does
+    if (d.tf4_minor >= 47) h.scalars[2] = t.alloc(8, Category::kInputs, "num_items_in_batch (device)");
+    Id quotient = t.alloc(4, Category::kLogitsLoss, "loss / num_items_in_batch");
+    Id t2 = t.alloc(4, Category::kLogitsLoss, "loss temporary");
+    t.free(t2);
+    t.free(h.scalars[0]);  // the sum's total weight goes with the expression
+    h.scalars[0] = quotient;
+  }
+  t.free(lf);       // 4.46+: the loss function returns
   t.free(shifted);  // LlamaForCausalLM.forward returns
   if (d.autocast || d.head_in_fp32) t.free(final_out);
   for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
   if (d.mixed) {
     // accelerate's convert_outputs_to_fp32 rebuilds the outputs with every bf16/fp16 tensor cast
-    // to fp32: the logits are fp32 already, but the cache's 16-bit keys and values (all of them
-    // with bf16 weights; under autocast over fp32 weights, refused under 4.45 for now, the values,
-    // while the rotated keys are fp32) get fp32 copies, in order; the original outputs then go
-    // with their 16-bit tensors, last first (the CPU traces of 4.45.2, full bf16 and autocast).
+    // to fp32, in order: the logits when the model left them 16-bit (4.46+), then the cache's
+    // 16-bit keys and values (all of them with bf16 weights; under autocast over fp32 weights,
+    // refused under 4.4x for now, the values, while the rotated keys are fp32); the original
+    // outputs then go with their 16-bit tensors, the logits first, the cache last entry first
+    // (the CPU traces of 4.45.2, 4.46.3 and 4.47.1 with bf16 weights).
+    Id out32 = d.e_c != 4 && d.tf4_minor >= 46
+                   ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
+                   : 0;
     std::vector<Id> fp32(m.kv_cache.size(), 0);
     for (std::size_t i = 0; i < m.kv_cache.size(); ++i)
       if (m.kv_cache[i].second != 4)
         fp32[i] = t.alloc(d.BT * d.kvd * 4, A, "DynamicCache key/value to fp32 (accelerate)");
+    if (out32 != 0) {
+      t.free(logits);
+      logits = out32;
+    }
     for (std::size_t i = m.kv_cache.size(); i-- > 0;) {
       if (fp32[i] == 0) continue;
       t.free(m.kv_cache[i].first);

@@ -231,7 +231,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama-tiny-fp32-eager.tf4.45", "llama-tiny", "fp32", "no", "eager", false, false, false,
                            kOlderTransformers},
                       Case{"llama-tiny-bf16-eager.tf4.45", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
-                           kOlderTransformers}),
+                           kOlderTransformers},
+                      Case{"llama-tiny-fp32-eager.tf4.46", "llama-tiny", "fp32", "no", "eager", false, false, false,
+                           "4.46"},
+                      Case{"llama-tiny-bf16-eager.tf4.46", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
+                           "4.46"},
+                      Case{"llama-tiny-fp32-eager.tf4.47", "llama-tiny", "fp32", "no", "eager", false, false, false,
+                           "4.47"},
+                      Case{"llama-tiny-bf16-eager.tf4.47", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
+                           "4.47"}),
     [](const auto& info) {
       std::string n = info.param.golden;
       for (char& ch : n)
@@ -386,17 +394,20 @@ TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
   // (autocast over fp32 weights, refused under 4.45, leaves 2 forward and 8 backward events out
   // of order against its trace: not modelled yet)
   const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16-eager", "bf16", "bf16"}};
-  for (const auto& pr : prec) {
-    const std::string name = std::string("llama-tiny-") + pr[0];
-    const Case now{"", "llama-tiny", pr[1], pr[2]};
-    Case older = now;
-    older.transformers = kOlderTransformers;
-    for (const char* phase : {"forward", "backward"}) {
-      const std::size_t own = unmatched(now, name, phase);
-      const std::size_t older_own = unmatched(older, name + ".tf4.45", phase);
-      const std::size_t crossed = unmatched(now, name + ".tf4.45", phase);
-      EXPECT_LE(older_own, own) << name << " " << phase;
-      EXPECT_GT(crossed, older_own) << name << " " << phase << ": the 4.45 trace does not tell the versions apart";
+  for (const char* version : {"4.45", "4.46", "4.47"}) {
+    for (const auto& pr : prec) {
+      const std::string name = std::string("llama-tiny-") + pr[0];
+      const std::string older_trace = name + ".tf" + version;
+      const Case now{"", "llama-tiny", pr[1], pr[2]};
+      Case older = now;
+      older.transformers = version;
+      for (const char* phase : {"forward", "backward"}) {
+        const std::size_t own = unmatched(now, name, phase);
+        const std::size_t older_own = unmatched(older, older_trace, phase);
+        const std::size_t crossed = unmatched(now, older_trace, phase);
+        EXPECT_LE(older_own, own) << older_trace << " " << phase;
+        EXPECT_GT(crossed, older_own) << older_trace << " " << phase << ": the trace does not tell the versions apart";
+      }
     }
   }
 }
@@ -407,9 +418,10 @@ TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
 // then free the logits and the cache (2 per layer for grouped-query attention).
 TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
   const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16-eager", "bf16", "bf16"}};
+  for (const char* version : {"4.45", "4.46", "4.47"})
   for (const auto& pr : prec) {
     Case older{"", "llama-tiny", pr[1], pr[2]};
-    older.transformers = kOlderTransformers;
+    older.transformers = version;
     const HfJob j = job_of(older);
     const std::size_t logits = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
     auto tail_of_forward = [&](std::istream& in) {
@@ -422,7 +434,7 @@ TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
       }
       return out;
     };
-    const std::string golden = std::string("llama-tiny-") + pr[0] + ".tf4.45";
+    const std::string golden = std::string("llama-tiny-") + pr[0] + ".tf" + version;
     std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + golden + ".cpu.events");
     ASSERT_TRUE(in.good()) << golden;
     const std::vector<std::string> traced = tail_of_forward(in);
