@@ -126,8 +126,8 @@ Subcommand add_plan_command(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--torch-version", hf->torch_version, "hf-trainer: the torch release modelled")->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,
-                  "hf-trainer: the transformers release modelled: 5.17, or 4.45, 4.46, 4.47 (Llama, eager attention, fp32 "
-                  "or full bf16; checked against CPU traces only)")
+                  "hf-trainer: the transformers release modelled: 5.17, or 4.45, 4.46, 4.47 (Llama, eager attention; "
+                  "checked against CPU traces only)")
       ->capture_default_str();
   app->add_option("--optim", hf->optim, "hf-trainer: adamw_torch (foreach) | adamw_torch_fused")->capture_default_str();
   app->add_option("--cuda-context", hf->cuda_context,

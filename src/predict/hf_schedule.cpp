@@ -55,9 +55,6 @@ void validate_job(const HfJob& j) {
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
     if (j.ranks > 1) bad(why + "one process only (no --ranks)");
     if (j.seq_len < 2) bad(why + "--seq-len 2 or more (its loss shifts the logits by one token)");
-    if (j.model_precision == "fp32" && j.mixed_precision != "no")
-      bad(why + "fp32 weights without autocast, or bf16 weights (--model-precision bf16 --mixed-precision bf16): "
-                "autocast over fp32 weights is not matched to its CPU trace yet");
   }
   if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT &&
       j.model.family != ModelFamily::kQwen2)
@@ -204,10 +201,10 @@ Head head_forward_445(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_
   if (d.mixed) {
     // accelerate's convert_outputs_to_fp32 rebuilds the outputs with every bf16/fp16 tensor cast
     // to fp32, in order: the logits when the model left them 16-bit (4.46+), then the cache's
-    // 16-bit keys and values (all of them with bf16 weights; under autocast over fp32 weights,
-    // refused under 4.4x for now, the values, while the rotated keys are fp32); the original
+    // 16-bit keys and values (all of them with bf16 weights; under autocast over fp32 weights the
+    // values, the projections' outputs, while the rotated keys are fp32); the original
     // outputs then go with their 16-bit tensors, the logits first, the cache last entry first
-    // (the CPU traces of 4.45.2, 4.46.3 and 4.47.1 with bf16 weights).
+    // (the CPU traces of 4.45.2, 4.46.3 and 4.47.1, full bf16 and autocast).
     Id out32 = d.e_c != 4 && d.tf4_minor >= 46
                    ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                    : 0;

@@ -462,7 +462,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(o);
     // full bf16: the repeated key goes only after o_proj's output is made (the H200 trace; under
     // autocast and in fp32 before it)
-    if (!ac && kt_copy && !drop) {
+    if ((!ac || d.tf445) && kt_copy && !drop) {
       k_rep_late = k_rep;
       k_rep = 0;
     }
@@ -504,7 +504,10 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   }
   Id ctx_unused = 0;
   Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
-  t.free(k_rep_late);
+  // transformers 4.45 to 4.47 run the eager attention inside LlamaAttention.forward (5.17: in
+  // eager_attention_forward, which returns before o_proj): under autocast the repeated key is then a
+  // local of the same frame, freed after the query as it returns (below)
+  if (!(d.tf445 && ac)) t.free(k_rep_late);
   gone(s.ctx);            // attn_output is rebound to o_proj's output
   gone(s.attn_out_sdpa);
   // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
@@ -520,6 +523,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   if (d.eager || d.e_c == 4) {  // in the frame's order: query, key, value (the H200 trace)
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
+    t.free(k_rep_late);                     // 4.4x under autocast (above)
     if (d.tf445) {
       // transformers 4.45: past_key_value.update() put the rotated key and the value into the
       // forward's DynamicCache, which holds them until compute_loss returns (head_forward_445).
@@ -850,6 +854,16 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(gv);
     gv = c;
   }
+  // transformers 4.45 to 4.47 (see eager_attention_backward_plain): under autocast the k and q
+  // copies come before any projection's matmul too (their CPU traces)
+  const bool early_copies = d.tf445 && ac && !d.liger;
+  if (early_copies) {
+    for (auto [g, width] : {std::pair<Id*, u64>{&gk2, d.kvd}, std::pair<Id*, u64>{&gq2, d.qd}}) {
+      Id c = t.alloc(d.BT * width * d.e_c, Tmp, "grad contiguous");
+      t.free(*g);
+      *g = c;
+    }
+  }
   Id gn1 = linear_backward(t, d, m, p.v, gv, d.H, d.kvd, s.wv, s.in_v, ac, &p.vb);
   if (!ac && !d.liger) {
     // Without autocast (the H200 trace of full bf16 sdpa): the rotary gradients of k and q are in
@@ -873,7 +887,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   } else {  // the input gradients sum in place
     // under autocast without Liger the rotary gradients are in [B, heads, T, hd] order, and with
     // eager attention v's too: each made contiguous for its projection (the H200 trace)
-    const bool copies = ac && !d.liger;
+    const bool copies = ac && !d.liger && !early_copies;
     auto contiguous = [&](Id& g, u64 width) {
       if (!copies) return;
       Id c = t.alloc(d.BT * width * d.e_c, Tmp, "grad contiguous");

@@ -232,6 +232,12 @@ INSTANTIATE_TEST_SUITE_P(
                            kOlderTransformers},
                       Case{"llama-tiny-bf16-eager.tf4.45", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
                            kOlderTransformers},
+                      Case{"llama-tiny-bf16mixed-eager.tf4.45", "llama-tiny", "fp32", "bf16", "eager", false, false,
+                           false, kOlderTransformers},
+                      Case{"llama-tiny-bf16mixed-eager.tf4.46", "llama-tiny", "fp32", "bf16", "eager", false, false,
+                           false, "4.46"},
+                      Case{"llama-tiny-bf16mixed-eager.tf4.47", "llama-tiny", "fp32", "bf16", "eager", false, false,
+                           false, "4.47"},
                       Case{"llama-tiny-fp32-eager.tf4.46", "llama-tiny", "fp32", "no", "eager", false, false, false,
                            "4.46"},
                       Case{"llama-tiny-bf16-eager.tf4.46", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
@@ -391,9 +397,7 @@ std::size_t unmatched(const Case& c, const std::string& golden, const std::strin
 }
 
 TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
-  // (autocast over fp32 weights, refused under 4.45, leaves 2 forward and 8 backward events out
-  // of order against its trace: not modelled yet)
-  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16-eager", "bf16", "bf16"}};
+  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
   for (const char* version : {"4.45", "4.46", "4.47"}) {
     for (const auto& pr : prec) {
       const std::string name = std::string("llama-tiny-") + pr[0];
@@ -413,11 +417,12 @@ TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
 }
 
 // The loss's tensors and the cache, one for one with the trace: from the fp32 logits to the
-// backward marker, the 4.45 traces free the shifted copy, with bf16 weights copy the cache's bf16
-// keys and values to fp32 and free the originals (accelerate's convert_outputs_to_fp32),
+// backward marker, the 4.4x traces free the shifted copy, under mixed precision copy the 16-bit
+// logits (4.46+) and the cache's 16-bit keys and values to fp32 and free the originals (accelerate's
+// convert_outputs_to_fp32),
 // then free the logits and the cache (2 per layer for grouped-query attention).
 TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
-  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16-eager", "bf16", "bf16"}};
+  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
   for (const char* version : {"4.45", "4.46", "4.47"})
   for (const auto& pr : prec) {
     Case older{"", "llama-tiny", pr[1], pr[2]};
