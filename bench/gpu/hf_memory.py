@@ -17,7 +17,8 @@ created by a 1-element tensor). An OOM is status "oom", not a failure.
 (torch.cuda.set_per_process_memory_fraction), which is how a G GiB GPU behaves for the caching
 allocator (cudaMalloc fails past its free memory; PyTorch's free-and-retry then runs the same way).
 The published point (llama-3.2-1b, seq 1024, fp32, eager, one 64 GB H100: micro-batch 6 fits at
-max_memory_reserved 61.89 "GB", 7 runs out of memory) is rerun that way on a larger GPU.
+max_memory_reserved 61.89 "GB" — GiB: its script divides by 1024^3 —, 7 runs out of memory) is rerun
+that way on a larger GPU (docs/predict.md "The published point").
 
     python3 bench/gpu/hf_memory.py --out runs/hf-memory --budget-s 300        # the matrix on a GPU
     /opt/torch/.venv/bin/python3 bench/gpu/hf_memory.py --out $OUT/hfm --budget-s 300   # the lent H200's torch
