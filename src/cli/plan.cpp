@@ -126,7 +126,7 @@ Subcommand add_plan_command(CLI::App& root) {
       ->capture_default_str();
   app->add_option("--torch-version", hf->torch_version, "hf-trainer: the torch release modelled")->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,
-                  "hf-trainer: the transformers release modelled: 5.17, or 4.45, 4.46, 4.47 (Llama, eager attention; "
+                  "hf-trainer: the transformers release modelled: 5.17, or 4.43 to 4.47 (Llama, eager attention; "
                   "checked against CPU traces only)")
       ->capture_default_str();
   app->add_option("--optim", hf->optim, "hf-trainer: adamw_torch (foreach) | adamw_torch_fused")->capture_default_str();

@@ -180,8 +180,8 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   s += buf;
   if (is_older_transformers(job.versions.transformers)) {
     s += "  transformers " + job.versions.transformers +
-         ": its schedule is checked against CPU traces of transformers 4.45.2, 4.46.3 and 4.47.1, not measured on a "
-         "GPU (docs/predict.md)\n";
+         ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.47.1, not measured on a GPU "
+         "(docs/predict.md)\n";
   }
   if (job.ranks > 1) {
     std::snprintf(buf, sizeof buf, "  per rank of %lld (torchrun DDP: gradient buckets, gradient_as_bucket_view False)\n",

@@ -47,7 +47,7 @@ void validate_job(const HfJob& j) {
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default), " + kOlderTransformersList + " (Llama, eager attention)");
   if (is_older_transformers(j.versions.transformers)) {
-    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.45.2, 4.46.3, 4.47.1), never on a GPU
+    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.47.1), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
     if (j.model.family != ModelFamily::kLlama) bad(why + "Llama only (got " + family_name(j.model.family) + ")");
     if (j.attn != "eager") bad(why + "eager attention only (its sdpa path is not modelled): use --attn eager");
@@ -156,23 +156,23 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name) {
 
 namespace {
 
-// transformers 4.45 to 4.47's LlamaForCausalLM.forward with labels, from the lm_head's output
+// transformers 4.43 to 4.47's LlamaForCausalLM.forward with labels, from the lm_head's output
 // `logits` on: the logits upcast to fp32 (below: where differs by release), `shift_logits =
 // logits[..., :-1, :].contiguous()` (an fp32 copy of B·(T−1) rows), `shift_labels =
 // labels[..., 1:].contiguous()`, the cross-entropy: log_softmax (saved) and nll_loss. The copy goes
 // as the forward returns; the logits and the DynamicCache's keys and values go when compute_loss
-// returns and drops the outputs (logits first, then the legacy cache tuple, which CPython releases
-// last item first: layer L−1's value, its key, ...). The CPU traces of transformers 4.45.2, 4.46.3
-// and 4.47.1 (tools/predict/trace_hf.py) show each of these.
+// returns and drops the outputs (logits first, then, from 4.45, the legacy cache tuple, which
+// CPython releases last item first: layer L−1's value, its key, ...). The CPU traces of
+// transformers 4.43.4 to 4.47.1 (tools/predict/trace_hf.py) show each of these.
 Head head_forward_445(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Head& h,
                       Id logits) {
-  // the fp32 logits the loss reads: 4.45's model upcasts its output itself (the 16-bit output, a
-  // temporary of the expression, goes at once); 4.46 and 4.47 leave the output in the model's
-  // dtype and the loss function upcasts a local copy, which goes as it returns
+  // the fp32 logits the loss reads: up to 4.45 the model upcasts its output itself (the 16-bit
+  // output, a temporary of the expression, goes at once); 4.46 and 4.47 leave the output in the
+  // model's dtype and the loss function upcasts a local copy, which goes as it returns
   Id lf = 0;
   if (d.e_c != 4) {
     lf = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits .float()");
-    if (d.tf4_minor == 45) {
+    if (d.tf4_minor <= 45) {
       t.free(logits);
       logits = lf;
       lf = 0;

@@ -33,11 +33,13 @@ inline const char* kSupportedStacks = "hf-trainer";
 inline const char* kSupportedTorch = "2.11";
 inline const char* kSupportedTransformers = "5.17";
 // Older releases, modelled for Llama with eager attention (the published point's era; docs/predict.md):
-// 4.45 to 4.47 copy the shifted logits and fill a DynamicCache in training; one schedule for the
-// three (their CPU traces agree with it alike), with 4.46's and 4.47's loss scalars.
+// 4.43 to 4.47 copy the shifted logits; 4.45 to 4.47 also fill a DynamicCache in training. One
+// schedule for the five (their CPU traces agree with it alike), with each one's differences.
 inline const char* kOlderTransformers = "4.45";
-inline const char* kOlderTransformersList = "4.45, 4.46, 4.47";
-inline bool is_older_transformers(const std::string& v) { return v == "4.45" || v == "4.46" || v == "4.47"; }
+inline const char* kOlderTransformersList = "4.43, 4.44, 4.45, 4.46, 4.47";
+inline bool is_older_transformers(const std::string& v) {
+  return v == "4.43" || v == "4.44" || v == "4.45" || v == "4.46" || v == "4.47";
+}
 
 enum class Category : int {
   kWeights = 0,

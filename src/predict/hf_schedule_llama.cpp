@@ -393,7 +393,12 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // allocates as eager (measured identical to the byte on the H200).
     // repeat_kv: expand + reshape, a copy when heads are grouped.
     Id k_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_rope, Tmp, "repeat_kv(key)") : 0;
+    // transformers 4.43 and 4.44 rebind key_states / value_states to the repeats inline, with no
+    // cache holding the originals: the rotated key and the value go as each repeat is made
+    const bool rebound = d.tf445 && d.tf4_minor < 45 && rep > 1 && !drop;
+    if (rebound) t.free(k_embed);
     s.v_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, A, "repeat_kv(value)") : 0;
+    if (rebound) t.free(s.v);
     // torch.matmul(q, k^T): under autocast both operands are cast (q's cast saved); bmm takes the
     // transposed key made contiguous (saved).
     Id kcast = 0;
@@ -524,10 +529,11 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
     t.free(k_rep_late);                     // 4.4x under autocast (above)
-    if (d.tf445) {
-      // transformers 4.45: past_key_value.update() put the rotated key and the value into the
-      // forward's DynamicCache, which holds them until compute_loss returns (head_forward_445).
-      // What bmm saved instead (a copy, the repeated key) goes with backward as before.
+    if (d.tf445 && d.tf4_minor >= 45) {
+      // transformers 4.45 to 4.47: past_key_value.update() put the rotated key and the value into
+      // the forward's DynamicCache, which holds them until compute_loss returns (head_forward_445;
+      // 4.43 and 4.44 make no cache while training). What bmm saved instead (a copy, the repeated
+      // key) goes with backward as before.
       if (k_embed != 0) m.kv_cache.emplace_back(k_embed, d.e_rope);
       if (rep > 1) m.kv_cache.emplace_back(s.v, d.e_c);
       k_embed = 0;

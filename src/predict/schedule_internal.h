@@ -77,12 +77,12 @@ struct Dims {
   bool ckpt = false;             // gradient checkpointing (saved tensors come back unpacked)
   bool ddp_first_bucket = true;  // a 1 MiB first bucket (bucket_cap_mb left at DDP's default)
   u64 ddp_bucket_cap = u64{25} << 20;
-  // transformers 4.45 to 4.47 (--transformers-version; Llama, eager, no checkpointing): the forward
-  // fills a DynamicCache with every layer's rotated key and value (held until compute_loss
-  // returns), the causal mask is a [T, T+1] float expanded over the batch, the loss copies the
-  // shifted logits, and there is no num_items_in_batch (hf_schedule.cpp head_forward_445).
+  // transformers 4.43 to 4.47 (--transformers-version; Llama, eager, no checkpointing): the causal
+  // mask is a [T, T+1] float expanded over the batch, the loss copies the shifted logits, and from
+  // 4.45 the forward fills a DynamicCache with every layer's rotated key and value (held until
+  // compute_loss returns; hf_schedule.cpp head_forward_445).
   bool tf445 = false;
-  u64 tf4_minor = 0;  // 45, 46 or 47 under tf445 (their loss scalars differ)
+  u64 tf4_minor = 0;  // 43 to 47 under tf445 (the cache from 45, the loss's scalars and upcast from 46)
 };
 
 // One parameter: its tensor ids across steps.
