@@ -537,23 +537,30 @@ run_hf_memory_rows() {
   add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
 }
 
-# transformers 4.45 (plan --transformers-version 4.45, CPU-traced only): the published point's job,
-# Llama-3.2-1B fp32 eager micro-batch 6, with its allocator trace, under transformers 4.45.2 put
-# first on PYTHONPATH from $WHEELS_DIR/tf445/ (transformers 4.45.2, tokenizers 0.20.3,
-# huggingface_hub 0.26.2, accelerate 1.0.1: `pip download --no-deps --only-binary=:all:
-# --python-version 3.12 --platform manylinux2014_x86_64 -d .whl/tf445 ...`).
-run_hf_memory_445() {
-  local dir="${WHEELS_DIR:-$DEV_DIR/wheels}/tf445" budget=$(( $(left) - 15 ))
-  ls "$dir"/transformers-4.45.2-*.whl >/dev/null 2>&1 || { add "hf_memory 4.45: skipped (no $dir)"; return; }
-  [ "$budget" -lt 90 ] && { add "hf_memory 4.45: skipped (${budget}s left)"; return; }
-  section "hf_memory.py under transformers 4.45.2: llama-fp32-eager-mb6 with its trace"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tf445 "$dir"/*.whl \
-    >"$OUT/tf445-pip.txt" 2>&1 || { add "hf_memory 4.45: pip failed (tf445-pip.txt)"; return; }
-  PYTHONPATH=/tmp/tf445 timeout $(( budget < 200 ? budget : 200 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm445" \
-    --budget-s 120 --trace llama-fp32-eager-mb6 --only llama-fp32-eager-mb6 >"$OUT/hf_memory_445.txt" 2>&1
-  local rc=$?
-  tail -6 "$OUT/hf_memory_445.txt"
-  add "hf_memory 4.45: exit $rc (hf_memory_445.txt, hfm445/; predicted 60.19 GiB reserved, 54.69 allocated)"
+# Older transformers (plan --transformers-version 4.43 to 4.47, CPU-traced only): the published
+# point's job, Llama-3.2-1B fp32 eager micro-batch 6, with its allocator trace, under each release
+# carried as wheels in $WHEELS_DIR/tf4*/ (e.g. tf445/: transformers 4.45.2, tokenizers 0.20.3,
+# huggingface_hub 0.26.2, accelerate 1.0.1; tf444/: transformers 4.44.2, tokenizers 0.19.1,
+# huggingface_hub 0.24.7, accelerate 0.34.2 — `pip download --no-deps --only-binary=:all:
+# --python-version 3.12 --platform manylinux2014_x86_64 -d .whl/tf445 ...`), put first on PYTHONPATH.
+run_hf_memory_older() {
+  local root="${WHEELS_DIR:-$DEV_DIR/wheels}" dir name budget rc
+  for dir in "$root"/tf4*/; do
+    [ -d "$dir" ] || continue
+    name=$(basename "$dir")
+    ls "$dir"/transformers-*.whl >/dev/null 2>&1 || { add "hf_memory $name: no transformers wheel"; continue; }
+    budget=$(( $(left) - 15 ))
+    [ "$budget" -lt 90 ] && { add "hf_memory $name: skipped (${budget}s left)"; continue; }
+    section "hf_memory.py under $(basename "$dir"/transformers-*.whl): llama-fp32-eager-mb6 with its trace"
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "/tmp/$name" \
+      "$dir"/*.whl >"$OUT/$name-pip.txt" 2>&1 || { add "hf_memory $name: pip failed ($name-pip.txt)"; continue; }
+    PYTHONPATH="/tmp/$name" timeout $(( budget < 200 ? budget : 200 )) "$PY" bench/gpu/hf_memory.py \
+      --out "$OUT/hfm-$name" --budget-s 120 --trace llama-fp32-eager-mb6 --only llama-fp32-eager-mb6 \
+      >"$OUT/hf_memory_$name.txt" 2>&1
+    rc=$?
+    tail -6 "$OUT/hf_memory_$name.txt"
+    add "hf_memory $name: exit $rc (hf_memory_$name.txt, hfm-$name/; predicted: 4.45-4.47 60.19 GiB reserved, 4.43-4.44 59.81)"
+  done
 }
 
 main() {
@@ -570,7 +577,7 @@ main() {
     next)
       run_checks
       run_in_backward_timing
-      run_hf_memory_445
+      run_hf_memory_older
       run_hf_memory_rows
       ;;
     all) run_checks; run_profile; run_bench "$@" ;;
