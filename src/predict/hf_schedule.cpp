@@ -143,8 +143,8 @@ Dims dims_of(const HfJob& j) {
   d.ckpt = j.activation_checkpointing;
   d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
   d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
-  d.tf445 = is_older_transformers(j.versions.transformers);
-  d.tf4_minor = d.tf445 ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
+  d.tf4x = is_older_transformers(j.versions.transformers);
+  d.tf4_minor = d.tf4x ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
   return d;
 }
 
@@ -164,7 +164,7 @@ namespace {
 // returns and drops the outputs (logits first, then, from 4.45, the legacy cache tuple, which
 // CPython releases last item first: layer L−1's value, its key, ...). The CPU traces of
 // transformers 4.43.4 to 4.47.1 (tools/predict/trace_hf.py) show each of these.
-Head head_forward_445(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Head& h,
+Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Head& h,
                       Id logits) {
   // the fp32 logits the loss reads: up to 4.45 the model upcasts its output itself (the 16-bit
   // output, a temporary of the expression, goes at once); 4.46 and 4.47 leave the output in the
@@ -243,7 +243,7 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
     inl = t.alloc(d.BT * d.H * 2, A, "autocast cast of final norm output");
   }
   logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "logits");
-  if (d.tf445) return head_forward_445(t, d, m, cached_casts, final_out, h, logits);
+  if (d.tf4x) return head_forward_tf4x(t, d, m, cached_casts, final_out, h, logits);
   // ForCausalLMLoss: logits.float() (a copy unless fp32), labels padded and shifted (no logits
   // copy), cross_entropy = log_softmax (saved, fp32) + nll_loss.
   Id lf = d.e_c == 4 ? 0 : t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits.float()");
@@ -310,7 +310,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   Id& wl = h.wl;
   Id& inl = h.inl;
   // nll_loss backward, log_softmax backward (over B·(T−1) rows under transformers 4.45's shifted copy)
-  const u64 rows = d.tf445 ? d.B * (d.T - 1) : d.BT;
+  const u64 rows = d.tf4x ? d.B * (d.T - 1) : d.BT;
   Id g_nll = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
   t.free(h.shift);  // nll_loss's saved target, released as its node finishes (the H200 trace)
   Id g_ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
@@ -320,7 +320,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   h.scalars[1] = 0;
   for (Id& sc : h.scalars) t.free(sc);
   Id g_logits = g_ls;
-  if (d.tf445) {  // the slice's backward: a zero-filled fp32 [B, T, V] with the rows copied in
+  if (d.tf4x) {  // the slice's backward: a zero-filled fp32 [B, T, V] with the rows copied in
     g_logits = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "grad logits (slice backward, zero-filled)");
     t.free(g_ls);
   }

@@ -395,7 +395,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     Id k_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_rope, Tmp, "repeat_kv(key)") : 0;
     // transformers 4.43 and 4.44 rebind key_states / value_states to the repeats inline, with no
     // cache holding the originals: the rotated key and the value go as each repeat is made
-    const bool rebound = d.tf445 && d.tf4_minor < 45 && rep > 1 && !drop;
+    const bool rebound = d.tf4x && d.tf4_minor < 45 && rep > 1 && !drop;
     if (rebound) t.free(k_embed);
     s.v_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, A, "repeat_kv(value)") : 0;
     if (rebound) t.free(s.v);
@@ -467,7 +467,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(o);
     // full bf16: the repeated key goes only after o_proj's output is made (the H200 trace; under
     // autocast and in fp32 before it)
-    if ((!ac || d.tf445) && kt_copy && !drop) {
+    if ((!ac || d.tf4x) && kt_copy && !drop) {
       k_rep_late = k_rep;
       k_rep = 0;
     }
@@ -509,10 +509,10 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   }
   Id ctx_unused = 0;
   Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
-  // transformers 4.45 to 4.47 run the eager attention inside LlamaAttention.forward (5.17: in
+  // transformers 4.43 to 4.47 run the eager attention inside LlamaAttention.forward (5.17: in
   // eager_attention_forward, which returns before o_proj): under autocast the repeated key is then a
   // local of the same frame, freed after the query as it returns (below)
-  if (!(d.tf445 && ac)) t.free(k_rep_late);
+  if (!(d.tf4x && ac)) t.free(k_rep_late);
   gone(s.ctx);            // attn_output is rebound to o_proj's output
   gone(s.attn_out_sdpa);
   // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
@@ -529,9 +529,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
     t.free(k_rep_late);                     // 4.4x under autocast (above)
-    if (d.tf445 && d.tf4_minor >= 45) {
+    if (d.tf4x && d.tf4_minor >= 45) {
       // transformers 4.45 to 4.47: past_key_value.update() put the rotated key and the value into
-      // the forward's DynamicCache, which holds them until compute_loss returns (head_forward_445;
+      // the forward's DynamicCache, which holds them until compute_loss returns (head_forward_tf4x;
       // 4.43 and 4.44 make no cache while training). What bmm saved instead (a copy, the repeated
       // key) goes with backward as before.
       if (k_embed != 0) m.kv_cache.emplace_back(k_embed, d.e_rope);
@@ -654,10 +654,10 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     return gin;
   };
   Id gin_v = 0, gin_k = 0, gin_q = 0, sum = 0;
-  if (d.tf445) {
-    // transformers 4.45 views and transposes q, k and v only after all three projections, so
+  if (d.tf4x) {
+    // transformers 4.43 to 4.47 view and transpose q, k and v only after all three projections, so
     // their view nodes outrank every projection's matmul in autograd's queue: the three copies
-    // come first (v, k, q), then the matmuls (v, k, q). Its CPU trace, request by request.
+    // come first (v, k, q), then the matmuls (v, k, q). Their CPU traces, request by request.
     Id cv = contiguous(gv, d.kvd);
     Id ck = contiguous(gk2, d.kvd);
     Id cq = contiguous(gq2, d.qd);
@@ -860,9 +860,9 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     t.free(gv);
     gv = c;
   }
-  // transformers 4.45 to 4.47 (see eager_attention_backward_plain): under autocast the k and q
+  // transformers 4.43 to 4.47 (see eager_attention_backward_plain): under autocast the k and q
   // copies come before any projection's matmul too (their CPU traces)
-  const bool early_copies = d.tf445 && ac && !d.liger;
+  const bool early_copies = d.tf4x && ac && !d.liger;
   if (early_copies) {
     for (auto [g, width] : {std::pair<Id*, u64>{&gk2, d.kvd}, std::pair<Id*, u64>{&gq2, d.qd}}) {
       Id c = t.alloc(d.BT * width * d.e_c, Tmp, "grad contiguous");
@@ -1022,8 +1022,8 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // with checkpointing by every layer's checkpoint frame (a keyword argument) until its backward
   Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
   Id mask = 0;
-  if (d.tf445) {
-    // transformers 4.45 _update_causal_mask (eager, no attention_mask):
+  if (d.tf4x) {
+    // transformers 4.43 to 4.47 _update_causal_mask (eager, no attention_mask):
     // _prepare_4d_causal_attention_mask_with_cache_position with target_length T + 1: full((T, T+1),
     // min), triu(diagonal=1), `*= arange(T+1) > cache_position.reshape(-1, 1)` (a bool [T, T+1];
     // the CPU trace shows the in-place product converting it into a float temporary, which is
@@ -1056,7 +1056,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   gemm_workspace(t, m.ws_main);
   Id emb = t.alloc(rot, Tmp, "rotary cat(freqs, freqs)");
   Id cos = 0, sin = 0;
-  if (d.tf445) {  // 4.45: cos() and sin() both, then each times attention_scaling (its CPU trace)
+  if (d.tf4x) {  // 4.43 to 4.47: cos() and sin() both, then each times attention_scaling (their CPU traces)
     Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
     Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
     cos = t.alloc(rot, Category::kInputs, "rotary cos");

@@ -80,9 +80,9 @@ struct Dims {
   // transformers 4.43 to 4.47 (--transformers-version; Llama, eager, no checkpointing): the causal
   // mask is a [T, T+1] float expanded over the batch, the loss copies the shifted logits, and from
   // 4.45 the forward fills a DynamicCache with every layer's rotated key and value (held until
-  // compute_loss returns; hf_schedule.cpp head_forward_445).
-  bool tf445 = false;
-  u64 tf4_minor = 0;  // 43 to 47 under tf445 (the cache from 45, the loss's scalars and upcast from 46)
+  // compute_loss returns; hf_schedule.cpp head_forward_tf4x).
+  bool tf4x = false;
+  u64 tf4_minor = 0;  // 43 to 47 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
 };
 
 // One parameter: its tensor ids across steps.
@@ -123,7 +123,7 @@ struct Model {
   // cache is cleared (the forward's autocast exits; a checkpoint recompute's exits).
   std::vector<Id> bias_casts;
   // transformers 4.45: the DynamicCache's tensors, each layer's rotated key then its value, with
-  // their element sizes (Dims::tf445)
+  // their element sizes (Dims::tf4x)
   std::vector<std::pair<Id, u64>> kv_cache;
   u64 buffer_bytes = 0;  // the module's buffers (Llama/Qwen2: rotary inv_freq, original_inv_freq)
   std::vector<Id> ddp_buckets;
