@@ -49,8 +49,9 @@ lab::PlanFn hf_trainer_plan() {
       // a multi-rank trial (the lab's "ranks"): torchrun DDP, the per-rank prediction
       if (auto v = param_text(p, "ranks"); !v.empty()) job.ranks = std::stoll(v);
       // the releases the job runs, when the spec names them (plan's --torch-version / --transformers-version)
-      if (auto v = param_text(p, "torch_version"); !v.empty()) job.versions.torch = v;
-      if (auto v = param_text(p, "transformers_version"); !v.empty()) job.versions.transformers = v;
+      if (auto v = param_text(p, "torch_version"); !v.empty()) job.versions.torch = predict::release_of(v);
+      if (auto v = param_text(p, "transformers_version"); !v.empty())
+        job.versions.transformers = predict::release_of(v);
       predict::HfPredictOptions o;
       o.device_memory = parse_bytes(mem, "device_memory");
       predict::validate_job(job);

@@ -1,13 +1,17 @@
 // `scalelab plan`: the memory plan of a training configuration, without running it.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <sstream>
+#include <utility>
 
 #include "cli/command.h"
 #include "cli/train_flags.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/subprocess.h"
 #include "model/config.h"
 #include "predict/hf_predict.h"
 #include "train/memory_plan.h"
@@ -30,6 +34,28 @@ struct HfStackFlags {
   std::int64_t ddp_bucket_cap_mb = 0;
   std::string nccl_memory;
 };
+
+// --torch-version / --transformers-version auto: the releases of the Python that runs the
+// training (PYTHON, default python3), as `import torch, transformers` reports them.
+std::pair<std::string, std::string> installed_versions() {
+  const char* env = std::getenv("PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "python3";
+  SubprocessSpec spec;
+  spec.argv = {python, "-c", "import torch, transformers; print(torch.__version__); print(transformers.__version__)"};
+  spec.timeout_s = 120;
+  const SubprocessResult r = run_subprocess(spec);
+  std::istringstream out(r.output);
+  std::string torch, transformers;
+  std::getline(out, torch);
+  std::getline(out, transformers);
+  if (!r.ok() || torch.empty() || transformers.empty()) {
+    std::string tail = r.output.size() > 300 ? r.output.substr(r.output.size() - 300) : r.output;
+    throw InvalidInput("[plan --stack hf-trainer] --torch-version / --transformers-version auto: " + python +
+                       " could not report torch and transformers (" + r.describe() + "): " + tail +
+                       " — set PYTHON to the interpreter of the training, or give the versions");
+  }
+  return {torch, transformers};
+}
 
 // `plan --stack hf-trainer`: the predicted peak memory of the same job under PyTorch and the
 // Hugging Face Trainer (src/predict/), and the largest micro-batch that fits --device-memory.
@@ -71,6 +97,13 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
   job.steps = f.steps;
   job.versions.torch = f.torch_version;
   job.versions.transformers = f.transformers_version;
+  if (job.versions.torch == "auto" || job.versions.transformers == "auto") {
+    const auto [torch, transformers] = installed_versions();
+    if (job.versions.torch == "auto") job.versions.torch = torch;
+    if (job.versions.transformers == "auto") job.versions.transformers = transformers;
+  }
+  job.versions.torch = predict::release_of(job.versions.torch);
+  job.versions.transformers = predict::release_of(job.versions.transformers);
   job.ranks = f.ranks;
   job.ddp_bucket_cap_mb = f.ddp_bucket_cap_mb;
   if (app.count("--ddp-bucket-cap-mb") > 0 && f.ddp_bucket_cap_mb < 1)
@@ -124,10 +157,14 @@ Subcommand add_plan_command(CLI::App& root) {
                   "Whose training step to plan: scalelab (this engine) | hf-trainer (PyTorch + transformers' Trainer, "
                   "predicted: docs/predict.md)")
       ->capture_default_str();
-  app->add_option("--torch-version", hf->torch_version, "hf-trainer: the torch release modelled")->capture_default_str();
+  app->add_option("--torch-version", hf->torch_version,
+                  "hf-trainer: the torch release modelled (2.11; a full version such as 2.11.0+cu130 is read as its "
+                  "major.minor; auto: the one PYTHON, default python3, imports)")
+      ->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,
                   "hf-trainer: the transformers release modelled: 5.17, or 4.43 to 4.47 (Llama, eager attention; "
-                  "checked against CPU traces only)")
+                  "checked against CPU traces only); a full version such as 4.45.2 is read as its major.minor; "
+                  "auto: the one PYTHON, default python3, imports")
       ->capture_default_str();
   app->add_option("--optim", hf->optim, "hf-trainer: adamw_torch (foreach) | adamw_torch_fused")->capture_default_str();
   app->add_option("--cuda-context", hf->cuda_context,

@@ -39,6 +39,19 @@ const char* category_name(Category c) {
   return "?";
 }
 
+std::string release_of(const std::string& version) {
+  std::size_t i = 0;
+  auto digits = [&] {
+    const std::size_t start = i;
+    while (i < version.size() && version[i] >= '0' && version[i] <= '9') ++i;
+    return i > start;
+  };
+  if (!digits() || i >= version.size() || version[i] != '.') return version;
+  ++i;
+  if (!digits()) return version;
+  return version.substr(0, i);
+}
+
 void validate_job(const HfJob& j) {
   auto bad = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
   if (j.versions.torch != kSupportedTorch)

@@ -37,6 +37,10 @@ inline const char* kSupportedTransformers = "5.17";
 // schedule for the five (their CPU traces agree with it alike), with each one's differences.
 inline const char* kOlderTransformers = "4.45";
 inline const char* kOlderTransformersList = "4.43, 4.44, 4.45, 4.46, 4.47";
+// The release a version string names, as the schedule follows it: its major.minor ("4.45.2" →
+// "4.45", "2.11.0+cu130" → "2.11", "2.4.0a0+3bcc3cd" → "2.4"); a string that does not start with
+// two numbers comes back unchanged (and is then refused by validate_job, naming the supported ones).
+std::string release_of(const std::string& version);
 inline bool is_older_transformers(const std::string& v) {
   return v == "4.43" || v == "4.44" || v == "4.45" || v == "4.46" || v == "4.47";
 }

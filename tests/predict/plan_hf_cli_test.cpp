@@ -35,6 +35,33 @@ TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
   EXPECT_EQ(j["per_step"].back()["large_segments"], j["large_segments"]);
 }
 
+// --transformers-version / --torch-version take a full version (its major.minor is the release),
+// or auto: what PYTHON (here a stand-in script printing torch's and transformers' versions, as the
+// real import would) reports; an interpreter that cannot report them exits 2 saying so.
+TEST(PlanHfCli, ReadsFullVersionsAndAutoFromThePython) {
+  const CmdResult full =
+      run(kBase + "--micro-batch-size 6 --device-memory 64GiB --torch-version 2.11.0+cu130 --transformers-version 4.45.2");
+  ASSERT_EQ(full.code, 0) << full.output;
+  EXPECT_NE(full.output.find("torch 2.11, transformers 4.45"), std::string::npos) << full.output;
+  const std::string py = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_fake_python";
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\nprintf '2.11.0+cu130\\n4.47.1\\n'\n";
+  }
+  std::filesystem::permissions(py, std::filesystem::perms::owner_all);
+  setenv("PYTHON", py.c_str(), 1);
+  const CmdResult autod = run(kBase + "--micro-batch-size 6 --device-memory 64GiB --torch-version auto "
+                                      "--transformers-version auto");
+  setenv("PYTHON", "/bin/false", 1);
+  const CmdResult failed = run(kBase + "--micro-batch-size 6 --device-memory 64GiB --transformers-version auto");
+  unsetenv("PYTHON");
+  ASSERT_EQ(autod.code, 0) << autod.output;
+  EXPECT_NE(autod.output.find("torch 2.11, transformers 4.47"), std::string::npos) << autod.output;
+  EXPECT_EQ(failed.code, 2) << failed.output;
+  EXPECT_NE(failed.output.find("/bin/false could not report torch and transformers"), std::string::npos)
+      << failed.output;
+}
+
 // A Qwen2 config directory (Qwen2.5-0.5B's shapes, written here): its q/k/v biases are in the
 // schedule, so the weights and gradients have 3 more tensors per layer than Llama's.
 TEST(PlanHfCli, PredictsAQwen2ConfigDirectory) {
