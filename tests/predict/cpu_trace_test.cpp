@@ -7,6 +7,7 @@
 // are CUDA's own and are checked against the H200 traces instead (trace_replay_test.cpp,
 // hf_predict_test.cpp).
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <set>
@@ -119,6 +120,12 @@ HfJob job_of(const Case& c) {
   return j;
 }
 
+// The older transformers releases traced on the CPU (--transformers-version), each in these
+// precisions: {golden name part, model precision, mixed precision}.
+constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47"};
+constexpr const char* kTinyPrecisions[][3] = {
+    {"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
+
 std::size_t param_count(const HfJob& j) {
   std::size_t n = 0;
   for (const auto& e : hf_trainer_schedule(j))
@@ -205,59 +212,42 @@ TEST_P(CpuTrace, GradientsAndOptimizerStatesMatchTheRealTrainer) {
   EXPECT_EQ(generated.states, traced.states);
 }
 
+// Every traced configuration: the pinned release's, then each older release's
+// (NAME.tf<release>.cpu.events, traced in the three precisions of kTinyPrecisions).
+std::vector<Case> all_cases() {
+  std::vector<Case> cases = {
+      Case{"llama-tiny-fp32-eager", "llama-tiny", "fp32", "no"},
+      Case{"llama-tiny-bf16mixed-eager", "llama-tiny", "fp32", "bf16"},
+      Case{"llama-tiny-bf16-eager", "llama-tiny", "bf16", "bf16"},
+      Case{"qwen2-tiny-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, false, true},
+      Case{"qwen2-tiny-fp32-eager-ckpt", "qwen2-tiny", "fp32", "no", "eager", true, false, true},
+      Case{"qwen2-tiny-bf16mixed-eager", "qwen2-tiny", "fp32", "bf16", "eager", false, false, true},
+      Case{"qwen2-tiny-bf16mixed-eager-ckpt", "qwen2-tiny", "fp32", "bf16", "eager", true, false,
+           true},
+      Case{"qwen2-tiny-bf16-eager", "qwen2-tiny", "bf16", "bf16", "eager", false, false, true},
+      Case{"qwen2-tiny-bf16mixed-sdpa", "qwen2-tiny", "fp32", "bf16", "sdpa", false, false, true},
+      Case{"qwen2-tiny-bf16mixed-sdpa-ckpt", "qwen2-tiny", "fp32", "bf16", "sdpa", true, false,
+           true},
+      Case{"qwen2-tiny-bf16-sdpa", "qwen2-tiny", "bf16", "bf16", "sdpa", false, false, true},
+      Case{"qwen2-tiny-bf16-sdpa-ckpt", "qwen2-tiny", "bf16", "bf16", "sdpa", true, false, true},
+      Case{"qwen2-tiny-bf16-eager-ckpt", "qwen2-tiny", "bf16", "bf16", "eager", true, false, true},
+      Case{"qwen2-tiny-untied-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, true, true},
+      Case{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no", "eager", false, false, true},
+      Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16", "eager", false, false, true},
+      Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
+      Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}};
+  static std::deque<std::string> names;  // the older goldens' names, alive for the whole run
+  for (const char* release : kOlderReleases) {
+    for (const auto& p : kTinyPrecisions) {
+      names.push_back(std::string("llama-tiny-") + p[0] + ".tf" + release);
+      cases.push_back(Case{names.back().c_str(), "llama-tiny", p[1], p[2], "eager", false, false, false, release});
+    }
+  }
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(
-    Tiny, CpuTrace,
-    ::testing::Values(Case{"llama-tiny-fp32-eager", "llama-tiny", "fp32", "no"},
-                      Case{"llama-tiny-bf16mixed-eager", "llama-tiny", "fp32", "bf16"},
-                      Case{"llama-tiny-bf16-eager", "llama-tiny", "bf16", "bf16"},
-                      Case{"qwen2-tiny-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, false, true},
-                      Case{"qwen2-tiny-fp32-eager-ckpt", "qwen2-tiny", "fp32", "no", "eager", true, false, true},
-                      Case{"qwen2-tiny-bf16mixed-eager", "qwen2-tiny", "fp32", "bf16", "eager", false, false, true},
-                      Case{"qwen2-tiny-bf16mixed-eager-ckpt", "qwen2-tiny", "fp32", "bf16", "eager", true, false,
-                           true},
-                      Case{"qwen2-tiny-bf16-eager", "qwen2-tiny", "bf16", "bf16", "eager", false, false, true},
-                      Case{"qwen2-tiny-bf16mixed-sdpa", "qwen2-tiny", "fp32", "bf16", "sdpa", false, false, true},
-                      Case{"qwen2-tiny-bf16mixed-sdpa-ckpt", "qwen2-tiny", "fp32", "bf16", "sdpa", true, false,
-                           true},
-                      Case{"qwen2-tiny-bf16-sdpa", "qwen2-tiny", "bf16", "bf16", "sdpa", false, false, true},
-                      Case{"qwen2-tiny-bf16-sdpa-ckpt", "qwen2-tiny", "bf16", "bf16", "sdpa", true, false, true},
-                      Case{"qwen2-tiny-bf16-eager-ckpt", "qwen2-tiny", "bf16", "bf16", "eager", true, false, true},
-                      Case{"qwen2-tiny-untied-fp32-eager", "qwen2-tiny", "fp32", "no", "eager", false, true, true},
-                      Case{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no", "eager", false, false, true},
-                      Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16", "eager", false, false, true},
-                      Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
-                      Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true},
-                      // transformers 4.45.2 (--transformers-version 4.45)
-                      Case{"llama-tiny-fp32-eager.tf4.45", "llama-tiny", "fp32", "no", "eager", false, false, false,
-                           kOlderTransformers},
-                      Case{"llama-tiny-bf16-eager.tf4.45", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
-                           kOlderTransformers},
-                      Case{"llama-tiny-fp32-eager.tf4.43", "llama-tiny", "fp32", "no", "eager", false, false, false,
-                           "4.43"},
-                      Case{"llama-tiny-bf16mixed-eager.tf4.43", "llama-tiny", "fp32", "bf16", "eager", false, false,
-                           false, "4.43"},
-                      Case{"llama-tiny-bf16-eager.tf4.43", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
-                           "4.43"},
-                      Case{"llama-tiny-fp32-eager.tf4.44", "llama-tiny", "fp32", "no", "eager", false, false, false,
-                           "4.44"},
-                      Case{"llama-tiny-bf16mixed-eager.tf4.44", "llama-tiny", "fp32", "bf16", "eager", false, false,
-                           false, "4.44"},
-                      Case{"llama-tiny-bf16-eager.tf4.44", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
-                           "4.44"},
-                      Case{"llama-tiny-bf16mixed-eager.tf4.45", "llama-tiny", "fp32", "bf16", "eager", false, false,
-                           false, kOlderTransformers},
-                      Case{"llama-tiny-bf16mixed-eager.tf4.46", "llama-tiny", "fp32", "bf16", "eager", false, false,
-                           false, "4.46"},
-                      Case{"llama-tiny-bf16mixed-eager.tf4.47", "llama-tiny", "fp32", "bf16", "eager", false, false,
-                           false, "4.47"},
-                      Case{"llama-tiny-fp32-eager.tf4.46", "llama-tiny", "fp32", "no", "eager", false, false, false,
-                           "4.46"},
-                      Case{"llama-tiny-bf16-eager.tf4.46", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
-                           "4.46"},
-                      Case{"llama-tiny-fp32-eager.tf4.47", "llama-tiny", "fp32", "no", "eager", false, false, false,
-                           "4.47"},
-                      Case{"llama-tiny-bf16-eager.tf4.47", "llama-tiny", "bf16", "bf16", "eager", false, false, false,
-                           "4.47"}),
+    Tiny, CpuTrace, ::testing::ValuesIn(all_cases()),
     [](const auto& info) {
       std::string n = info.param.golden;
       for (char& ch : n)
@@ -409,9 +399,8 @@ std::size_t unmatched(const Case& c, const std::string& golden, const std::strin
 }
 
 TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
-  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
-  for (const char* version : {"4.43", "4.44", "4.45", "4.46", "4.47"}) {
-    for (const auto& pr : prec) {
+  for (const char* version : kOlderReleases) {
+    for (const auto& pr : kTinyPrecisions) {
       const std::string name = std::string("llama-tiny-") + pr[0];
       const std::string older_trace = name + ".tf" + version;
       const Case now{"", "llama-tiny", pr[1], pr[2]};
@@ -434,9 +423,8 @@ TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
 // convert_outputs_to_fp32),
 // then free the logits and, from 4.45, the cache (2 per layer for grouped-query attention).
 TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
-  const char* prec[][3] = {{"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
-  for (const char* version : {"4.43", "4.44", "4.45", "4.46", "4.47"})
-  for (const auto& pr : prec) {
+  for (const char* version : kOlderReleases)
+  for (const auto& pr : kTinyPrecisions) {
     Case older{"", "llama-tiny", pr[1], pr[2]};
     older.transformers = version;
     const HfJob j = job_of(older);

@@ -108,8 +108,8 @@ std::vector<std::string> first_phase(std::istream& in, const std::string& phase,
 // The job each trace recorded (Llama-3.2-1B or OPT-1.3B without dropout, seq 1024), from its name.
 HfJob job_for(const std::string& name) {
   HfJob j;
-  const bool opt = name.rfind("opt-", 0) == 0;
-  j.model = preset_config(opt ? "opt-1.3b" : "llama-3.2-1b");
+  const bool opt = name.rfind("opt-", 0) == 0, qwen2 = name.rfind("qwen2-", 0) == 0;
+  j.model = preset_config(opt ? "opt-1.3b" : qwen2 ? "qwen2.5-0.5b" : "llama-3.2-1b");
   if (opt) j.model.dropout = 0;  // hf_memory.py runs OPT without dropout
   j.seq_len = 1024;
   j.micro_batch = std::stoi(name.substr(name.find("-mb") + 3));
@@ -119,6 +119,8 @@ HfJob job_for(const std::string& name) {
   j.model_precision = name.find("fp32") != std::string::npos || autocast ? "fp32" : "bf16";
   j.mixed_precision = fp16_autocast ? "fp16" : bf16_autocast || j.model_precision == "bf16" ? "bf16" : "no";
   j.attn = name.find("sdpa") != std::string::npos ? "sdpa" : "eager";
+  j.fused_kernels = name.find("-liger") != std::string::npos;
+  j.activation_checkpointing = name.find("-ckpt") != std::string::npos;
   j.steps = 1;
   return j;
 }
@@ -248,15 +250,8 @@ TEST_P(TraceReplay, TheSchedulesAllocatedPeakIsTheGpus) {
 // q/k/v saved freed as q's node returns (before its bias reduction), and v's and k's input
 // gradients summed out of place.
 TEST(TraceReplayQwen2, TheSchedulesPeakAfterEachStepIsTheGpus) {
-  HfJob j;
-  j.model = preset_config("qwen2.5-0.5b");
-  j.seq_len = 1024;
-  j.micro_batch = 8;
-  j.model_precision = "bf16";
-  j.mixed_precision = "no";
-  j.attn = "sdpa";
-  j.fused_kernels = true;
-  j.activation_checkpointing = true;
+  HfJob j = job_for("qwen2-bf16-sdpa-mb8-liger-ckpt");
+  j.mixed_precision = "no";  // the trace's job: bf16 weights without the Trainer's bf16=True
   const Replay r = replay("qwen2-bf16-sdpa-mb8-liger-ckpt", false);
   EXPECT_EQ(r.peak_reserved, r.measured_segment_peak);
   // to the byte (it was 4 MiB below, 5,295,308,800 against 5,299,503,104)
@@ -275,13 +270,7 @@ TEST(TraceReplaySdpa, TheBackwardWorkspaceIsOneRequestOfTheTracesSize) {
   std::size_t traced = 0;
   std::string line;
   while (std::getline(in, line)) traced += line == "a " + std::to_string(ws);
-  HfJob j;
-  j.model = preset_config("llama-3.2-1b");
-  j.seq_len = 1024;
-  j.micro_batch = 6;
-  j.model_precision = "bf16";
-  j.mixed_precision = "bf16";
-  j.attn = "sdpa";
+  HfJob j = job_for("llama-bf16-sdpa-mb6");
   j.steps = 3;
   std::size_t generated = 0;
   for (const ScheduleEvent& e : hf_trainer_schedule(j)) generated += e.kind == ScheduleEvent::kAlloc && e.bytes == ws;
