@@ -41,13 +41,18 @@ std::pair<std::string, std::string> installed_versions() {
   const char* env = std::getenv("PYTHON");
   const std::string python = env != nullptr && *env != '\0' ? env : "python3";
   SubprocessSpec spec;
-  spec.argv = {python, "-c", "import torch, transformers; print(torch.__version__); print(transformers.__version__)"};
+  // One marked line: the child's stderr (import warnings) shares the pipe with its stdout.
+  spec.argv = {python, "-c",
+               "import torch, transformers; print('scalelab-versions', torch.__version__, transformers.__version__)"};
   spec.timeout_s = 120;
   const SubprocessResult r = run_subprocess(spec);
   std::istringstream out(r.output);
-  std::string torch, transformers;
-  std::getline(out, torch);
-  std::getline(out, transformers);
+  std::string line, torch, transformers;
+  while (std::getline(out, line)) {
+    std::istringstream words(line);
+    std::string mark;
+    if (words >> mark && mark == "scalelab-versions") words >> torch >> transformers;
+  }
   if (!r.ok() || torch.empty() || transformers.empty()) {
     std::string tail = r.output.size() > 300 ? r.output.substr(r.output.size() - 300) : r.output;
     throw InvalidInput("[plan --stack hf-trainer] --torch-version / --transformers-version auto: " + python +

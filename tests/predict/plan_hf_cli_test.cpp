@@ -36,8 +36,8 @@ TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
 }
 
 // --transformers-version / --torch-version take a full version (its major.minor is the release),
-// or auto: what PYTHON (here a stand-in script printing torch's and transformers' versions, as the
-// real import would) reports; an interpreter that cannot report them exits 2 saying so.
+// or auto: what PYTHON (here a stand-in script printing torch's and transformers' versions as the
+// real import's one-liner would, after a warning) reports; an interpreter that cannot report them exits 2 saying so.
 TEST(PlanHfCli, ReadsFullVersionsAndAutoFromThePython) {
   const CmdResult full =
       run(kBase + "--micro-batch-size 6 --device-memory 64GiB --torch-version 2.11.0+cu130 --transformers-version 4.45.2");
@@ -46,7 +46,8 @@ TEST(PlanHfCli, ReadsFullVersionsAndAutoFromThePython) {
   const std::string py = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_fake_python";
   {
     std::ofstream f(py);
-    f << "#!/bin/sh\nprintf '2.11.0+cu130\\n4.47.1\\n'\n";
+    // an import warning on stderr first, as transformers prints some
+    f << "#!/bin/sh\necho 'FutureWarning: something' >&2\necho 'scalelab-versions 2.11.0+cu130 4.47.1'\n";
   }
   std::filesystem::permissions(py, std::filesystem::perms::owner_all);
   setenv("PYTHON", py.c_str(), 1);
