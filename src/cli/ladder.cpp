@@ -66,7 +66,8 @@ Subcommand add_ladder_command(CLI::App& root) {
             req.start_micro_batch = start;
             req.max_micro_batch = f->max_micro_batch;
             req.use_plan = !f->no_plan && (w.workload.is_native() || !f->predict.empty());
-            const lab::PlanFn plan = f->predict.empty() ? lab::native_plan(exec) : hf_trainer_plan();
+            const lab::PlanFn plan =
+                f->predict.empty() ? lab::native_plan(exec) : hf_trainer_plan(launcher_of_command(w.workload.identity()));
             req.on_rung = [&](const lab::LadderResult& partial) { runner.set_result(partial.to_json()); };
             lab::LadderResult ladder;
             if (runner.run([&] { ladder = lab::run_ladder(exec, req, plan); }) ==

@@ -65,7 +65,8 @@ Subcommand add_oom_search_command(CLI::App& root) {
             req.settings.hint = f->start;
             req.settings.max_micro_batch = f->max_micro_batch;
             req.use_plan = !f->no_plan && (w.workload.is_native() || !f->predict.empty());
-            const lab::PlanFn plan = f->predict.empty() ? lab::native_plan(exec) : hf_trainer_plan();
+            const lab::PlanFn plan =
+                f->predict.empty() ? lab::native_plan(exec) : hf_trainer_plan(launcher_of_command(w.workload.identity()));
             lab::OomSearchResult result;
             if (runner.run([&] { result = lab::run_oom_search(exec, req, plan); }) ==
                 lab::RunnerOutcome::kInterrupted)

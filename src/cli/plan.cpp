@@ -31,6 +31,7 @@ struct HfStackFlags {
   std::int64_t steps = 3;
   std::string schedule_out;
   int ranks = 1;
+  std::string launcher = "python";
   std::int64_t ddp_bucket_cap_mb = 0;
   std::string nccl_memory;
 };
@@ -78,8 +79,10 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
     refuse("--world-size is the scalelab engine's flag — for the hf-trainer stack give torchrun's ranks as --ranks " +
            std::to_string(world));
   if (f.ranks < 1) refuse("--ranks must be at least 1 (got " + std::to_string(f.ranks) + ")");
-  if (f.ranks == 1 && (app.count("--ddp-bucket-cap-mb") > 0 || app.count("--nccl-memory") > 0))
-    refuse("--ddp-bucket-cap-mb / --nccl-memory apply to DDP — add --ranks N (N > 1)");
+  if (f.ranks > 1 && f.launcher == "python" && app.count("--launcher") > 0)
+    refuse("--ranks " + std::to_string(f.ranks) + " runs under torchrun — drop --launcher python");
+  if (f.ranks == 1 && f.launcher != "torchrun" && (app.count("--ddp-bucket-cap-mb") > 0 || app.count("--nccl-memory") > 0))
+    refuse("--ddp-bucket-cap-mb / --nccl-memory apply to DDP — add --ranks N (N > 1) or --launcher torchrun");
   if (o.device_memory.empty())
     refuse("--device-memory is required: the GPU's total memory as torch reports it (e.g. 80GiB, 64GiB, 141GB)");
   predict::HfJob job;
@@ -110,6 +113,7 @@ int run_hf_plan(const TrainOptions& o, const HfStackFlags& f, int world, const C
   job.versions.torch = predict::release_of(job.versions.torch);
   job.versions.transformers = predict::release_of(job.versions.transformers);
   job.ranks = f.ranks;
+  job.launcher = f.ranks > 1 ? "torchrun" : f.launcher;
   job.ddp_bucket_cap_mb = f.ddp_bucket_cap_mb;
   if (app.count("--ddp-bucket-cap-mb") > 0 && f.ddp_bucket_cap_mb < 1)
     refuse("--ddp-bucket-cap-mb must be at least 1 (TrainingArguments.ddp_bucket_cap_mb)");
@@ -163,8 +167,9 @@ Subcommand add_plan_command(CLI::App& root) {
                   "predicted: docs/predict.md)")
       ->capture_default_str();
   app->add_option("--torch-version", hf->torch_version,
-                  "hf-trainer: the torch release modelled (2.11; a full version such as 2.11.0+cu130 is read as its "
-                  "major.minor; auto: the one PYTHON, default python3, imports)")
+                  "hf-trainer: the torch release modelled: 2.11, or 2.4 with --transformers-version 4.43 to 4.47 "
+                  "(checked against CPU traces only); a full version such as 2.11.0+cu130 is read as its "
+                  "major.minor; auto: the one PYTHON, default python3, imports")
       ->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,
                   "hf-trainer: the transformers release modelled: 5.17, or 4.43 to 4.47 (Llama, eager attention; "
@@ -182,11 +187,15 @@ Subcommand add_plan_command(CLI::App& root) {
   app->add_option("--ranks", hf->ranks,
                   "hf-trainer: torchrun DDP ranks, one GPU each (> 1: the per-rank prediction with DDP's buckets)")
       ->capture_default_str();
+  app->add_option("--launcher", hf->launcher,
+                  "hf-trainer: how the training starts: python (one process) | torchrun (accelerate then wraps the "
+                  "model in DDP even for one process: its gradient buckets count; --ranks > 1 implies it)")
+      ->capture_default_str();
   app->add_option("--ddp-bucket-cap-mb", hf->ddp_bucket_cap_mb,
                   "hf-trainer with --ranks: TrainingArguments.ddp_bucket_cap_mb (default: DDP's 25 MiB, first "
                   "bucket 1 MiB)");
   app->add_option("--nccl-memory", hf->nccl_memory,
-                  "hf-trainer with --ranks: device memory NCCL takes outside PyTorch's allocator, subtracted from "
+                  "hf-trainer with --ranks or --launcher torchrun: device memory NCCL takes outside PyTorch's allocator, subtracted from "
                   "--device-memory like the CUDA context (default 0: not known here; measure it)");
   app->add_option("--steps", hf->steps, "hf-trainer: optimizer steps replayed (the peak is over them)")
       ->capture_default_str();
@@ -196,7 +205,7 @@ Subcommand add_plan_command(CLI::App& root) {
             if (hf->stack != "scalelab")
               throw InvalidInput("[plan] --stack " + hf->stack + " is not supported — supported: scalelab, hf-trainer");
             for (const char* flag : {"--torch-version", "--transformers-version", "--optim", "--cuda-context",
-                                     "--alloc-conf", "--steps", "--schedule-out", "--ranks"}) {
+                                     "--alloc-conf", "--steps", "--schedule-out", "--ranks", "--launcher"}) {
               if (app->count(flag) > 0)
                 throw InvalidInput(std::string("[plan] ") + flag +
                                    " belongs to --stack hf-trainer — add it, or drop the flag for this engine's plan");

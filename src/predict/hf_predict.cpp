@@ -138,6 +138,8 @@ nlohmann::json prediction_json(const HfJob& job, const HfPredictOptions& o, cons
   j["cuda_context_bytes"] = o.cuda_context;
   j["nccl_memory_bytes"] = o.nccl_memory;
   j["ranks"] = job.ranks;
+  j["launcher"] = job.ddp() ? "torchrun" : "python";
+  j["ddp"] = job.ddp();
   j["allocator_limit_bytes"] = p.allocator_limit;
   j["largest_micro_batch"] = largest;
   j["largest_micro_batch_capped"] = largest >= kMicroBatchSearchCap;  // the search stopped there
@@ -180,13 +182,17 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   s += buf;
   if (is_older_transformers(job.versions.transformers)) {
     s += "  transformers " + job.versions.transformers +
-         ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.47.1, not measured on a GPU "
-         "(docs/predict.md)\n";
+         ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.47.1" +
+         (job.versions.torch == kOlderTorch ? std::string(" under torch 2.4.0") : std::string()) +
+         ", not measured on a GPU (docs/predict.md)\n";
   }
   if (job.ranks > 1) {
     std::snprintf(buf, sizeof buf, "  per rank of %lld (torchrun DDP: gradient buckets, gradient_as_bucket_view False)\n",
                   static_cast<long long>(job.ranks));
     s += buf;
+  } else if (job.ddp()) {
+    s += "  torchrun with one process: accelerate wraps the model in DDP all the same (gradient buckets, "
+         "gradient_as_bucket_view False)\n";
   }
   if (p.oom) {
     std::snprintf(buf, sizeof buf, "OUT OF MEMORY at %s (a %s request; the allocator may hold %s)\n", p.oom_at.c_str(),
@@ -199,7 +205,7 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   std::snprintf(buf, sizeof buf, "  max_memory_allocated  %16zu B  %8.2f GiB  %8.2f GB\n", p.max_allocated,
                 gib(p.max_allocated), static_cast<double>(p.max_allocated) / 1e9);
   s += buf;
-  if (job.ranks > 1) {
+  if (job.ddp()) {
     std::snprintf(buf, sizeof buf, "  device %s less CUDA context %s less NCCL %s%s = %s for the allocator\n",
                   format_bytes(o.device_memory).c_str(), format_bytes(o.cuda_context).c_str(),
                   format_bytes(o.nccl_memory).c_str(), o.nccl_memory == 0 ? " (not given: --nccl-memory)" : "",

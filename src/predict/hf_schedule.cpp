@@ -54,8 +54,12 @@ std::string release_of(const std::string& version) {
 
 void validate_job(const HfJob& j) {
   auto bad = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
-  if (j.versions.torch != kSupportedTorch)
-    bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorch);
+  if (j.versions.torch != kSupportedTorch && j.versions.torch != kOlderTorch)
+    bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorch +
+        " (the default), " + kOlderTorch + " (with --transformers-version " + kOlderTransformersList + ")");
+  if (j.versions.torch == kOlderTorch && !is_older_transformers(j.versions.transformers))
+    bad(std::string("--torch-version ") + kOlderTorch + " is modelled with --transformers-version " +
+        kOlderTransformersList + " only (the releases of its time; got " + j.versions.transformers + ")");
   if (j.versions.transformers != kSupportedTransformers && !is_older_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default), " + kOlderTransformersList + " (Llama, eager attention)");
@@ -66,7 +70,6 @@ void validate_job(const HfJob& j) {
     if (j.attn != "eager") bad(why + "eager attention only (its sdpa path is not modelled): use --attn eager");
     if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
-    if (j.ranks > 1) bad(why + "one process only (no --ranks)");
     if (j.seq_len < 2) bad(why + "--seq-len 2 or more (its loss shifts the logits by one token)");
   }
   if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kOPT &&
@@ -115,6 +118,8 @@ void validate_job(const HfJob& j) {
     bad("optimizer " + j.optimizer + " — supported: adamw_torch, adamw_torch_fused");
   if (j.steps < 1 || j.steps > 100) bad("steps must be in [1, 100]");
   if (j.ranks < 1 || j.ranks > 65536) bad("--ranks must be in [1, 65536] (got " + std::to_string(j.ranks) + ")");
+  if (j.launcher != "python" && j.launcher != "torchrun")
+    bad("--launcher " + j.launcher + " — supported: python (one process), torchrun (DDP, even for one process)");
   if (j.ddp_bucket_cap_mb < 0 || j.ddp_bucket_cap_mb > (std::int64_t{1} << 20))
     bad("--ddp-bucket-cap-mb must be in [1, 1048576] MiB (0: DDP's default 25)");
 }
@@ -151,13 +156,14 @@ Dims dims_of(const HfJob& j) {
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   d.liger = j.fused_kernels;
   d.qkv_bias = j.model.qkv_bias;
-  d.ddp = j.ranks > 1;
+  d.ddp = j.ddp();
   d.ddp_find_unused = !j.activation_checkpointing;
   d.ckpt = j.activation_checkpointing;
   d.ddp_first_bucket = j.ddp_bucket_cap_mb == 0;
   d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
   d.tf4x = is_older_transformers(j.versions.transformers);
   d.tf4_minor = d.tf4x ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
+  d.torch24 = j.versions.torch == kOlderTorch;
   return d;
 }
 
@@ -232,8 +238,27 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     for (std::size_t i = m.kv_cache.size(); i-- > 0;) {
       if (fp32[i] == 0) continue;
       t.free(m.kv_cache[i].first);
-      m.kv_cache[i].first = fp32[i];
+      m.kv_cache[i] = {fp32[i], 4};
     }
+  }
+  if (d.ddp && d.ddp_find_unused) {
+    // DDP's _post_forward with find_unused_parameters: _DDPSink clones every tensor of the outputs
+    // (the loss, the logits, then each layer's cached key and value, the legacy cache tuple in
+    // order); the originals go (the logits, then the cache last entry first) and the clones live
+    // until compute_loss returns (the CPU traces of 4.45.2 under torchrun, one process and two).
+    Id loss = t.alloc(4, Category::kLogitsLoss, "DDPSink clone of loss");
+    // the logits the outputs hold are fp32 unless 4.46+ left them 16-bit and nothing converted them
+    const u64 logits_e = d.e_c != 4 && d.tf4_minor >= 46 && !d.mixed ? d.e_c : 4;
+    Id clone = t.alloc(d.BT * d.V * logits_e, Category::kLogitsLoss, "DDPSink clone of logits");
+    std::vector<std::pair<Id, u64>> clones;
+    for (const auto& [id, e] : m.kv_cache)
+      clones.emplace_back(t.alloc(d.BT * d.kvd * e, A, "DDPSink clone of DynamicCache key/value"), e);
+    t.free(h.scalars[1]);
+    h.scalars[1] = loss;
+    t.free(logits);
+    for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(it->first);
+    logits = clone;
+    m.kv_cache = clones;
   }
   t.free(logits);
   for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(it->first);
@@ -318,6 +343,14 @@ void begin_backward(Tape& t, const Dims& d, Model& m) {
   t.free(g);
 }
 
+void full_slices_backward(Tape& t, Id& g, u64 bytes, int slices, const char* label) {
+  for (int i = 0; i < slices; ++i) {
+    Id c = t.alloc(bytes, Category::kTemporaries, label);
+    t.free(g);
+    g = c;
+  }
+}
+
 // Its backward down to the gradient of the final norm's output.
 Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out) {
   Id& wl = h.wl;
@@ -334,8 +367,13 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   for (Id& sc : h.scalars) t.free(sc);
   Id g_logits = g_ls;
   if (d.tf4x) {  // the slice's backward: a zero-filled fp32 [B, T, V] with the rows copied in
+    Id rows_grad = g_ls;
+    if (d.torch24) {  // torch 2.4: first the last dimension's full slice `:`, a zero-filled copy
+      rows_grad = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "grad shift_logits (torch 2.4 full-slice backward)");
+      t.free(g_ls);
+    }
     g_logits = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "grad logits (slice backward, zero-filled)");
-    t.free(g_ls);
+    t.free(rows_grad);
   }
   if (d.e_c != 4) {
     Id g32 = g_logits;
@@ -371,6 +409,10 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     }
   }
   if (!d.autocast) t.free(final_out);
+  // torch 2.4, transformers 4.45 to 4.47: `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])`
+  // with num_logits_to_keep 0 is three full slices of the final norm's output (in its dtype)
+  if (d.torch24 && d.tf4_minor >= 45)
+    full_slices_backward(t, gh, d.BT * d.H * d.e_r, 3, "grad final norm output (torch 2.4 full-slice backward)");
   return gh;
 }
 
@@ -484,7 +526,9 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
     load_opt(t, model, d, job.model);
   } else {
     load_llama(t, model, d, job.model.tie_word_embeddings);
-    model.buffer_bytes = d.hd / 2 * 4 * 2;  // rotary inv_freq and original_inv_freq (fp32)
+    // the rotary inv_freq and original_inv_freq (fp32); 4.43 to 4.47: the model's inv_freq and
+    // each layer's own (load_llama)
+    model.buffer_bytes = d.hd / 2 * 4 * (d.tf4x ? d.L + 1 : 2);
   }
   if (d.ddp) {
     t.phase("ddp_init");

@@ -31,6 +31,11 @@ struct StackVersions {
 };
 inline const char* kSupportedStacks = "hf-trainer";
 inline const char* kSupportedTorch = "2.11";
+// An older torch, modelled with the older transformers only (the published point's NVIDIA PyTorch
+// 24.07 container): torch 2.4 records a backward node for every full slice `[:]` of a tensor that
+// needs a gradient (2.11 skips them), and each such node's backward copies the gradient into a new
+// zero-filled tensor. Traced on the CPU under 2.4.0 (tools/predict/trace_hf.py); docs/predict.md.
+inline const char* kOlderTorch = "2.4";
 inline const char* kSupportedTransformers = "5.17";
 // Older releases, modelled for Llama with eager attention (the published point's era; docs/predict.md):
 // 4.43 to 4.47 copy the shifted logits; 4.45 to 4.47 also fill a DynamicCache in training. One
@@ -85,6 +90,12 @@ struct HfJob {
   double max_grad_norm = 1.0;             // > 0: clip_grad_norm_ runs
   std::int64_t steps = 3;                 // optimizer steps replayed (the peak is over them)
   std::int64_t ranks = 1;                 // torchrun DDP ranks (one GPU each); > 1: DDP's memory per rank
+  // How the job is started: "python" (one process) or "torchrun". Under torchrun accelerate sees
+  // LOCAL_RANK and wraps the model in DistributedDataParallel even for one process (accelerate's
+  // PartialState._prepare_backend: MULTI_GPU whenever LOCAL_RANK is set), so a single-GPU torchrun
+  // job carries DDP's buckets like one rank of many. --ranks > 1 implies torchrun.
+  std::string launcher = "python";
+  bool ddp() const { return ranks > 1 || launcher == "torchrun"; }
   std::int64_t ddp_bucket_cap_mb = 0;     // TrainingArguments.ddp_bucket_cap_mb; 0: DDP's default (25, first 1 MiB)
   StackVersions versions;
 };

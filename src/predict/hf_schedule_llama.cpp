@@ -5,6 +5,7 @@
 // eager_attention_forward, rotary embedding and RMSNorm are Llama's; sliding-window attention is
 // refused by the config reader (use_sliding_window true). See hf_schedule.cpp for how the
 // schedule was written and checked.
+#include <cstring>
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -65,11 +66,16 @@ void load_llama(Tape& t, Model& m, const Dims& d, bool tied) {
   std::size_t i = 0;
   for (Param* p : m.order) {
     p->weight = t.alloc(p->bytes, Category::kWeights, p->name);
+    // transformers 4.43 to 4.47 also give every LlamaAttention its own LlamaRotaryEmbedding
+    // (registered after o_proj, unused in the forward): one more inv_freq buffer per layer
+    if (d.tf4x && std::strcmp(p->name, "o_proj.weight") == 0)
+      t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary inv_freq (the layer's own, unused)");
     // LlamaRotaryEmbedding's buffers (inv_freq, original_inv_freq: fp32 [head_dim/2]) come after
-    // model.norm, before lm_head.
+    // model.norm, before lm_head. Before 4.48 original_inv_freq is an attribute, not a buffer: it
+    // stays on the CPU.
     if (p == &m.norm) {
       m.inv_freq = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary inv_freq");
-      m.inv_freq_orig = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary original_inv_freq");
+      if (!d.tf4x) m.inv_freq_orig = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary original_inv_freq");
     }
     ++i;
   }
@@ -533,9 +539,11 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       // transformers 4.45 to 4.47: past_key_value.update() put the rotated key and the value into
       // the forward's DynamicCache, which holds them until compute_loss returns (head_forward_tf4x;
       // 4.43 and 4.44 make no cache while training). What bmm saved instead (a copy, the repeated
-      // key) goes with backward as before.
-      if (k_embed != 0) m.kv_cache.emplace_back(k_embed, d.e_rope);
-      if (rep > 1) m.kv_cache.emplace_back(s.v, d.e_c);
+      // key) goes with backward as before. Without grouped heads bmm saved the rotated key and the
+      // value themselves: the cache holds them too (id 0 here: counted once), and what copies the
+      // cache's tensors (accelerate's fp32 conversion, DDP's _DDPSink) copies them all the same.
+      m.kv_cache.emplace_back(k_embed, d.e_rope);
+      m.kv_cache.emplace_back(rep > 1 ? s.v : 0, d.e_c);
       k_embed = 0;
       if (rep > 1) s.v = 0;
     }
@@ -577,6 +585,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   gone(s.probs32);
   gone(s.probs16);
 }
+
+// torch 2.4: repeat_kv's `hidden_states[:, :, None, :, :]` is four full slices (d.torch24)
+constexpr const char* kRepeatKvSlices = "repeat_kv backward (torch 2.4 full-slice backward)";
 
 // Backward of one layer, given the gradient of its output `g` (residual dtype); returns the
 // gradient of its input.
@@ -629,8 +640,10 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
   if (rep > 1) {
     gv = t.alloc(nk * e, Tmp, "repeat_kv backward (v)");
     t.free(gv_rep);
+    if (d.torch24) full_slices_backward(t, gv, nk * e, 4, kRepeatKvSlices);
     gk = t.alloc(nk * e, Tmp, "repeat_kv backward (k)");
     t.free(gk_rep);
+    if (d.torch24) full_slices_backward(t, gk, nk * e, 4, kRepeatKvSlices);
   }
   Id gk2 = d.liger ? gk : rope_backward_plain(t, d, nk, gk);  // Liger: in place
   Id gq2 = d.liger ? gq : rope_backward_plain(t, d, nq, gq);
@@ -805,8 +818,10 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     if (rep > 1) {
       gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");
       t.free(gv_rep);
+      if (d.torch24) full_slices_backward(t, gv, d.BT * d.kvd * d.e_c, 4, kRepeatKvSlices);
       gk = t.alloc(d.BT * d.kvd * d.e_rope, Tmp, "repeat_kv backward (k)");
       t.free(gkT);
+      if (d.torch24) full_slices_backward(t, gk, d.BT * d.kvd * d.e_rope, 4, kRepeatKvSlices);
     } else {
       gk = gkT;
       gv = gv_rep;

@@ -83,6 +83,11 @@ struct Dims {
   // compute_loss returns; hf_schedule.cpp head_forward_tf4x).
   bool tf4x = false;
   u64 tf4_minor = 0;  // 43 to 47 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
+  // torch 2.4 (--torch-version 2.4, with tf4x only): each full slice `[:]` of a tensor that needs a
+  // gradient is a node whose backward makes a zero-filled copy of the gradient (torch 2.11 records
+  // none). The model's full slices: `logits[..., :-1, :]`'s last `:`, `hidden_states[:, -0:, :]`
+  // before the lm_head (4.45 to 4.47's num_logits_to_keep) and repeat_kv's `[:, :, None, :, :]`.
+  bool torch24 = false;
 };
 
 // One parameter: its tensor ids across steps.
@@ -305,6 +310,10 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
 void begin_backward(Tape& t, const Dims& d, Model& m);
 // Its backward down to the gradient of the final norm's output.
 Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out);
+// torch 2.4 (d.torch24): the backward of `slices` chained full slices of a tensor of `bytes`, from
+// the last: each a zero-filled copy of the gradient `g`, which then goes (alloc before free, as the
+// CPU traces show). `g` becomes the last copy.
+void full_slices_backward(Tape& t, Id& g, u64 bytes, int slices, const char* label);
 
 // The families (hf_schedule_llama.cpp, hf_schedule_opt.cpp): the model's move to the GPU, and
 // one micro-step's forward and backward.

@@ -21,6 +21,7 @@
 #include "predict/hf_predict.h"
 #include "predict/hf_schedule.h"
 #include "event_log.h"
+#include "step_match.h"
 
 namespace scalelab::predict {
 namespace {
@@ -103,6 +104,7 @@ struct Case {
   bool untied = false;
   bool check_order = false;  // the saved tensors in allocation order (checked for Qwen2)
   const char* transformers = kSupportedTransformers;  // golden NAME.tf4.45 for kOlderTransformers
+  const char* torch = kSupportedTorch;                // golden NAME.tf4.45.torch2.4 for kOlderTorch
 };
 
 HfJob job_of(const Case& c) {
@@ -117,6 +119,7 @@ HfJob job_of(const Case& c) {
   j.activation_checkpointing = c.ckpt;
   j.steps = 2;
   j.versions.transformers = c.transformers;
+  j.versions.torch = c.torch;
   return j;
 }
 
@@ -237,10 +240,14 @@ std::vector<Case> all_cases() {
       Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
       Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}};
   static std::deque<std::string> names;  // the older goldens' names, alive for the whole run
-  for (const char* release : kOlderReleases) {
-    for (const auto& p : kTinyPrecisions) {
-      names.push_back(std::string("llama-tiny-") + p[0] + ".tf" + release);
-      cases.push_back(Case{names.back().c_str(), "llama-tiny", p[1], p[2], "eager", false, false, false, release});
+  for (const char* torch : {kSupportedTorch, kOlderTorch}) {
+    for (const char* release : kOlderReleases) {
+      for (const auto& p : kTinyPrecisions) {
+        names.push_back(std::string("llama-tiny-") + p[0] + ".tf" + release +
+                        (std::string(torch) == kOlderTorch ? std::string(".torch") + torch : ""));
+        cases.push_back(
+            Case{names.back().c_str(), "llama-tiny", p[1], p[2], "eager", false, false, false, release, torch});
+      }
     }
   }
   return cases;
@@ -382,20 +389,7 @@ namespace {
 // so those nodes outrank the matmuls in autograd's queue) must leave each phase as well matched as
 // the 5.17 schedule's against its own trace. The 5.17 schedule against the 4.45 trace leaves more.
 std::size_t unmatched(const Case& c, const std::string& golden, const std::string& phase) {
-  std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + golden + ".cpu.events");
-  EXPECT_TRUE(in.good()) << golden;
-  const std::set<std::string> schedule_only = {"clip_grad_norm", "zero_grad"};
-  const std::vector<std::string> traced = test::phase_events(in, phase, 2, 4096, {}, schedule_only);
-  std::vector<ScheduleEvent> ev = hf_trainer_schedule(job_of(c));
-  ev.erase(std::remove_if(ev.begin(), ev.end(),
-                          [](const ScheduleEvent& e) {
-                            return e.kind == ScheduleEvent::kAlloc && e.category == Category::kWorkspace;
-                          }),
-           ev.end());
-  std::istringstream gen(schedule_text(ev));
-  const std::vector<std::string> generated = test::phase_events(gen, phase, 2, 4096, {}, schedule_only);
-  EXPECT_GT(generated.size(), 40u) << golden << " " << phase;
-  return generated.size() - test::common_subsequence(traced, generated);
+  return test::match_step(golden, job_of(c), phase).unmatched_generated();
 }
 
 TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
@@ -451,6 +445,42 @@ TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
     ASSERT_GE(traced.size(), 5u + (cache ? 2 * static_cast<std::size_t>(j.model.num_hidden_layers) : 0)) << golden;
     EXPECT_EQ(generated, traced) << golden;
     EXPECT_EQ(traced.back(), "f " + std::to_string(cache ? kv32 : logits)) << golden;
+  }
+}
+
+// torch 2.4 (--torch-version 2.4, the reference practice's container): its autograd records a
+// SliceBackward node for every full slice `[:]` (2.11 records none, or an alias), and each node's
+// backward copies the gradient into a new zero-filled tensor. The releases' full slices are
+// `logits[..., :-1, :]`'s last one, the three of `hidden_states[:, -num_logits_to_keep:, :]`
+// (4.45 to 4.47) and the four of repeat_kv's `[:, :, None, :, :]` per key and value. Step 2 against
+// the real Trainer's CPU trace under torch 2.4.0, both ways (what the trace has that the schedule
+// lacks counts too: these copies are what tells the two torch releases apart): the 2.4 schedule
+// misses no more of its trace than the 2.11 schedule of its own, and the 2.11 schedule misses more
+// of the 2.4 trace.
+std::size_t mismatched(const Case& c, const std::string& golden, const std::string& phase) {
+  return test::match_step(golden, job_of(c), phase).mismatched();
+}
+
+TEST(CpuTraceTorch24, TheStepMatchesTheTorch24Trace) {
+  for (const char* version : kOlderReleases) {
+    for (const auto& pr : kTinyPrecisions) {
+      const std::string trace211 = std::string("llama-tiny-") + pr[0] + ".tf" + version;
+      const std::string trace24 = trace211 + ".torch" + kOlderTorch;
+      Case now{"", "llama-tiny", pr[1], pr[2]};
+      now.transformers = version;
+      Case older = now;
+      older.torch = kOlderTorch;
+      const std::size_t own = mismatched(now, trace211, "backward");
+      const std::size_t older_own = mismatched(older, trace24, "backward");
+      const std::size_t crossed = mismatched(now, trace24, "backward");
+      EXPECT_LE(older_own, own) << trace24;
+      // 8 copies per layer (4 for the key, 4 for the value), 1 for the logits, 3 for the final
+      // norm's output from 4.45: each an allocation and a free
+      const std::size_t copies = 8 * 2 + 1 + (std::string(version) >= "4.45" ? 3 : 0);
+      EXPECT_EQ(crossed, older_own + 2 * copies) << trace24;
+      // the forward has no full-slice copies: the same either way
+      EXPECT_EQ(mismatched(older, trace24, "forward"), mismatched(now, trace211, "forward")) << trace24;
+    }
   }
 }
 

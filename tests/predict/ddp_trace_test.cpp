@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "predict/hf_predict.h"
 #include "predict/hf_schedule.h"
 #include "event_log.h"
+#include "step_match.h"
 
 namespace scalelab::predict {
 namespace {
@@ -79,12 +81,15 @@ std::vector<int> before_forward(std::istream& in, std::size_t bytes) {
 }
 
 struct Case {
-  const char* golden;
+  std::string golden;
   const char* prec;
   const char* mixed;
   bool ckpt = false;
   std::int64_t bucket_cap_mb = 0;
   std::int64_t grad_accum = 1;
+  std::int64_t ranks = 2;              // 1: torchrun with one process ("-torchrun1"), DDP all the same
+  std::string transformers = kSupportedTransformers;
+  std::string torch = kSupportedTorch;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.golden; }
@@ -102,7 +107,10 @@ HfJob job_of(const Case& c) {
   j.mixed_precision = c.mixed;
   j.activation_checkpointing = c.ckpt;
   j.steps = 2;
-  j.ranks = 2;
+  j.ranks = c.ranks;
+  j.launcher = "torchrun";
+  j.versions.transformers = c.transformers;
+  j.versions.torch = c.torch;
   j.ddp_bucket_cap_mb = c.bucket_cap_mb;
   j.grad_accum_steps = c.grad_accum;
   return j;
@@ -144,7 +152,7 @@ TEST_P(DdpTrace, EachForwardMatchesTheRealTrainer) {
   EXPECT_EQ(window(gen, "step_end", 1, true), window(in, "step_end", 1, true));
 }
 
-// broadcast_buffers: the rotary tables (2 x head_dim/2 fp32 = 128 bytes) broadcast before a forward
+// broadcast_buffers: the rotary tables (2 x head_dim/2 fp32 = 128 bytes; 4.4x: 3 x) broadcast before a forward
 // when the forward before it synchronized: before every forward without gradient accumulation,
 // before each step's first micro-step with it (the others follow no_sync forwards).
 TEST_P(DdpTrace, BuffersAreBroadcastBeforeTheForwardsThatFollowASynchronizedOne) {
@@ -152,26 +160,139 @@ TEST_P(DdpTrace, BuffersAreBroadcastBeforeTheForwardsThatFollowASynchronizedOne)
   const HfJob j = job_of(c);
   std::ifstream in = golden(c);
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
-  const std::vector<int> traced = before_forward(in, 128), generated = before_forward(gen, 128);
+  // the rotary inv_freq tables: the model's inv_freq and original_inv_freq, or under 4.43 to 4.47
+  // the model's inv_freq and each layer's own (head_dim / 2 fp32 each)
+  const std::size_t flat = static_cast<std::size_t>(j.model.head_dim / 2 * 4) *
+                           (is_older_transformers(c.transformers) ? j.model.num_hidden_layers + 1 : 2);
+  const std::vector<int> traced = before_forward(in, flat), generated = before_forward(gen, flat);
   EXPECT_EQ(generated, traced);
   ASSERT_EQ(traced.size(), static_cast<std::size_t>(j.steps * j.grad_accum_steps));
   for (std::size_t f = 0; f < traced.size(); ++f)
     EXPECT_EQ(traced[f] > 0, f % j.grad_accum_steps == 0) << "forward " << f;
 }
 
-INSTANTIATE_TEST_SUITE_P(LlamaDdp, DdpTrace,
-                         ::testing::Values(Case{"llama-ddp-fp32-eager-ddp2", "fp32", "no"},
-                                           Case{"llama-ddp-bf16-eager-ddp2", "bf16", "bf16"},
-                                           Case{"llama-ddp-bf16mixed-eager-ckpt-ddp2", "fp32", "bf16", true},
-                                           Case{"llama-ddp-fp32-eager-cap1-ddp2", "fp32", "no", false, 1},
-                                           Case{"llama-ddp-fp32-eager-ga2-ddp2", "fp32", "no", false, 0, 2},
-                                           Case{"llama-ddp-bf16mixed-eager-ckpt-ga2-ddp2", "fp32", "bf16", true, 0, 2}),
+// torchrun with one process (the reference practice's single-GPU jobs): accelerate wraps the model
+// in DDP all the same, traced for the current release and each older one, in fp32, bf16 autocast
+// and full bf16, under torch 2.11 and (the older releases) torch 2.4: NAME-torchrun1[.tfR[.torch2.4]].
+constexpr const char* kTorchrunPrecisions[][3] = {{"fp32", "fp32", "no"}, {"bf16mixed", "fp32", "bf16"},
+                                                  {"bf16", "bf16", "bf16"}};
+constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47"};
+
+Case torchrun1(const char* const (&p)[3], const std::string& transformers, const std::string& torch) {
+  Case c{std::string("llama-ddp-") + p[0] + "-eager-torchrun1", p[1], p[2]};
+  c.ranks = 1;
+  c.transformers = transformers;
+  c.torch = torch;
+  if (transformers != kSupportedTransformers) c.golden += ".tf" + transformers;
+  if (torch != kSupportedTorch) c.golden += ".torch" + torch;
+  return c;
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> cases = {Case{"llama-ddp-fp32-eager-ddp2", "fp32", "no"},
+                             Case{"llama-ddp-bf16-eager-ddp2", "bf16", "bf16"},
+                             Case{"llama-ddp-bf16mixed-eager-ckpt-ddp2", "fp32", "bf16", true},
+                             Case{"llama-ddp-fp32-eager-cap1-ddp2", "fp32", "no", false, 1},
+                             Case{"llama-ddp-fp32-eager-ga2-ddp2", "fp32", "no", false, 0, 2},
+                             Case{"llama-ddp-bf16mixed-eager-ckpt-ga2-ddp2", "fp32", "bf16", true, 0, 2}};
+  // two ranks under the older releases (torch 2.11 with 4.45, torch 2.4 with 4.46)
+  Case c{"llama-ddp-fp32-eager-ddp2.tf4.45", "fp32", "no"};
+  c.transformers = "4.45";
+  cases.push_back(c);
+  c.golden = "llama-ddp-fp32-eager-ddp2.tf4.46.torch2.4";
+  c.transformers = "4.46";
+  c.torch = kOlderTorch;
+  cases.push_back(c);
+  for (const auto& p : kTorchrunPrecisions) {
+    cases.push_back(torchrun1(p, kSupportedTransformers, kSupportedTorch));
+    for (const char* release : kOlderReleases)
+      for (const char* torch : {kSupportedTorch, kOlderTorch}) cases.push_back(torchrun1(p, release, torch));
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(LlamaDdp, DdpTrace, ::testing::ValuesIn(all_cases()),
                          [](const auto& info) {
                            std::string n = info.param.golden;
                            for (char& ch : n)
-                             if (ch == '-') ch = '_';
+                             if (ch == '-' || ch == '.') ch = '_';
                            return n;
                          });
+
+// The whole of step 2's forward and backward under torchrun with one process, every request and
+// free of 4 KiB and more in order: each older release (its DynamicCache's keys and values are
+// outputs too, so _DDPSink clones them with the logits, and the originals go at once) leaves no
+// more of its schedule unmatched in its trace than the current release does in its own (the
+// unmatched are CUDA-only temporaries, such as the softmax backward's grad*out).
+std::size_t unmatched(const Case& c, const std::string& phase) {
+  return test::match_step(c.golden, job_of(c), phase).unmatched_generated();
+}
+
+// The end of the forward, event for event (1 KiB and more), from the logits to the backward marker:
+// under the older releases _DDPSink clones the logits and then every cached key and value, the
+// originals go (logits first, the cache last entry first), and the clones go when compute_loss
+// returns; with 4.43 and 4.44 (no cache) only the logits are cloned.
+TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
+  for (const auto& p : kTorchrunPrecisions)
+    for (const char* release : kOlderReleases)
+      for (const char* torch : {kSupportedTorch, kOlderTorch}) {
+        const Case c = torchrun1(p, release, torch);
+        const HfJob j = job_of(c);
+        const std::size_t e = c.prec == std::string("bf16") ? 2 : 4;
+        // the first logits-sized allocation of the forward: the lm_head's output
+        const std::size_t logits = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.vocab_size) * e;
+        auto tail = [&](std::istream& in) {
+          std::vector<std::string> out;
+          bool on = false;
+          for (const std::string& ev : test::phase_events(in, "forward", 2, 1024, {"backward"}, {}, false)) {
+            if (ev == "a " + std::to_string(logits)) on = true;
+            if (on) out.push_back(ev);
+          }
+          return out;
+        };
+        std::ifstream in = golden(c);
+        ASSERT_TRUE(in.good()) << c.golden;
+        std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+        const std::vector<std::string> generated = tail(gen);
+        // the CPU's bf16 GEMM packs its operand into a temporary, freed at once, of a size the
+        // schedule never allocates here: CPU-only, dropped
+        std::set<std::string> sizes;
+        for (const std::string& ev : generated) sizes.insert(ev.substr(2));
+        const std::vector<std::string> raw = tail(in);
+        std::vector<std::string> traced;
+        for (std::size_t i = 0; i < raw.size(); ++i) {
+          if (i + 1 < raw.size() && raw[i][0] == 'a' && raw[i + 1] == "f " + raw[i].substr(2) &&
+              sizes.count(raw[i].substr(2)) == 0) {
+            ++i;
+            continue;
+          }
+          traced.push_back(raw[i]);
+        }
+        const std::size_t kv = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.num_key_value_heads *
+                                                        j.model.head_dim);
+        const bool cache = std::string(release) >= "4.45";
+        // the clones of the cache: one per key and value of each layer, of some dtype
+        std::size_t kv_clones = 0;
+        for (const std::string& ev : traced)
+          if (ev == "a " + std::to_string(kv * 4) || ev == "a " + std::to_string(kv * 2)) ++kv_clones;
+        EXPECT_GE(kv_clones, cache ? 2 * static_cast<std::size_t>(j.model.num_hidden_layers) : 0) << c.golden;
+        EXPECT_EQ(generated, traced) << c.golden;
+      }
+}
+
+TEST(DdpTraceTorchrun, EveryReleaseMatchesItsTraceAsTheCurrentOneDoes) {
+  for (const auto& p : kTorchrunPrecisions) {
+    const Case now = torchrun1(p, kSupportedTransformers, kSupportedTorch);
+    for (const char* phase : {"forward", "backward"}) {
+      const std::size_t own = unmatched(now, phase);
+      for (const char* release : kOlderReleases)
+        for (const char* torch : {kSupportedTorch, kOlderTorch}) {
+          const Case c = torchrun1(p, release, torch);
+          EXPECT_LE(unmatched(c, phase), own) << c.golden << " " << phase;
+        }
+    }
+  }
+}
 
 }  // namespace
 }  // namespace scalelab::predict

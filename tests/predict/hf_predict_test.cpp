@@ -534,7 +534,7 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   EXPECT_THROW(validate_job(j), InvalidInput);  // tensors beyond 2^62 bytes
 }
 
-// --transformers-version 4.45 is modelled for Llama with eager attention, one process, no
+// --transformers-version 4.45 is modelled for Llama with eager attention, without
 // checkpointing or Liger (what its CPU trace checks: cpu_trace_test.cpp CpuTrace445); each other switch is refused
 // with the reason, and its prediction says it was not measured on a GPU.
 TEST(HfPredict, Transformers445IsLlamaEagerOnly) {
@@ -570,8 +570,12 @@ TEST(HfPredict, Transformers445IsLlamaEagerOnly) {
   j.fused_kernels = true;
   refused(j, "--fused-kernels");
   j = job(6);
-  j.ranks = 2;
-  refused(j, "--ranks");
+  j.versions.transformers = kOlderTransformers;
+  j.ranks = 2;  // DDP under 4.4x: traced with two ranks and with torchrun's one (ddp_trace_test.cpp)
+  EXPECT_NO_THROW(validate_job(j));
+  j.ranks = 1;
+  j.launcher = "torchrun";
+  EXPECT_NO_THROW(validate_job(j));
   j = job(6);
   j.seq_len = 1;
   refused(j, "--seq-len 2 or more");

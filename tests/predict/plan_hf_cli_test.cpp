@@ -35,6 +35,40 @@ TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
   EXPECT_EQ(j["per_step"].back()["large_segments"], j["large_segments"]);
 }
 
+// The reference practice's published point (Llama-3.2-1B, fp32, eager, seq 1024, adamw_torch, one
+// 64 GB H100): micro-batch 6 read max_memory_reserved 61.89 GiB ("GB", printed from bytes / 1024^3)
+// and micro-batch 7 ran out of memory. Its job ran under `torchrun --nproc_per_node 1` in NVIDIA's
+// PyTorch 24.07 container (torch 2.4), so accelerate wrapped the model in DDP; the transformers
+// release is not recorded (4.43 or later for Llama 3.2's RoPE; 4.45 here, whose prediction 4.46 and
+// 4.47 share). The goal the issue sets: reserved within 1 % of the measurement, the limit exact.
+// And without torchrun the same job predicts a limit of 7: the launcher is what decides it.
+TEST(PlanHfCli, ReproducesThePublishedPointUnderTorchrun) {
+  const std::string path = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_published.json";
+  const std::string job = kBase + "--device-memory 64GiB --torch-version 2.4.0a0+3bcc3cd --transformers-version 4.45.2 ";
+  CmdResult r = run(job + "--micro-batch-size 6 --launcher torchrun --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("torchrun with one process"), std::string::npos) << r.output;
+  auto j = read_json(path);
+  EXPECT_EQ(j["launcher"], "torchrun");
+  EXPECT_EQ(j["ddp"], true);
+  EXPECT_EQ(j["versions"]["torch"], "2.4");
+  const double published = 61.89 * static_cast<double>(1ull << 30);
+  EXPECT_NEAR(j["max_reserved_bytes"].get<double>(), published, 0.01 * published);
+  EXPECT_EQ(j["largest_micro_batch"], 6);
+  // DDP's gradient buckets: a second copy of every (fp32) gradient, as large as the weights
+  EXPECT_GE(j["breakdown_at_peak_allocated"]["ddp"].get<std::uint64_t>(),
+            j["breakdown_at_peak_allocated"]["weights"].get<std::uint64_t>());
+  r = run(job + "--micro-batch-size 7 --launcher torchrun --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("OUT OF MEMORY"), std::string::npos) << r.output;
+  EXPECT_EQ(read_json(path)["status"], "oom");
+  r = run(job + "--micro-batch-size 6 --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  j = read_json(path);
+  EXPECT_EQ(j["launcher"], "python");
+  EXPECT_EQ(j["largest_micro_batch"], 7);
+}
+
 // --transformers-version / --torch-version take a full version (its major.minor is the release),
 // or auto: what PYTHON (here a stand-in script printing torch's and transformers' versions as the
 // real import's one-liner would, after a warning) reports; an interpreter that cannot report them exits 2 saying so.
@@ -146,7 +180,10 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
   } cases[] = {
       {"plan --stack deepspeed --model llama-3.2-1b", "scalelab, hf-trainer"},
       {kBase + "--device-memory 64GiB --transformers-version 4.40", "supported: 5.17"},
-      {kBase + "--device-memory 64GiB --torch-version 2.4", "supported: 2.11"},
+      {kBase + "--device-memory 64GiB --torch-version 2.6 --transformers-version 4.45", "supported: 2.11 (the default), 2.4"},
+      {kBase + "--device-memory 64GiB --torch-version 2.4", "--torch-version 2.4 is modelled with --transformers-version 4.43"},
+      {kBase + "--device-memory 64GiB --launcher mpirun", "supported: python (one process), torchrun"},
+      {kBase + "--device-memory 64GiB --ranks 2 --launcher python", "--ranks 2 runs under torchrun"},
       {kBase + "--device-memory 64GiB --micro-batch-size 0", "--micro-batch-size"},
       {kBase + "--micro-batch-size 1", "--device-memory is required"},
       {kBase + "--device-memory 64GiB --dropout 0.1", "OPT only"},
@@ -292,6 +329,48 @@ TEST(LabPredict, ReadsTheTransformersVersion) {
   p["transformers_version"] = "4.40";
   EXPECT_FALSE(plan(p, &note).has_value());
   EXPECT_NE(note.find("not modelled"), std::string::npos) << note;
+}
+
+// A spec's "launcher" (plan's --launcher): the published point's job under torchrun with one
+// process fits 6 and not 7, started by python 7 (PlanHfCli.ReproducesThePublishedPointUnderTorchrun).
+TEST(LabPredict, ReadsTheLauncher) {
+  const lab::PlanFn plan = cli::hf_trainer_plan();
+  lab::ParamMap p = {{"model", "llama-3.2-1b"}, {"seq_len", 1024},          {"device_memory", "64GiB"},
+                     {"model_precision", "fp32"}, {"attn", "eager"},        {"transformers_version", "4.45.2"},
+                     {"torch_version", "2.4.0"},  {"launcher", "torchrun"}};
+  std::string note;
+  std::optional<int> b = plan(p, &note);
+  ASSERT_TRUE(b.has_value()) << note;
+  EXPECT_EQ(*b, 6);
+  EXPECT_NE(note.find("torch 2.4, transformers 4.45, torchrun DDP"), std::string::npos) << note;
+  p["launcher"] = "python";
+  b = plan(p, &note);
+  ASSERT_TRUE(b.has_value()) << note;
+  EXPECT_EQ(*b, 7);
+  p["launcher"] = "srun";
+  EXPECT_FALSE(plan(p, &note).has_value());
+  EXPECT_NE(note.find("--launcher srun"), std::string::npos) << note;
+}
+
+// oom-search / ladder --predict on an external workload: a command that runs torchrun (or python -m
+// torch.distributed.run), behind srun or a shell, is planned as torchrun (DDP even for one process),
+// unless the spec's parameters say otherwise.
+TEST(LabPredict, TheLauncherFollowsTheCommand) {
+  using lab::Json;
+  EXPECT_EQ(cli::launcher_of_command(Json{{"command", "torchrun --nproc_per_node 1 train.py --bs {micro_batch_size}"}}),
+            "torchrun");
+  EXPECT_EQ(cli::launcher_of_command(Json{{"command", "srun python -m torch.distributed.run --nproc_per_node 4 t.py"}}),
+            "torchrun");
+  EXPECT_EQ(cli::launcher_of_command(Json{{"command", Json::array({"/opt/venv/bin/torchrun", "train.py"})}}), "torchrun");
+  EXPECT_EQ(cli::launcher_of_command(Json{{"command", "bash -c 'torchrun train.py'"}}), "torchrun");
+  EXPECT_EQ(cli::launcher_of_command(Json{{"command", "python train.py --torchrun-like-flag"}}), "python");
+  EXPECT_EQ(cli::launcher_of_command(Json{{"kind", "native"}}), "python");
+  lab::ParamMap p = {{"model", "llama-3.2-1b"}, {"seq_len", 1024},   {"device_memory", "64GiB"},
+                     {"model_precision", "fp32"}, {"attn", "eager"}, {"transformers_version", "4.45"}};
+  std::string note;
+  EXPECT_EQ(cli::hf_trainer_plan("torchrun")(p, &note), std::optional<int>(6)) << note;
+  p["launcher"] = "python";  // the spec's word wins
+  EXPECT_EQ(cli::hf_trainer_plan("torchrun")(p, &note), std::optional<int>(7)) << note;
 }
 
 }  // namespace

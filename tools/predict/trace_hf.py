@@ -70,6 +70,14 @@ CONFIGS["llama-ddp-fp32-eager-ddp2"] = dict(model_precision="fp32", mixed_precis
 CONFIGS["llama-ddp-bf16-eager-ddp2"] = dict(model_precision="bf16", mixed_precision="bf16", attn="eager", ranks=2)
 CONFIGS["llama-ddp-bf16mixed-eager-ckpt-ddp2"] = dict(model_precision="fp32", mixed_precision="bf16", attn="eager",
                                                       ckpt=True, ranks=2)
+# torchrun with one process (--nproc_per_node 1, as the reference practice's single-GPU jobs run):
+# accelerate sees LOCAL_RANK and wraps the model in DDP over a world of one ("-torchrun1").
+CONFIGS["llama-ddp-fp32-eager-torchrun1"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=1,
+                                                 torchrun=True)
+CONFIGS["llama-ddp-bf16mixed-eager-torchrun1"] = dict(model_precision="fp32", mixed_precision="bf16", attn="eager",
+                                                      ranks=1, torchrun=True)
+CONFIGS["llama-ddp-bf16-eager-torchrun1"] = dict(model_precision="bf16", mixed_precision="bf16", attn="eager", ranks=1,
+                                                 torchrun=True)
 CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
                                                  bucket_cap_mb=1)
 # gradient accumulation on one process: the second micro-step's gradients added into the first's
@@ -102,7 +110,24 @@ def _older(version):
 
 
 def _tag(version):
-    return ".tf" + ".".join(version.split(".")[:2]) if _older(version) else ""
+    """The file name's release tags: ".tf4.45" for an older transformers, and ".torch2.4" for a torch
+    other than the pinned 2.11 (the reference practice's torch 2.4 records a backward node for every
+    full slice `[:]`, which 2.11 skips: --torch-version 2.4, docs/predict.md). Trace one with the venv
+    /work/venvs/torch24 (torch 2.4.0 from PyPI, the same packages otherwise) and an older transformers
+    put first on PYTHONPATH:
+
+        PYTHONPATH=/work/venvs/tf445 /work/venvs/torch24/bin/python tools/predict/trace_hf.py \
+            --out tests/golden/predict/cpu --only llama-tiny-fp32-eager
+    """
+    import torch
+    t = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    return (".tf" + ".".join(version.split(".")[:2]) if _older(version) else "") + \
+        ("" if t == "2.11" else ".torch" + t)
+
+
+def _ddp(cfg):
+    """Whether the configuration runs under torchrun (one worker process per rank, DDP)."""
+    return cfg.get("ranks", 1) > 1 or cfg.get("torchrun", False)
 
 
 def run(name, cfg, out_dir):
@@ -166,7 +191,7 @@ def run(name, cfg, out_dir):
         mark("backward")
         return inner(*a, **k)
     trainer.accelerator.backward = backward
-    if cfg.get("ranks", 1) > 1:
+    if _ddp(cfg):
         # `# ddp_init` when the Trainer (accelerate's prepare_model) wraps the model. What comes
         # just before it on the CPU, model.to(device) copying every parameter, is a no-op on CUDA
         # (the Trainer moved the model to its GPU already).
@@ -206,7 +231,7 @@ def run(name, cfg, out_dir):
     path = os.path.join(out_dir, name + _tag(transformers.__version__) + ".cpu.events")
     with open(path + ".tmp", "w") as f:
         f.write(f"# trace of {name}: torch {torch.__version__}, transformers {transformers.__version__}, seq {SEQ}, micro-batch {MB}, {STEPS} steps on the CPU"
-                + (f", rank 0 of {cfg['ranks']} (DDP, gloo)" if cfg.get("ranks", 1) > 1 else "") + "\n")
+                + (f", rank 0 of {cfg['ranks']} (DDP, gloo)" if _ddp(cfg) else "") + "\n")
         f.write("\n".join(lines) + "\n")
     os.replace(path + ".tmp", path)
     return path, n
@@ -225,7 +250,7 @@ def main():
     for name, cfg in CONFIGS.items():
         if a.only and name not in a.only.split(","):
             continue
-        if cfg.get("ranks", 1) > 1:
+        if _ddp(cfg):
             import socket
             import subprocess
             with socket.socket() as s:
