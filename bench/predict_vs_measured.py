@@ -32,6 +32,13 @@ def flags(rec):
         f += ["--dropout", "0"]  # hf_memory.py runs OPT without dropout
     if rec.get("steps"):
         f += ["--steps", str(rec["steps"])]
+    if rec.get("torchrun"):  # hf_memory.py's "-torchrun1" rows: DDP over one process
+        f += ["--launcher", "torchrun"]
+    v = rec.get("versions") or {}
+    if v.get("torch"):  # the releases the row ran (an older transformers from a carried wheel)
+        f += ["--torch-version", v["torch"]]
+    if v.get("transformers"):
+        f += ["--transformers-version", v["transformers"]]
     return f
 
 

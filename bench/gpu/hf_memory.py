@@ -56,10 +56,11 @@ def matrix(tiny):
     hf-trainer` that describe it."""
     rows = []
 
-    def add(name, model, mb, prec="fp32", mixed="no", attn="eager", ckpt=False, emulate=None, seq=1024, fused=False):
+    def add(name, model, mb, prec="fp32", mixed="no", attn="eager", ckpt=False, emulate=None, seq=1024, fused=False,
+            torchrun=False):
         rows.append(dict(name=name, model=model, seq_len=seq, micro_batch_size=mb, model_precision=prec,
                          mixed_precision=mixed, attn=attn, activation_checkpointing=ckpt, emulate_gib=emulate,
-                         fused=fused))
+                         fused=fused, torchrun=torchrun))
 
     L, O = "llama-3.2-1b", "opt-1.3b"
     if tiny:
@@ -68,12 +69,20 @@ def matrix(tiny):
         add("llama-bf16mixed-eager-mb2", L, 2, mixed="bf16", seq=seq)
         add("llama-bf16-sdpa-mb2", L, 2, prec="bf16", mixed="bf16", attn="sdpa", seq=seq)
         add("opt-fp32-eager-mb2", O, 2, seq=seq)
+        add("llama-fp32-eager-mb2-torchrun1", L, 2, seq=seq, torchrun=True)
         return rows
     add("llama-fp32-eager-mb6", L, 6)
     add("llama-fp32-eager-mb6-64GiB", L, 6, emulate=64)
     add("llama-fp32-eager-mb7-64GiB", L, 7, emulate=64)
     # the predicted limit's other side: plan --stack hf-trainer says 7 is the largest that fits 64 GiB
     add("llama-fp32-eager-mb8-64GiB", L, 8, emulate=64)
+    # the published point as the reference ran it: `torchrun --nproc_per_node 1`, so accelerate wraps
+    # the model in DDP over one process (plan --launcher torchrun: DDP's gradient buckets, _DDPSink's
+    # clones of the outputs). The worker gets torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+    # MASTER_ADDR/PORT) from the harness; NCCL's own memory shows as nvidia_smi_used_at_end.
+    add("llama-fp32-eager-mb6-torchrun1", L, 6, torchrun=True)
+    add("llama-fp32-eager-mb6-64GiB-torchrun1", L, 6, emulate=64, torchrun=True)
+    add("llama-fp32-eager-mb7-64GiB-torchrun1", L, 7, emulate=64, torchrun=True)
     add("llama-fp32-eager-mb1", L, 1)
     add("llama-fp32-eager-mb2", L, 2)
     add("llama-fp32-eager-mb4", L, 4)
@@ -276,6 +285,7 @@ def worker(cfg, device, tiny, steps, trace_path=None):
         rec["train_s"] = round(time.time() - t0, 3)
         rec["train_loss"] = float(out.training_loss)
         rec["per_step"] = per_step
+        rec["model_wrapped"] = type(getattr(trainer, "model_wrapped", model)).__name__  # DistributedDataParallel?
         rec["status"] = "ok"
     except oom_types as e:
         rec["status"], rec["error"] = "oom", f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
@@ -299,8 +309,12 @@ def worker(cfg, device, tiny, steps, trace_path=None):
             rec["num_alloc_retries"] = s.get("num_alloc_retries")
             rec["num_ooms"] = s.get("num_ooms")
             rec["max_reserved_gib"] = rec["max_reserved_bytes"] / GIB
+            rec["reserved_at_end"] = torch.cuda.memory_reserved()
+            # with the context: what NCCL (torchrun rows) and kernels hold outside the allocator
+            rec["nvidia_smi_used_at_end"] = nvidia_smi_used_bytes(os.getpid())
         except Exception:  # noqa: BLE001 - a poisoned context
             pass
+        rec["torchrun_env"] = os.environ.get("LOCAL_RANK") is not None
     return rec
 
 
@@ -382,9 +396,17 @@ def main():
                    "--worker", json.dumps(cfg)] + (["--tiny"] if a.tiny else [])
             if a.trace == "all" or cfg["name"] in a.trace.split(","):
                 cmd += ["--trace-path", os.path.join(a.out, cfg["name"] + ".trace.json.gz")]
+            env = None
+            if cfg.get("torchrun"):  # what `torchrun --nproc_per_node 1` gives its one worker
+                import socket
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    port = s.getsockname()[1]
+                env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                           GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
             t0 = time.time()
             try:
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(20.0, left))
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(20.0, left), env=env)
                 out, err, rc = p.stdout, p.stderr, p.returncode
             except subprocess.TimeoutExpired as e:
                 out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")

@@ -543,23 +543,29 @@ run_hf_memory_rows() {
 # huggingface_hub 0.26.2, accelerate 1.0.1; tf444/: transformers 4.44.2, tokenizers 0.19.1,
 # huggingface_hub 0.24.7, accelerate 0.34.2 — `pip download --no-deps --only-binary=:all:
 # --python-version 3.12 --platform manylinux2014_x86_64 -d .whl/tf445 ...`), put first on PYTHONPATH.
+# The published job under each carried older transformers (4.45 first): as the reference ran it, under
+# torchrun with one process (DDP over a world of one; the trace of micro-batch 6), micro-batch 7 in
+# 64 GiB, and started by python. Predicted (torch 2.11 and 2.4 alike): 4.45-4.47 torchrun 61.86 GiB
+# reserved and 7 out of memory, python 60.19; 4.43-4.44 torchrun 61.51 and 7 out of memory, python 59.81.
 run_hf_memory_older() {
   local root="${WHEELS_DIR:-$DEV_DIR/wheels}" dir name budget rc
-  for dir in "$root"/tf4*/; do
+  local rows=llama-fp32-eager-mb6-torchrun1,llama-fp32-eager-mb7-64GiB-torchrun1,llama-fp32-eager-mb6
+  for dir in "$root"/tf445/ "$root"/tf4*/; do
     [ -d "$dir" ] || continue
+    [ "$dir" != "$root/tf445/" ] && [ "$(basename "$dir")" = tf445 ] && continue  # done first
     name=$(basename "$dir")
     ls "$dir"/transformers-*.whl >/dev/null 2>&1 || { add "hf_memory $name: no transformers wheel"; continue; }
     budget=$(( $(left) - 15 ))
     [ "$budget" -lt 90 ] && { add "hf_memory $name: skipped (${budget}s left)"; continue; }
-    section "hf_memory.py under $(basename "$dir"/transformers-*.whl): llama-fp32-eager-mb6 with its trace"
+    section "hf_memory.py under $(basename "$dir"/transformers-*.whl): $rows (the torchrun mb6 with its trace)"
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "/tmp/$name" \
       "$dir"/*.whl >"$OUT/$name-pip.txt" 2>&1 || { add "hf_memory $name: pip failed ($name-pip.txt)"; continue; }
-    PYTHONPATH="/tmp/$name" timeout $(( budget < 200 ? budget : 200 )) "$PY" bench/gpu/hf_memory.py \
-      --out "$OUT/hfm-$name" --budget-s 120 --trace llama-fp32-eager-mb6 --only llama-fp32-eager-mb6 \
+    PYTHONPATH="/tmp/$name" timeout $(( budget < 240 ? budget : 240 )) "$PY" bench/gpu/hf_memory.py \
+      --out "$OUT/hfm-$name" --budget-s 200 --trace llama-fp32-eager-mb6-torchrun1 --only "$rows" \
       >"$OUT/hf_memory_$name.txt" 2>&1
     rc=$?
     tail -6 "$OUT/hf_memory_$name.txt"
-    add "hf_memory $name: exit $rc (hf_memory_$name.txt, hfm-$name/; predicted: 4.45-4.47 60.19 GiB reserved, 4.43-4.44 59.81)"
+    add "hf_memory $name: exit $rc (hf_memory_$name.txt, hfm-$name/; predicted mb6 torchrun / python: 4.45-4.47 61.86 / 60.19 GiB reserved, 4.43-4.44 61.51 / 59.81; mb7 64GiB torchrun: OOM)"
   done
 }
 
