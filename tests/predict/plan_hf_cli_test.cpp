@@ -236,6 +236,29 @@ TEST(OomSearchPredict, StartsAtThePredictionAndProvesItWithTwoTrials) {
   EXPECT_NE(bad.output.find("supported: hf-trainer"), std::string::npos) << bad.output;
 }
 
+// The published point through the lab: a command started by torchrun (here a stand-in script of that
+// name around the fake workload, which runs out of memory above 6) is planned with DDP over one
+// process, so the search starts at 6 and two trials prove it (started by python the plan says 7).
+TEST(OomSearchPredict, ATorchrunCommandIsPlannedAsDdp) {
+  const std::string dir = std::string(SCALELAB_BINARY_DIR) + "/oom_search_torchrun_test";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  {
+    std::ofstream f(dir + "/torchrun");
+    f << "#!/bin/sh\nexec python3 " << SCALELAB_SOURCE_DIR << "/tests/lab/fake_workload.py \"$@\"\n";
+  }
+  std::filesystem::permissions(dir + "/torchrun", std::filesystem::perms::owner_all);
+  const std::string workload = dir + "/torchrun --batch_size {micro_batch_size} --seq_len {seq_len} --oom_above 6";
+  const CmdResult r = run("oom-search --db " + dir + "/o.db --log-dir " + dir + "/logs --no-telemetry --command '" +
+                          workload + "' --predict hf-trainer --model llama-3.2-1b --seq-len 1024 --device-memory 64GiB "
+                          "--transformers-version 4.45");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("Largest micro-batch that fits: 6 (verified: 6 fits, 7 runs out of memory)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[1] running micro_batch_size=6"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("[3]"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace scalelab::cli_test
 
