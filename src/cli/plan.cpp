@@ -167,12 +167,12 @@ Subcommand add_plan_command(CLI::App& root) {
                   "predicted: docs/predict.md)")
       ->capture_default_str();
   app->add_option("--torch-version", hf->torch_version,
-                  "hf-trainer: the torch release modelled: 2.11, or 2.4 with --transformers-version 4.43 to 4.47 "
+                  "hf-trainer: the torch release modelled: 2.11, or 2.4 with --transformers-version 4.43 to 4.48 "
                   "(checked against CPU traces only); a full version such as 2.11.0+cu130 is read as its "
                   "major.minor; auto: the one PYTHON, default python3, imports")
       ->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,
-                  "hf-trainer: the transformers release modelled: 5.17, or 4.43 to 4.47 (Llama, eager attention; "
+                  "hf-trainer: the transformers release modelled: 5.17, or 4.43 to 4.48 (Llama, eager attention; "
                   "checked against CPU traces only); a full version such as 4.45.2 is read as its major.minor; "
                   "auto: the one PYTHON, default python3, imports")
       ->capture_default_str();

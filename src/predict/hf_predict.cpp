@@ -182,7 +182,7 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   s += buf;
   if (is_older_transformers(job.versions.transformers)) {
     s += "  transformers " + job.versions.transformers +
-         ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.47.1" +
+         ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.48.3" +
          (job.versions.torch == kOlderTorch ? std::string(" under torch 2.4.0") : std::string()) +
          ", not measured on a GPU (docs/predict.md)\n";
   }

@@ -64,7 +64,7 @@ void validate_job(const HfJob& j) {
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default), " + kOlderTransformersList + " (Llama, eager attention)");
   if (is_older_transformers(j.versions.transformers)) {
-    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.47.1), never on a GPU
+    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
     if (j.model.family != ModelFamily::kLlama) bad(why + "Llama only (got " + family_name(j.model.family) + ")");
     if (j.attn != "eager") bad(why + "eager attention only (its sdpa path is not modelled): use --attn eager");
@@ -163,6 +163,7 @@ Dims dims_of(const HfJob& j) {
   d.ddp_bucket_cap = (j.ddp_bucket_cap_mb == 0 ? u64{25} : static_cast<u64>(j.ddp_bucket_cap_mb)) << 20;
   d.tf4x = is_older_transformers(j.versions.transformers);
   d.tf4_minor = d.tf4x ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
+  d.inline_attn = d.tf4x && d.tf4_minor <= 47;
   d.torch24 = j.versions.torch == kOlderTorch;
   return d;
 }
@@ -175,18 +176,19 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name) {
 
 namespace {
 
-// transformers 4.43 to 4.47's LlamaForCausalLM.forward with labels, from the lm_head's output
+// transformers 4.43 to 4.48's LlamaForCausalLM.forward with labels, from the lm_head's output
 // `logits` on: the logits upcast to fp32 (below: where differs by release), `shift_logits =
 // logits[..., :-1, :].contiguous()` (an fp32 copy of B·(T−1) rows), `shift_labels =
 // labels[..., 1:].contiguous()`, the cross-entropy: log_softmax (saved) and nll_loss. The copy goes
 // as the forward returns; the logits and the DynamicCache's keys and values go when compute_loss
 // returns and drops the outputs (logits first, then, from 4.45, the legacy cache tuple, which
 // CPython releases last item first: layer L−1's value, its key, ...). The CPU traces of
-// transformers 4.43.4 to 4.47.1 (tools/predict/trace_hf.py) show each of these.
+// transformers 4.43.4 to 4.48.3 (tools/predict/trace_hf.py) show each of these; 4.48 returns the
+// DynamicCache object instead of the legacy tuple, which goes keys first, then values.
 Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out, Head& h,
                       Id logits) {
   // the fp32 logits the loss reads: up to 4.45 the model upcasts its output itself (the 16-bit
-  // output, a temporary of the expression, goes at once); 4.46 and 4.47 leave the output in the
+  // output, a temporary of the expression, goes at once); 4.46 to 4.48 leave the output in the
   // model's dtype and the loss function upcasts a local copy, which goes as it returns
   Id lf = 0;
   if (d.e_c != 4) {
@@ -204,8 +206,9 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   h.scalars[0] = t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight");
   h.scalars[1] = t.alloc(4, Category::kLogitsLoss, "loss");
   if (d.tf4_minor >= 46) {
-    // 4.46 and 4.47: ForCausalLMLoss's fixed_cross_entropy (reduction "sum", then / num_items);
-    // 4.47 also moves num_items_in_batch to the device (alive until backward is done), as 5.17 does
+    // 4.46 to 4.48: ForCausalLMLoss's fixed_cross_entropy (reduction "sum", then / num_items);
+    // from 4.47 the Trainer also moves num_items_in_batch to the device (alive until backward is
+    // done), as 5.17 does
     if (d.tf4_minor >= 47) h.scalars[2] = t.alloc(8, Category::kInputs, "num_items_in_batch (device)");
     Id quotient = t.alloc(4, Category::kLogitsLoss, "loss / num_items_in_batch");
     Id t2 = t.alloc(4, Category::kLogitsLoss, "loss temporary");
@@ -227,8 +230,9 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     Id out32 = d.e_c != 4 && d.tf4_minor >= 46
                    ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                    : 0;
+    // (4.48 returns the DynamicCache object itself, which the conversion does not enter)
     std::vector<Id> fp32(m.kv_cache.size(), 0);
-    for (std::size_t i = 0; i < m.kv_cache.size(); ++i)
+    for (std::size_t i = 0; i < m.kv_cache.size() && d.tf4_minor <= 47; ++i)
       if (m.kv_cache[i].second != 4)
         fp32[i] = t.alloc(d.BT * d.kvd * 4, A, "DynamicCache key/value to fp32 (accelerate)");
     if (out32 != 0) {
@@ -250,18 +254,32 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     // the logits the outputs hold are fp32 unless 4.46+ left them 16-bit and nothing converted them
     const u64 logits_e = d.e_c != 4 && d.tf4_minor >= 46 && !d.mixed ? d.e_c : 4;
     Id clone = t.alloc(d.BT * d.V * logits_e, Category::kLogitsLoss, "DDPSink clone of logits");
+    // (4.48 returns the DynamicCache object itself, which _DDPSink does not flatten: only the
+    // logits are cloned, as with 4.43 and 4.44, which have no cache)
     std::vector<std::pair<Id, u64>> clones;
     for (const auto& [id, e] : m.kv_cache)
-      clones.emplace_back(t.alloc(d.BT * d.kvd * e, A, "DDPSink clone of DynamicCache key/value"), e);
+      if (d.tf4_minor <= 47)
+        clones.emplace_back(t.alloc(d.BT * d.kvd * e, A, "DDPSink clone of DynamicCache key/value"), e);
     t.free(h.scalars[1]);
     h.scalars[1] = loss;
     t.free(logits);
-    for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(it->first);
     logits = clone;
-    m.kv_cache = clones;
+    if (d.tf4_minor <= 47) {
+      for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(it->first);
+      m.kv_cache = clones;
+    }
   }
   t.free(logits);
-  for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(it->first);
+  if (d.tf4_minor >= 48) {
+    // 4.48's DynamicCache object goes with the outputs: its key_cache list, then its value_cache
+    // list, each last item first (the CPU traces: the rotated keys' fp32 before the bf16 values)
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
+      if (i % 2 == 0) t.free(m.kv_cache[i].first);
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
+      if (i % 2 == 1) t.free(m.kv_cache[i].first);
+  } else {
+    for (auto it = m.kv_cache.rbegin(); it != m.kv_cache.rend(); ++it) t.free(it->first);
+  }
   m.kv_cache.clear();
   begin_backward(t, d, m);
   return h;
@@ -409,7 +427,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     }
   }
   if (!d.autocast) t.free(final_out);
-  // torch 2.4, transformers 4.45 to 4.47: `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])`
+  // torch 2.4, transformers 4.45 to 4.48: `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])`
   // with num_logits_to_keep 0 is three full slices of the final norm's output (in its dtype)
   if (d.torch24 && d.tf4_minor >= 45)
     full_slices_backward(t, gh, d.BT * d.H * d.e_r, 3, "grad final norm output (torch 2.4 full-slice backward)");
@@ -527,8 +545,9 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
   } else {
     load_llama(t, model, d, job.model.tie_word_embeddings);
     // the rotary inv_freq and original_inv_freq (fp32); 4.43 to 4.47: the model's inv_freq and
-    // each layer's own (load_llama)
-    model.buffer_bytes = d.hd / 2 * 4 * (d.tf4x ? d.L + 1 : 2);
+    // each layer's own (load_llama); 4.48: the model's inv_freq alone
+    model.buffer_count = d.inline_attn ? d.L + 1 : d.tf4x ? 1 : 2;
+    model.buffer_bytes = d.hd / 2 * 4 * model.buffer_count;
   }
   if (d.ddp) {
     t.phase("ddp_init");

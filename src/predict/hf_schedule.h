@@ -38,16 +38,17 @@ inline const char* kSupportedTorch = "2.11";
 inline const char* kOlderTorch = "2.4";
 inline const char* kSupportedTransformers = "5.17";
 // Older releases, modelled for Llama with eager attention (the published point's era; docs/predict.md):
-// 4.43 to 4.47 copy the shifted logits; 4.45 to 4.47 also fill a DynamicCache in training. One
-// schedule for the five (their CPU traces agree with it alike), with each one's differences.
+// 4.43 to 4.48 copy the shifted logits; 4.45 to 4.48 also fill a DynamicCache in training; 4.48 has
+// 5.17's attention code. One schedule for the six (their CPU traces agree with it alike), with each
+// one's differences.
 inline const char* kOlderTransformers = "4.45";
-inline const char* kOlderTransformersList = "4.43, 4.44, 4.45, 4.46, 4.47";
+inline const char* kOlderTransformersList = "4.43, 4.44, 4.45, 4.46, 4.47, 4.48";
 // The release a version string names, as the schedule follows it: its major.minor ("4.45.2" →
 // "4.45", "2.11.0+cu130" → "2.11", "2.4.0a0+3bcc3cd" → "2.4"); a string that does not start with
 // two numbers comes back unchanged (and is then refused by validate_job, naming the supported ones).
 std::string release_of(const std::string& version);
 inline bool is_older_transformers(const std::string& v) {
-  return v == "4.43" || v == "4.44" || v == "4.45" || v == "4.46" || v == "4.47";
+  return v == "4.43" || v == "4.44" || v == "4.45" || v == "4.46" || v == "4.47" || v == "4.48";
 }
 
 enum class Category : int {

@@ -42,24 +42,33 @@ namespace {
 constexpr u64 kBroadcastBucket = u64{250} << 20;  // DistributedDataParallel.broadcast_bucket_size
 constexpr u64 kFirstBucket = u64{1} << 20;        // dist._DEFAULT_FIRST_BUCKET_BYTES
 
+struct Bucket {
+  u64 bytes = 0;
+  u64 tensors = 0;
+};
+
 // c10d compute_bucket_assignment_by_size for tensors of one dtype, in the given order: a bucket
 // takes tensors until its size reaches its limit (the limits list is walked, its last repeating).
-std::vector<u64> bucket_sizes(const std::vector<u64>& sizes, const std::vector<u64>& limits) {
-  std::vector<u64> out;
-  u64 cur = 0;
-  bool open = false;
+std::vector<Bucket> buckets_of(const std::vector<u64>& sizes, const std::vector<u64>& limits) {
+  std::vector<Bucket> out;
+  Bucket cur;
   std::size_t li = 0;
   for (u64 s : sizes) {
-    cur += s;
-    open = true;
-    if (cur >= limits[li]) {
+    cur.bytes += s;
+    ++cur.tensors;
+    if (cur.bytes >= limits[li]) {
       out.push_back(cur);
-      cur = 0;
-      open = false;
+      cur = {};
       if (li + 1 < limits.size()) ++li;
     }
   }
-  if (open) out.push_back(cur);
+  if (cur.tensors > 0) out.push_back(cur);
+  return out;
+}
+
+std::vector<u64> bucket_sizes(const std::vector<u64>& sizes, const std::vector<u64>& limits) {
+  std::vector<u64> out;
+  for (const Bucket& b : buckets_of(sizes, limits)) out.push_back(b.bytes);
   return out;
 }
 
@@ -81,24 +90,29 @@ void ddp_construct(Tape& t, Model& m, const Dims& d) {
   // fp32 parameters the fp32 rotary buffers join the parameters' last bucket.
   std::vector<u64> params;
   for (Param* p : m.order) params.push_back(p->bytes);
-  std::vector<u64> flats;
+  std::vector<u64> buffers(m.buffer_count, m.buffer_count ? m.buffer_bytes / m.buffer_count : 0);
+  std::vector<Bucket> flats;
   if (d.e_w == 4) {
     std::vector<u64> all = params;
-    if (m.buffer_bytes) all.push_back(m.buffer_bytes);
-    flats = bucket_sizes(all, {kBroadcastBucket});
+    all.insert(all.end(), buffers.begin(), buffers.end());
+    flats = buckets_of(all, {kBroadcastBucket});
   } else {
-    flats = bucket_sizes(params, {kBroadcastBucket});
-    if (m.buffer_bytes) flats.push_back(m.buffer_bytes);
+    flats = buckets_of(params, {kBroadcastBucket});
+    if (!buffers.empty()) flats.push_back(Bucket{m.buffer_bytes, m.buffer_count});
   }
-  // comm.cpp broadcast_coalesced: at most two flat buffers in flight; the oldest is finished
-  // (copied back, freed) before the next is made.
+  // comm.cpp broadcast_coalesced: at most two buckets in flight; the oldest is finished (copied
+  // back, its flat freed) before the next is made. A bucket of one tensor is broadcast in place:
+  // flatten_dense_tensors of a single tensor is a view (a 300 MiB tensor, or one 16-float buffer,
+  // allocates nothing under torch 2.4 and 2.11 alike: dist._broadcast_coalesced profiled on the
+  // CPU), so Llama-3.2-1B's 1 GB embedding has no flat copy.
   std::vector<Id> in_flight;
-  for (u64 b : flats) {
+  for (const Bucket& b : flats) {
     if (in_flight.size() >= 2) {
       t.free(in_flight.front());
       in_flight.erase(in_flight.begin());
     }
-    in_flight.push_back(t.alloc(b, Category::kDdp, "DDP broadcast of module states (flat bucket)"));
+    in_flight.push_back(b.tensors > 1 ? t.alloc(b.bytes, Category::kDdp, "DDP broadcast of module states (flat bucket)")
+                                      : 0);
   }
   for (Id& id : in_flight) t.free(id);
   // The Reducer's buckets.
@@ -133,7 +147,7 @@ void ddp_pre_forward(Tape& t, Model& m, const Dims& d) {
   // broadcast_buffers: _sync_buffers before a forward when the previous forward synchronized
   // (will_sync_module_buffers: require_forward_param_sync, which _post_forward sets to
   // require_backward_grad_sync); every forward without gradient accumulation
-  if (m.buffer_bytes && m.ddp_forward_param_sync) {
+  if (m.buffer_count > 1 && m.ddp_forward_param_sync) {  // one buffer is broadcast in place
     Id flat = t.alloc(m.buffer_bytes, Category::kDdp, "DDP broadcast of buffers (flat)");
     t.free(flat);
   }

@@ -68,7 +68,7 @@ void load_llama(Tape& t, Model& m, const Dims& d, bool tied) {
     p->weight = t.alloc(p->bytes, Category::kWeights, p->name);
     // transformers 4.43 to 4.47 also give every LlamaAttention its own LlamaRotaryEmbedding
     // (registered after o_proj, unused in the forward): one more inv_freq buffer per layer
-    if (d.tf4x && std::strcmp(p->name, "o_proj.weight") == 0)
+    if (d.inline_attn && std::strcmp(p->name, "o_proj.weight") == 0)
       t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary inv_freq (the layer's own, unused)");
     // LlamaRotaryEmbedding's buffers (inv_freq, original_inv_freq: fp32 [head_dim/2]) come after
     // model.norm, before lm_head. Before 4.48 original_inv_freq is an attribute, not a buffer: it
@@ -473,7 +473,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(o);
     // full bf16: the repeated key goes only after o_proj's output is made (the H200 trace; under
     // autocast and in fp32 before it)
-    if ((!ac || d.tf4x) && kt_copy && !drop) {
+    if ((!ac || d.inline_attn) && kt_copy && !drop) {
       k_rep_late = k_rep;
       k_rep = 0;
     }
@@ -518,7 +518,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   // transformers 4.43 to 4.47 run the eager attention inside LlamaAttention.forward (5.17: in
   // eager_attention_forward, which returns before o_proj): under autocast the repeated key is then a
   // local of the same frame, freed after the query as it returns (below)
-  if (!(d.tf4x && ac)) t.free(k_rep_late);
+  if (!(d.inline_attn && ac)) t.free(k_rep_late);
   gone(s.ctx);            // attn_output is rebound to o_proj's output
   gone(s.attn_out_sdpa);
   // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
@@ -536,7 +536,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(q_view);                         // Liger: its copy is what bmm saved
     t.free(k_rep_late);                     // 4.4x under autocast (above)
     if (d.tf4x && d.tf4_minor >= 45) {
-      // transformers 4.45 to 4.47: past_key_value.update() put the rotated key and the value into
+      // transformers 4.45 to 4.48: past_key_value.update() put the rotated key and the value into
       // the forward's DynamicCache, which holds them until compute_loss returns (head_forward_tf4x;
       // 4.43 and 4.44 make no cache while training). What bmm saved instead (a copy, the repeated
       // key) goes with backward as before. Without grouped heads bmm saved the rotated key and the
@@ -667,7 +667,7 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
     return gin;
   };
   Id gin_v = 0, gin_k = 0, gin_q = 0, sum = 0;
-  if (d.tf4x) {
+  if (d.inline_attn) {
     // transformers 4.43 to 4.47 view and transpose q, k and v only after all three projections, so
     // their view nodes outrank every projection's matmul in autograd's queue: the three copies
     // come first (v, k, q), then the matmuls (v, k, q). Their CPU traces, request by request.
@@ -877,7 +877,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   }
   // transformers 4.43 to 4.47 (see eager_attention_backward_plain): under autocast the k and q
   // copies come before any projection's matmul too (their CPU traces)
-  const bool early_copies = d.tf4x && ac && !d.liger;
+  const bool early_copies = d.inline_attn && ac && !d.liger;
   if (early_copies) {
     for (auto [g, width] : {std::pair<Id*, u64>{&gk2, d.kvd}, std::pair<Id*, u64>{&gq2, d.qd}}) {
       Id c = t.alloc(d.BT * width * d.e_c, Tmp, "grad contiguous");
@@ -1038,7 +1038,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
   Id mask = 0;
   if (d.tf4x) {
-    // transformers 4.43 to 4.47 _update_causal_mask (eager, no attention_mask):
+    // transformers 4.43 to 4.48 _update_causal_mask (eager, no attention_mask):
     // _prepare_4d_causal_attention_mask_with_cache_position with target_length T + 1: full((T, T+1),
     // min), triu(diagonal=1), `*= arange(T+1) > cache_position.reshape(-1, 1)` (a bool [T, T+1];
     // the CPU trace shows the in-place product converting it into a float temporary, which is
@@ -1071,7 +1071,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   gemm_workspace(t, m.ws_main);
   Id emb = t.alloc(rot, Tmp, "rotary cat(freqs, freqs)");
   Id cos = 0, sin = 0;
-  if (d.tf4x) {  // 4.43 to 4.47: cos() and sin() both, then each times attention_scaling (their CPU traces)
+  if (d.tf4x) {  // 4.43 to 4.48: cos() and sin() both, then each times attention_scaling (their CPU traces)
     Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
     Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
     cos = t.alloc(rot, Category::kInputs, "rotary cos");

@@ -77,16 +77,20 @@ struct Dims {
   bool ckpt = false;             // gradient checkpointing (saved tensors come back unpacked)
   bool ddp_first_bucket = true;  // a 1 MiB first bucket (bucket_cap_mb left at DDP's default)
   u64 ddp_bucket_cap = u64{25} << 20;
-  // transformers 4.43 to 4.47 (--transformers-version; Llama, eager, no checkpointing): the causal
+  // transformers 4.43 to 4.48 (--transformers-version; Llama, eager, no checkpointing): the causal
   // mask is a [T, T+1] float expanded over the batch, the loss copies the shifted logits, and from
   // 4.45 the forward fills a DynamicCache with every layer's rotated key and value (held until
   // compute_loss returns; hf_schedule.cpp head_forward_tf4x).
   bool tf4x = false;
-  u64 tf4_minor = 0;  // 43 to 47 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
+  u64 tf4_minor = 0;  // 43 to 48 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
+  // 4.43 to 4.47 (not 4.48): the eager attention inline in LlamaAttention.forward, q/k/v viewed
+  // only after all three projections, and every LlamaAttention with its own rotary embedding.
+  // 4.48 has 5.17's attention (eager_attention_forward, each projection viewed as it is made).
+  bool inline_attn = false;
   // torch 2.4 (--torch-version 2.4, with tf4x only): each full slice `[:]` of a tensor that needs a
   // gradient is a node whose backward makes a zero-filled copy of the gradient (torch 2.11 records
   // none). The model's full slices: `logits[..., :-1, :]`'s last `:`, `hidden_states[:, -0:, :]`
-  // before the lm_head (4.45 to 4.47's num_logits_to_keep) and repeat_kv's `[:, :, None, :, :]`.
+  // before the lm_head (4.45 to 4.48's num_logits_to_keep) and repeat_kv's `[:, :, None, :, :]`.
   bool torch24 = false;
 };
 
@@ -131,6 +135,7 @@ struct Model {
   // their element sizes (Dims::tf4x)
   std::vector<std::pair<Id, u64>> kv_cache;
   u64 buffer_bytes = 0;  // the module's buffers (Llama/Qwen2: rotary inv_freq, original_inv_freq)
+  u64 buffer_count = 0;  // how many tensors they are (DDP broadcasts a single one in place)
   std::vector<Id> ddp_buckets;
   Id ddp_used_map = 0;
   bool ddp_rebuild = false;  // rebuild the buckets before the next forward

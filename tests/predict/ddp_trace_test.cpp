@@ -161,9 +161,15 @@ TEST_P(DdpTrace, BuffersAreBroadcastBeforeTheForwardsThatFollowASynchronizedOne)
   std::ifstream in = golden(c);
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
   // the rotary inv_freq tables: the model's inv_freq and original_inv_freq, or under 4.43 to 4.47
-  // the model's inv_freq and each layer's own (head_dim / 2 fp32 each)
-  const std::size_t flat = static_cast<std::size_t>(j.model.head_dim / 2 * 4) *
-                           (is_older_transformers(c.transformers) ? j.model.num_hidden_layers + 1 : 2);
+  // the model's inv_freq and each layer's own (head_dim / 2 fp32 each). 4.48 has the model's
+  // inv_freq alone, which is broadcast in place (one tensor: no flat copy, schedule or trace; the
+  // trace's 64-byte allocation before each forward is the CPU batch's, as in every release).
+  const std::size_t one = static_cast<std::size_t>(j.model.head_dim / 2 * 4);
+  if (c.transformers == "4.48") {
+    for (int n : before_forward(gen, one)) EXPECT_EQ(n, 0);
+    return;
+  }
+  const std::size_t flat = one * (is_older_transformers(c.transformers) ? j.model.num_hidden_layers + 1 : 2);
   const std::vector<int> traced = before_forward(in, flat), generated = before_forward(gen, flat);
   EXPECT_EQ(generated, traced);
   ASSERT_EQ(traced.size(), static_cast<std::size_t>(j.steps * j.grad_accum_steps));
@@ -176,7 +182,7 @@ TEST_P(DdpTrace, BuffersAreBroadcastBeforeTheForwardsThatFollowASynchronizedOne)
 // and full bf16, under torch 2.11 and (the older releases) torch 2.4: NAME-torchrun1[.tfR[.torch2.4]].
 constexpr const char* kTorchrunPrecisions[][3] = {{"fp32", "fp32", "no"}, {"bf16mixed", "fp32", "bf16"},
                                                   {"bf16", "bf16", "bf16"}};
-constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47"};
+constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47", "4.48"};
 
 Case torchrun1(const char* const (&p)[3], const std::string& transformers, const std::string& torch) {
   Case c{std::string("llama-ddp-") + p[0] + "-eager-torchrun1", p[1], p[2]};
@@ -229,9 +235,10 @@ std::size_t unmatched(const Case& c, const std::string& phase) {
 }
 
 // The end of the forward, event for event (1 KiB and more), from the logits to the backward marker:
-// under the older releases _DDPSink clones the logits and then every cached key and value, the
-// originals go (logits first, the cache last entry first), and the clones go when compute_loss
-// returns; with 4.43 and 4.44 (no cache) only the logits are cloned.
+// under 4.45 to 4.47 _DDPSink clones the logits and then every cached key and value (the legacy
+// cache tuple), the originals go (logits first, the cache last entry first), and the clones go when
+// compute_loss returns; with 4.43 and 4.44 (no cache) and 4.48 (a DynamicCache object, which it
+// does not flatten) only the logits are cloned.
 TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
   for (const auto& p : kTorchrunPrecisions)
     for (const char* release : kOlderReleases)
@@ -270,7 +277,8 @@ TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
         }
         const std::size_t kv = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.num_key_value_heads *
                                                         j.model.head_dim);
-        const bool cache = std::string(release) >= "4.45";
+        // 4.48 returns the DynamicCache object, which _DDPSink does not flatten: no clones
+        const bool cache = std::string(release) >= "4.45" && std::string(release) <= "4.47";
         // the clones of the cache: one per key and value of each layer, of some dtype
         std::size_t kv_clones = 0;
         for (const std::string& ev : traced)

@@ -511,7 +511,9 @@ TEST(HfPredict, Fp32MicroBatch1GrowsBySegmentInStep2AsMeasured) {
 
 TEST(HfPredict, RefusesWhatItDoesNotModel) {
   HfJob j = job(1);
-  j.versions.transformers = "4.48";  // 4.45 to 4.47 and 5.17 are modelled
+  j.versions.transformers = "4.49";  // 4.43 to 4.48 and 5.17 are modelled
+  EXPECT_THROW(validate_job(j), InvalidInput);
+  j.versions.transformers = "4.42";  // before Llama 3.2's rope_type "llama3"
   EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(0);
   EXPECT_THROW(validate_job(j), InvalidInput);

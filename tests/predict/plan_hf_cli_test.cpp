@@ -39,8 +39,8 @@ TEST(PlanHfCli, PrintsThePredictionAndWritesTheRecord) {
 // 64 GB H100): micro-batch 6 read max_memory_reserved 61.89 GiB ("GB", printed from bytes / 1024^3)
 // and micro-batch 7 ran out of memory. Its job ran under `torchrun --nproc_per_node 1` in NVIDIA's
 // PyTorch 24.07 container (torch 2.4), so accelerate wrapped the model in DDP; the transformers
-// release is not recorded (4.43 or later for Llama 3.2's RoPE; 4.45 here, whose prediction 4.46 and
-// 4.47 share). The goal the issue sets: reserved within 1 % of the measurement, the limit exact.
+// release is not recorded (4.43 or later for Llama 3.2's RoPE; 4.45 here, whose reserved peak 4.46
+// to 4.48 share). The goal the issue sets: reserved within 1 % of the measurement, the limit exact.
 // And without torchrun the same job predicts a limit of 7: the launcher is what decides it.
 TEST(PlanHfCli, ReproducesThePublishedPointUnderTorchrun) {
   const std::string path = std::string(SCALELAB_BINARY_DIR) + "/plan_hf_cli_published.json";

@@ -95,10 +95,10 @@ SEQ, MB, STEPS = 32, 2, 2
 def _older(version):
     """Whether this transformers is an older release than the pinned 5.17: its traces are written as
     NAME.tf<major.minor>.cpu.events (e.g. llama-tiny-fp32-eager.tf4.45.cpu.events), beside the pinned
-    release's NAME.cpu.events. The older releases the predictor models are 4.43 to 4.47
+    release's NAME.cpu.events. The older releases the predictor models are 4.43 to 4.48
     (--transformers-version; their loss copies the shifted logits, docs/predict.md "The published
-    point"); trace one with the pinned torch and that transformers put first on PYTHONPATH (4.46.3 and
-    4.47.1 with tokenizers 0.20.3 / 0.21.0 and accelerate 1.2.1, 4.43.4 and 4.44.2 with tokenizers
+    point"); trace one with the pinned torch and that transformers put first on PYTHONPATH (4.46.3,
+    4.47.1 and 4.48.3 with tokenizers 0.20.3 / 0.21.0 and accelerate 1.2.1, 4.43.4 and 4.44.2 with tokenizers
     0.19.1, huggingface_hub 0.24.7 and accelerate 0.34.2, the same way):
 
         pip install --no-deps --target /work/venvs/tf445 transformers==4.45.2 tokenizers==0.20.3 \
