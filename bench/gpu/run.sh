@@ -537,7 +537,7 @@ run_hf_memory_rows() {
   add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
 }
 
-# Older transformers (plan --transformers-version 4.43 to 4.47, CPU-traced only): the published
+# Older transformers (plan --transformers-version 4.43 to 4.48, CPU-traced only): the published
 # point's job, Llama-3.2-1B fp32 eager micro-batch 6, with its allocator trace, under each release
 # carried as wheels in $WHEELS_DIR/tf4*/ (e.g. tf445/: transformers 4.45.2, tokenizers 0.20.3,
 # huggingface_hub 0.26.2, accelerate 1.0.1; tf444/: transformers 4.44.2, tokenizers 0.19.1,
@@ -545,8 +545,8 @@ run_hf_memory_rows() {
 # --python-version 3.12 --platform manylinux2014_x86_64 -d .whl/tf445 ...`), put first on PYTHONPATH.
 # The published job under each carried older transformers (4.45 first): as the reference ran it, under
 # torchrun with one process (DDP over a world of one; the trace of micro-batch 6), micro-batch 7 in
-# 64 GiB, and started by python. Predicted (torch 2.11 and 2.4 alike): 4.45-4.47 torchrun 61.86 GiB
-# reserved and 7 out of memory, python 60.19; 4.43-4.44 torchrun 61.51 and 7 out of memory, python 59.81.
+# 64 GiB, and started by python. Predicted (torch 2.11 and 2.4 alike): 4.45-4.48 torchrun 61.88 GiB
+# reserved and 7 out of memory, python 60.19; 4.43-4.44 torchrun 61.53 and 7 out of memory, python 59.81.
 run_hf_memory_older() {
   local root="${WHEELS_DIR:-$DEV_DIR/wheels}" dir name budget rc
   local rows=llama-fp32-eager-mb6-torchrun1,llama-fp32-eager-mb7-64GiB-torchrun1,llama-fp32-eager-mb6
@@ -565,7 +565,7 @@ run_hf_memory_older() {
       >"$OUT/hf_memory_$name.txt" 2>&1
     rc=$?
     tail -6 "$OUT/hf_memory_$name.txt"
-    add "hf_memory $name: exit $rc (hf_memory_$name.txt, hfm-$name/; predicted mb6 torchrun / python: 4.45-4.47 61.86 / 60.19 GiB reserved, 4.43-4.44 61.51 / 59.81; mb7 64GiB torchrun: OOM)"
+    add "hf_memory $name: exit $rc (hf_memory_$name.txt, hfm-$name/; predicted mb6 torchrun / python: 4.45-4.48 61.88 / 60.19 GiB reserved, 4.43-4.44 61.53 / 59.81; mb7 64GiB torchrun: OOM)"
   done
 }
 
