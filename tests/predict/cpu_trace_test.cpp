@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -463,6 +464,34 @@ TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
 // of the 2.4 trace.
 std::size_t mismatched(const Case& c, const std::string& golden, const std::string& phase) {
   return test::match_step(golden, job_of(c), phase).mismatched();
+}
+
+// TrainingArguments(optim="adamw_torch_fused"): torch._fused_adamw_ (a CPU kernel since torch 2.4)
+// makes the states on step 1 as the foreach path does and no temporaries at all, where the foreach
+// path has _foreach_sqrt's. The optimizer step of steps 1 and 2, every request and free of 4 KiB
+// and more, equals the real Trainer's trace under 5.17 / torch 2.11 and 4.45 under torch 2.11 and
+// 2.4; the foreach schedule against the same trace does not.
+TEST(CpuTraceFusedAdamW, TheStepMakesTheStatesAndNoTemporaries) {
+  for (const auto& [golden, transformers, torch] :
+       {std::tuple<const char*, const char*, const char*>{"llama-tiny-fp32-eager-fusedadam", kSupportedTransformers,
+                                                          kSupportedTorch},
+        {"llama-tiny-fp32-eager-fusedadam.tf4.45", "4.45", kSupportedTorch},
+        {"llama-tiny-fp32-eager-fusedadam.tf4.45.torch2.4", "4.45", kOlderTorch}}) {
+    Case c{"", "llama-tiny", "fp32", "no"};
+    c.transformers = transformers;
+    c.torch = torch;
+    HfJob j = job_of(c);
+    j.optimizer = "adamw_torch_fused";
+    HfJob foreach = j;
+    foreach.optimizer = "adamw_torch";
+    for (int step = 1; step <= 2; ++step) {
+      const test::StepMatch fused = test::match_step(golden, j, "optimizer_step", step, 4096, 0);
+      EXPECT_GT(fused.traced, 0u) << golden << " step " << step;
+      EXPECT_EQ(fused.mismatched(), 0u) << golden << " step " << step;
+      EXPECT_GT(test::match_step(golden, foreach, "optimizer_step", step, 4096, 0).mismatched(), 0u)
+          << golden << " step " << step;
+    }
+  }
 }
 
 TEST(CpuTraceTorch24, TheStepMatchesTheTorch24Trace) {

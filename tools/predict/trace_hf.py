@@ -80,6 +80,10 @@ CONFIGS["llama-ddp-bf16-eager-torchrun1"] = dict(model_precision="bf16", mixed_p
                                                  torchrun=True)
 CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
                                                  bucket_cap_mb=1)
+# the fused AdamW (TrainingArguments optim="adamw_torch_fused": torch._fused_adamw_, which has a CPU
+# kernel since torch 2.4)
+CONFIGS["llama-tiny-fp32-eager-fusedadam"] = dict(model_precision="fp32", mixed_precision="no", attn="eager",
+                                                  optim="adamw_torch_fused")
 # gradient accumulation on one process: the second micro-step's gradients added into the first's
 CONFIGS["llama-tiny-fp32-eager-ga2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", grad_accum=2)
 # gradient accumulation under DDP: the Trainer runs every micro-step but the last in no_sync
@@ -177,7 +181,8 @@ def run(name, cfg, out_dir):
             mark("step_end")
 
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=MB, max_steps=STEPS,
-                             learning_rate=5e-5, optim="adamw_torch", bf16=cfg["mixed_precision"] == "bf16",
+                             learning_rate=5e-5, optim=cfg.get("optim", "adamw_torch"),
+                             bf16=cfg["mixed_precision"] == "bf16",
                              logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
                              use_cpu=True, dataloader_num_workers=0, seed=0,
                              gradient_checkpointing=cfg.get("ckpt", False),
