@@ -167,8 +167,8 @@ Subcommand add_plan_command(CLI::App& root) {
                   "predicted: docs/predict.md)")
       ->capture_default_str();
   app->add_option("--torch-version", hf->torch_version,
-                  "hf-trainer: the torch release modelled: 2.11, or 2.4 with --transformers-version 4.43 to 4.48 "
-                  "(checked against CPU traces only); a full version such as 2.11.0+cu130 is read as its "
+                  "hf-trainer: the torch release modelled: 2.4 to 2.11 (2.4 to 2.8 checked against CPU traces "
+                  "only; with transformers 5.17 2.5 to 2.8 for eager attention); a full version such as 2.11.0+cu130 is read as its "
                   "major.minor; auto: the one PYTHON, default python3, imports")
       ->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,

@@ -183,8 +183,15 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   if (is_older_transformers(job.versions.transformers)) {
     s += "  transformers " + job.versions.transformers +
          ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.48.3" +
-         (job.versions.torch == kOlderTorch ? std::string(" under torch 2.4.0") : std::string()) +
+         (records_full_slices(job.versions.torch) ? std::string(" under torch 2.4.0 to 2.8.0") : std::string()) +
          ", not measured on a GPU (docs/predict.md)\n";
+  }
+  if (!is_older_transformers(job.versions.transformers) && job.versions.torch != kSupportedTorch) {
+    s += "  torch " + job.versions.torch +
+         (records_full_slices(job.versions.torch)
+              ? ": its full-slice backward copies are checked against CPU traces of torch 2.8.0, not measured on a GPU"
+              : ": its CPU traces equal torch 2.11's; the GPU measurements are 2.11's") +
+         " (docs/predict.md)\n";
   }
   if (job.ranks > 1) {
     std::snprintf(buf, sizeof buf, "  per rank of %lld (torchrun DDP: gradient buckets, gradient_as_bucket_view False)\n",

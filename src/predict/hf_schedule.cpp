@@ -54,12 +54,17 @@ std::string release_of(const std::string& version) {
 
 void validate_job(const HfJob& j) {
   auto bad = [](const std::string& m) { throw InvalidInput("[plan --stack hf-trainer] " + m); };
-  if (j.versions.torch != kSupportedTorch && j.versions.torch != kOlderTorch)
-    bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorch +
-        " (the default), " + kOlderTorch + " (with --transformers-version " + kOlderTransformersList + ")");
-  if (j.versions.torch == kOlderTorch && !is_older_transformers(j.versions.transformers))
-    bad(std::string("--torch-version ") + kOlderTorch + " is modelled with --transformers-version " +
-        kOlderTransformersList + " only (the releases of its time; got " + j.versions.transformers + ")");
+  if (torch_minor(j.versions.torch) < 0)
+    bad("--torch-version " + j.versions.torch + " is not modelled — supported: " + kSupportedTorchList + " (default " +
+        kSupportedTorch + ")");
+  if (records_full_slices(j.versions.torch) && !is_older_transformers(j.versions.transformers)) {
+    // torch 2.4 to 2.8 with transformers 5.17 (which needs torch 2.5 or later): traced for eager
+    // attention (Llama, Qwen2, OPT); sdpa's CPU path differs beyond the full-slice copies there
+    const std::string why = "--torch-version " + j.versions.torch + " with transformers " + j.versions.transformers;
+    if (j.versions.torch == "2.4") bad(why + ": transformers 5.17 needs torch 2.5 or later");
+    if (j.attn != "eager") bad(why + " is modelled for eager attention only: use --attn eager");
+    if (j.fused_kernels) bad(why + " is modelled without --fused-kernels (Liger) only");
+  }
   if (j.versions.transformers != kSupportedTransformers && !is_older_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default), " + kOlderTransformersList + " (Llama, eager attention)");
@@ -164,7 +169,7 @@ Dims dims_of(const HfJob& j) {
   d.tf4x = is_older_transformers(j.versions.transformers);
   d.tf4_minor = d.tf4x ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
   d.inline_attn = d.tf4x && d.tf4_minor <= 47;
-  d.torch24 = j.versions.torch == kOlderTorch;
+  d.slice_copies = records_full_slices(j.versions.torch);
   return d;
 }
 
@@ -386,8 +391,8 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   Id g_logits = g_ls;
   if (d.tf4x) {  // the slice's backward: a zero-filled fp32 [B, T, V] with the rows copied in
     Id rows_grad = g_ls;
-    if (d.torch24) {  // torch 2.4: first the last dimension's full slice `:`, a zero-filled copy
-      rows_grad = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "grad shift_logits (torch 2.4 full-slice backward)");
+    if (d.slice_copies) {  // torch 2.4-2.8: first the last dimension's full slice `:`, a zero-filled copy
+      rows_grad = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "grad shift_logits (torch <= 2.8 full-slice backward)");
       t.free(g_ls);
     }
     g_logits = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "grad logits (slice backward, zero-filled)");
@@ -427,10 +432,11 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
     }
   }
   if (!d.autocast) t.free(final_out);
-  // torch 2.4, transformers 4.45 to 4.48: `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])`
-  // with num_logits_to_keep 0 is three full slices of the final norm's output (in its dtype)
-  if (d.torch24 && d.tf4_minor >= 45)
-    full_slices_backward(t, gh, d.BT * d.H * d.e_r, 3, "grad final norm output (torch 2.4 full-slice backward)");
+  // torch 2.4 to 2.8, transformers 4.45 to 4.48 and 5.17 (Llama, Qwen2, OPT):
+  // `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])` (5.17: `[:, slice(-0, None), :]`) is
+  // three full slices of the final norm's output (in its dtype); 4.43 and 4.44 do not slice
+  if (d.slice_copies && (!d.tf4x || d.tf4_minor >= 45))
+    full_slices_backward(t, gh, d.BT * d.H * d.e_r, 3, "grad final norm output (torch <= 2.8 full-slice backward)");
   return gh;
 }
 

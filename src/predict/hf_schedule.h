@@ -30,12 +30,25 @@ struct StackVersions {
   std::string transformers = "5.17";
 };
 inline const char* kSupportedStacks = "hf-trainer";
-inline const char* kSupportedTorch = "2.11";
-// An older torch, modelled with the older transformers only (the published point's NVIDIA PyTorch
-// 24.07 container): torch 2.4 records a backward node for every full slice `[:]` of a tensor that
-// needs a gradient (2.11 skips them), and each such node's backward copies the gradient into a new
-// zero-filled tensor. Traced on the CPU under 2.4.0 (tools/predict/trace_hf.py); docs/predict.md.
-inline const char* kOlderTorch = "2.4";
+inline const char* kSupportedTorch = "2.11";  // the default
+// The torch releases modelled, 2.4 to 2.11, in two groups by their CPU traces of the real Trainer
+// (tools/predict/trace_hf.py; docs/predict.md "torch releases"): 2.4 to 2.8 record a SliceBackward
+// node for every full slice `[:]` of a tensor that needs a gradient, whose backward copies the
+// gradient into a new zero-filled tensor; 2.9 to 2.11 record none (or an alias). Within a group the
+// traces are the same, event for event above 4 KiB (CPU kernels' scratch aside).
+inline const char* kSupportedTorchList = "2.4 to 2.11";
+inline const char* kOlderTorch = "2.4";  // the older group's first, traced most (the published point's)
+// 2.4 -> 4, ..., 2.11 -> 11; -1 for anything else
+inline int torch_minor(const std::string& v) {
+  if (v.size() < 3 || v.compare(0, 2, "2.") != 0) return -1;
+  int n = 0;
+  for (std::size_t i = 2; i < v.size(); ++i) {
+    if (v[i] < '0' || v[i] > '9' || i > 3) return -1;
+    n = n * 10 + (v[i] - '0');
+  }
+  return n >= 4 && n <= 11 ? n : -1;
+}
+inline bool records_full_slices(const std::string& torch) { return torch_minor(torch) >= 4 && torch_minor(torch) <= 8; }
 inline const char* kSupportedTransformers = "5.17";
 // Older releases, modelled for Llama with eager attention (the published point's era; docs/predict.md):
 // 4.43 to 4.48 copy the shifted logits; 4.45 to 4.48 also fill a DynamicCache in training; 4.48 has

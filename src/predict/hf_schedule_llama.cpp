@@ -586,8 +586,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   gone(s.probs16);
 }
 
-// torch 2.4: repeat_kv's `hidden_states[:, :, None, :, :]` is four full slices (d.torch24)
-constexpr const char* kRepeatKvSlices = "repeat_kv backward (torch 2.4 full-slice backward)";
+// torch 2.4 to 2.8: repeat_kv's `hidden_states[:, :, None, :, :]` is four full slices (d.slice_copies)
+constexpr const char* kRepeatKvSlices = "repeat_kv backward (torch <= 2.8 full-slice backward)";
 
 // Backward of one layer, given the gradient of its output `g` (residual dtype); returns the
 // gradient of its input.
@@ -640,10 +640,10 @@ void eager_attention_backward_plain(Tape& t, const Dims& d, Model& m, LayerParam
   if (rep > 1) {
     gv = t.alloc(nk * e, Tmp, "repeat_kv backward (v)");
     t.free(gv_rep);
-    if (d.torch24) full_slices_backward(t, gv, nk * e, 4, kRepeatKvSlices);
+    if (d.slice_copies) full_slices_backward(t, gv, nk * e, 4, kRepeatKvSlices);
     gk = t.alloc(nk * e, Tmp, "repeat_kv backward (k)");
     t.free(gk_rep);
-    if (d.torch24) full_slices_backward(t, gk, nk * e, 4, kRepeatKvSlices);
+    if (d.slice_copies) full_slices_backward(t, gk, nk * e, 4, kRepeatKvSlices);
   }
   Id gk2 = d.liger ? gk : rope_backward_plain(t, d, nk, gk);  // Liger: in place
   Id gq2 = d.liger ? gq : rope_backward_plain(t, d, nq, gq);
@@ -818,10 +818,10 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     if (rep > 1) {
       gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");
       t.free(gv_rep);
-      if (d.torch24) full_slices_backward(t, gv, d.BT * d.kvd * d.e_c, 4, kRepeatKvSlices);
+      if (d.slice_copies) full_slices_backward(t, gv, d.BT * d.kvd * d.e_c, 4, kRepeatKvSlices);
       gk = t.alloc(d.BT * d.kvd * d.e_rope, Tmp, "repeat_kv backward (k)");
       t.free(gkT);
-      if (d.torch24) full_slices_backward(t, gk, d.BT * d.kvd * d.e_rope, 4, kRepeatKvSlices);
+      if (d.slice_copies) full_slices_backward(t, gk, d.BT * d.kvd * d.e_rope, 4, kRepeatKvSlices);
     } else {
       gk = gkT;
       gv = gv_rep;

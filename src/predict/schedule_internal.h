@@ -87,11 +87,12 @@ struct Dims {
   // only after all three projections, and every LlamaAttention with its own rotary embedding.
   // 4.48 has 5.17's attention (eager_attention_forward, each projection viewed as it is made).
   bool inline_attn = false;
-  // torch 2.4 (--torch-version 2.4, with tf4x only): each full slice `[:]` of a tensor that needs a
-  // gradient is a node whose backward makes a zero-filled copy of the gradient (torch 2.11 records
-  // none). The model's full slices: `logits[..., :-1, :]`'s last `:`, `hidden_states[:, -0:, :]`
-  // before the lm_head (4.45 to 4.48's num_logits_to_keep) and repeat_kv's `[:, :, None, :, :]`.
-  bool torch24 = false;
+  // torch 2.4 to 2.8 (records_full_slices): each full slice `[:]` of a tensor that needs a gradient
+  // is a node whose backward makes a zero-filled copy of the gradient (2.9 to 2.11 record none). The
+  // model's full slices: `logits[..., :-1, :]`'s last `:` (4.4x), the final norm's output before the
+  // lm_head (4.45 to 4.48's num_logits_to_keep, 5.17's logits_to_keep) and repeat_kv's
+  // `[:, :, None, :, :]` (eager).
+  bool slice_copies = false;
 };
 
 // One parameter: its tensor ids across steps.
@@ -315,7 +316,7 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
 void begin_backward(Tape& t, const Dims& d, Model& m);
 // Its backward down to the gradient of the final norm's output.
 Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& final_out);
-// torch 2.4 (d.torch24): the backward of `slices` chained full slices of a tensor of `bytes`, from
+// torch 2.4 to 2.8 (d.slice_copies): the backward of `slices` chained full slices of a tensor of `bytes`, from
 // the last: each a zero-filled copy of the gradient `g`, which then goes (alloc before free, as the
 // CPU traces show). `g` becomes the last copy.
 void full_slices_backward(Tape& t, Id& g, u64 bytes, int slices, const char* label);

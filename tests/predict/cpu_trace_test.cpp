@@ -494,6 +494,56 @@ TEST(CpuTraceFusedAdamW, TheStepMakesTheStatesAndNoTemporaries) {
   }
 }
 
+// The torch releases between: 2.5 to 2.8 behave as 2.4 (their full slices are SliceBackward nodes),
+// 2.9 and 2.10 as 2.11 (none), in the CPU traces of the real Trainer, transformers 4.4x and 5.17
+// (which needs torch 2.5 or later) alike. One traced configuration per release and release pair:
+// the schedule for that torch leaves each phase of step 2 exactly as matched, both ways, as the
+// 2.11 schedule leaves 2.11's own trace of the same configuration (what neither matches is CUDA-only
+// or CPU-only work, the same in both); for 2.5 to 2.8 the 2.11 schedule against the release's trace
+// leaves the full-slice copies unmatched.
+TEST(CpuTraceTorchReleases, EachReleaseMatchesAsItsGroupDoes) {
+  struct R {
+    const char* base;  // the 2.11 trace (NAME or NAME.tf4.xx)
+    Case c;            // the job, its torch set below
+    const char* torch;
+  };
+  auto older = [](const char* name, const char* prec, const char* mixed, const char* release) {
+    Case c{name, "llama-tiny", prec, mixed};
+    c.transformers = release;
+    return c;
+  };
+  const R runs[] = {
+      {"llama-tiny-fp32-eager.tf4.43", older("", "fp32", "no", "4.43"), "2.5"},
+      {"llama-tiny-bf16mixed-eager.tf4.45", older("", "fp32", "bf16", "4.45"), "2.6"},
+      {"llama-tiny-bf16-eager.tf4.48", older("", "bf16", "bf16", "4.48"), "2.7"},
+      {"llama-tiny-fp32-eager.tf4.45", older("", "fp32", "no", "4.45"), "2.8"},
+      {"llama-tiny-fp32-eager", Case{"", "llama-tiny", "fp32", "no"}, "2.8"},
+      {"llama-tiny-bf16mixed-eager", Case{"", "llama-tiny", "fp32", "bf16"}, "2.8"},
+      {"qwen2-tiny-bf16-eager", Case{"", "qwen2-tiny", "bf16", "bf16"}, "2.8"},
+      {"opt-tiny-bf16mixed-eager", Case{"", "opt-tiny", "fp32", "bf16"}, "2.8"},
+      {"qwen2-tiny-fp32-eager-ckpt", Case{"", "qwen2-tiny", "fp32", "no", "eager", true}, "2.8"},
+      {"llama-tiny-bf16mixed-eager", Case{"", "llama-tiny", "fp32", "bf16"}, "2.9"},
+      {"opt-tiny-fp32-eager-ckpt", Case{"", "opt-tiny", "fp32", "no", "eager", true}, "2.9"},
+      {"qwen2-tiny-bf16-sdpa", Case{"", "qwen2-tiny", "bf16", "bf16", "sdpa"}, "2.10"},
+      {"llama-tiny-bf16-eager", Case{"", "llama-tiny", "bf16", "bf16"}, "2.10"},
+  };
+  for (const R& r : runs) {
+    const std::string trace = std::string(r.base) + ".torch" + r.torch;
+    Case now = r.c;
+    now.torch = kSupportedTorch;
+    Case then = r.c;
+    then.torch = r.torch;
+    for (const char* phase : {"forward", "backward"}) {
+      const std::size_t own = test::match_step(r.base, job_of(now), phase).mismatched();
+      const std::size_t release = test::match_step(trace, job_of(then), phase).mismatched();
+      EXPECT_EQ(release, own) << trace << " " << phase;
+      if (records_full_slices(r.torch) && std::string(phase) == "backward") {
+        EXPECT_GT(test::match_step(trace, job_of(now), phase).mismatched(), release) << trace;
+      }
+    }
+  }
+}
+
 TEST(CpuTraceTorch24, TheStepMatchesTheTorch24Trace) {
   for (const char* version : kOlderReleases) {
     for (const auto& pr : kTinyPrecisions) {

@@ -597,3 +597,22 @@ TEST(HfPredict, LargestMicroBatchIsExactAtTheBoundary) {
 
 }  // namespace
 }  // namespace scalelab::predict
+
+namespace scalelab::predict {
+namespace {
+
+// The torch releases modelled and their two groups (hf_schedule.h): 2.4 to 2.8 record full slices,
+// 2.9 to 2.11 do not (CpuTraceTorchReleases holds each group against CPU traces).
+TEST(HfPredict, TorchReleasesAndTheirGroups) {
+  EXPECT_EQ(torch_minor("2.4"), 4);
+  EXPECT_EQ(torch_minor("2.11"), 11);
+  for (const char* bad : {"2.3", "2.12", "3.0", "2.", "2.x", "2.4.1", "", "12.4"}) EXPECT_EQ(torch_minor(bad), -1) << bad;
+  EXPECT_TRUE(records_full_slices("2.4"));
+  EXPECT_TRUE(records_full_slices("2.8"));
+  EXPECT_FALSE(records_full_slices("2.9"));
+  EXPECT_FALSE(records_full_slices("2.11"));
+  EXPECT_FALSE(records_full_slices("2.3"));
+}
+
+}  // namespace
+}  // namespace scalelab::predict

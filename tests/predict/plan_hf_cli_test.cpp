@@ -180,8 +180,10 @@ TEST(PlanHfCli, RefusesWithExitTwoNamingTheSupported) {
   } cases[] = {
       {"plan --stack deepspeed --model llama-3.2-1b", "scalelab, hf-trainer"},
       {kBase + "--device-memory 64GiB --transformers-version 4.40", "supported: 5.17"},
-      {kBase + "--device-memory 64GiB --torch-version 2.6 --transformers-version 4.45", "supported: 2.11 (the default), 2.4"},
-      {kBase + "--device-memory 64GiB --torch-version 2.4", "--torch-version 2.4 is modelled with --transformers-version 4.43"},
+      {kBase + "--device-memory 64GiB --torch-version 2.3 --transformers-version 4.45", "supported: 2.4 to 2.11"},
+      {kBase + "--device-memory 64GiB --torch-version 2.12", "supported: 2.4 to 2.11"},
+      {kBase + "--device-memory 64GiB --torch-version 2.4", "transformers 5.17 needs torch 2.5 or later"},
+      {kBase + "--device-memory 64GiB --torch-version 2.7 --attn flash", "eager attention only"},
       {kBase + "--device-memory 64GiB --launcher mpirun", "supported: python (one process), torchrun"},
       {kBase + "--device-memory 64GiB --ranks 2 --launcher python", "--ranks 2 runs under torchrun"},
       {kBase + "--device-memory 64GiB --micro-batch-size 0", "--micro-batch-size"},

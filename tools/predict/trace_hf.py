@@ -115,13 +115,15 @@ def _older(version):
 
 def _tag(version):
     """The file name's release tags: ".tf4.45" for an older transformers, and ".torch2.4" for a torch
-    other than the pinned 2.11 (the reference practice's torch 2.4 records a backward node for every
-    full slice `[:]`, which 2.11 skips: --torch-version 2.4, docs/predict.md). Trace one with the venv
-    /work/venvs/torch24 (torch 2.4.0 from PyPI, the same packages otherwise) and an older transformers
-    put first on PYTHONPATH:
+    other than the pinned 2.11 (--torch-version 2.4 to 2.10, docs/predict.md: 2.4 to 2.8 record a
+    backward node for every full slice `[:]`, which 2.9 to 2.11 skip). Trace one with that torch
+    installed by tools/predict/make_torch_overlay.sh and put first on PYTHONPATH (an older
+    transformers after it; 2.4 with /work/venvs/torch24, a venv of torch 2.4.0 and transformers
+    4.45.2, works the same way):
 
-        PYTHONPATH=/work/venvs/tf445 /work/venvs/torch24/bin/python tools/predict/trace_hf.py \
-            --out tests/golden/predict/cpu --only llama-tiny-fp32-eager
+        tools/predict/make_torch_overlay.sh 2.8.0          # -> /work/venvs/torch28
+        PYTHONPATH=/work/venvs/torch28:/work/venvs/tf445 /work/venvs/predict/bin/python \\
+            tools/predict/trace_hf.py --out tests/golden/predict/cpu --only llama-tiny-fp32-eager
     """
     import torch
     t = ".".join(torch.__version__.split("+")[0].split(".")[:2])
