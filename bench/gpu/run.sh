@@ -550,9 +550,11 @@ run_hf_memory_rows() {
 run_hf_memory_older() {
   local root="${WHEELS_DIR:-$DEV_DIR/wheels}" dir name budget rc
   local rows=llama-fp32-eager-mb6-torchrun1,llama-fp32-eager-mb7-64GiB-torchrun1,llama-fp32-eager-mb6
+  local seen=" "
   for dir in "$root"/tf445/ "$root"/tf4*/; do
     [ -d "$dir" ] || continue
-    [ "$dir" != "$root/tf445/" ] && [ "$(basename "$dir")" = tf445 ] && continue  # done first
+    case "$seen" in *" $(basename "$dir") "*) continue ;; esac  # tf445 runs first, once
+    seen="$seen$(basename "$dir") "
     name=$(basename "$dir")
     ls "$dir"/transformers-*.whl >/dev/null 2>&1 || { add "hf_memory $name: no transformers wheel"; continue; }
     budget=$(( $(left) - 15 ))
