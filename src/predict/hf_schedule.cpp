@@ -67,11 +67,17 @@ void validate_job(const HfJob& j) {
   }
   if (j.versions.transformers != kSupportedTransformers && !is_older_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
-        kSupportedTransformers + " (the default), " + kOlderTransformersList + " (Llama, eager attention)");
+        kSupportedTransformers + " (the default), " + kOlderTransformersList +
+        " (Llama, and Qwen2 from 4.45; eager attention)");
   if (is_older_transformers(j.versions.transformers)) {
     // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
-    if (j.model.family != ModelFamily::kLlama) bad(why + "Llama only (got " + family_name(j.model.family) + ")");
+    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2)
+      bad(why + "Llama and Qwen2 only (got " + family_name(j.model.family) + ")");
+    // Qwen2 before 4.45 still computes its rotary tables in every layer, in the values' dtype
+    // (bf16 under autocast), which the schedule does not model; its CPU traces show it
+    if (j.model.family == ModelFamily::kQwen2 && j.versions.transformers < "4.45")
+      bad(why + "Qwen2 from 4.45 only (4.43 and 4.44 compute the rotary tables in every layer)");
     if (j.attn != "eager") bad(why + "eager attention only (its sdpa path is not modelled): use --attn eager");
     if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
@@ -161,6 +167,7 @@ Dims dims_of(const HfJob& j) {
   d.dropout = j.model.family == ModelFamily::kOPT && j.model.dropout > 0;
   d.liger = j.fused_kernels;
   d.qkv_bias = j.model.qkv_bias;
+  d.qwen2 = j.model.family == ModelFamily::kQwen2;
   d.ddp = j.ddp();
   d.ddp_find_unused = !j.activation_checkpointing;
   d.ckpt = j.activation_checkpointing;
@@ -221,9 +228,13 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     t.free(h.scalars[0]);  // the sum's total weight goes with the expression
     h.scalars[0] = quotient;
   }
-  t.free(lf);       // 4.46+: the loss function returns
-  t.free(shifted);  // LlamaForCausalLM.forward returns
-  if (d.autocast || d.head_in_fp32) t.free(final_out);
+  t.free(lf);  // 4.46+: the loss function returns
+  // LlamaForCausalLM.forward returns: its locals go, the shifted copy before the final norm's
+  // output (which under autocast only its cast was saved for); Qwen2ForCausalLM 4.45 orders its
+  // locals the other way (its CPU trace), 4.46+ keep the copy inside the loss function
+  if (d.qwen2 && d.tf4_minor == 45 && (d.autocast || d.head_in_fp32)) t.free(final_out);
+  t.free(shifted);
+  if (!(d.qwen2 && d.tf4_minor == 45) && (d.autocast || d.head_in_fp32)) t.free(final_out);
   for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
   if (d.mixed) {
     // accelerate's convert_outputs_to_fp32 rebuilds the outputs with every bf16/fp16 tensor cast

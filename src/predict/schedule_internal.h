@@ -71,6 +71,7 @@ struct Dims {
   bool dropout = false;  // OPT residual dropout (config "dropout" > 0)
   bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
   bool qkv_bias = false; // Qwen2: q_proj, k_proj, v_proj have biases (addmm; their gradients)
+  bool qwen2 = false;    // the Qwen2 family (where its code's order differs from Llama's)
   // DDP (--ranks > 1): see hf_schedule_ddp.cpp
   bool ddp = false;
   bool ddp_find_unused = false;  // the Trainer: not gradient checkpointing

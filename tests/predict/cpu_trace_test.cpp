@@ -127,6 +127,9 @@ HfJob job_of(const Case& c) {
 // The older transformers releases traced on the CPU (--transformers-version), each in these
 // precisions: {golden name part, model precision, mixed precision}.
 constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47", "4.48"};
+// Qwen2 (from 4.45: 4.43 and 4.44 compute its rotary tables in every layer) takes the same schedule
+// with its q/k/v biases; its 4.45 frees the final norm's output before the shifted copy.
+constexpr const char* kQwen2OlderReleases[] = {"4.45", "4.46", "4.47", "4.48"};
 constexpr const char* kTinyPrecisions[][3] = {
     {"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
 
@@ -241,6 +244,12 @@ std::vector<Case> all_cases() {
       Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
       Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}};
   static std::deque<std::string> names;  // the older goldens' names, alive for the whole run
+  for (const char* release : kQwen2OlderReleases) {
+    for (const auto& p : kTinyPrecisions) {
+      names.push_back(std::string("qwen2-tiny-") + p[0] + ".tf" + release);
+      cases.push_back(Case{names.back().c_str(), "qwen2-tiny", p[1], p[2], "eager", false, false, true, release});
+    }
+  }
   for (const char* torch : {kSupportedTorch, kOlderTorch}) {
     for (const char* release : kOlderReleases) {
       for (const auto& p : kTinyPrecisions) {
@@ -394,11 +403,14 @@ std::size_t unmatched(const Case& c, const std::string& golden, const std::strin
 }
 
 TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
+  for (const char* family : {"llama", "qwen2"})
   for (const char* version : kOlderReleases) {
+    if (family == std::string("qwen2") && std::string(version) < "4.45") continue;
     for (const auto& pr : kTinyPrecisions) {
-      const std::string name = std::string("llama-tiny-") + pr[0];
+      const std::string preset = std::string(family) + "-tiny";
+      const std::string name = preset + "-" + pr[0];
       const std::string older_trace = name + ".tf" + version;
-      const Case now{"", "llama-tiny", pr[1], pr[2]};
+      const Case now{"", preset.c_str(), pr[1], pr[2]};
       Case older = now;
       older.transformers = version;
       for (const char* phase : {"forward", "backward"}) {
@@ -418,9 +430,12 @@ TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
 // convert_outputs_to_fp32),
 // then free the logits and, from 4.45, the cache (2 per layer for grouped-query attention).
 TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
+  for (const char* family : {"llama", "qwen2"})
   for (const char* version : kOlderReleases)
   for (const auto& pr : kTinyPrecisions) {
-    Case older{"", "llama-tiny", pr[1], pr[2]};
+    if (family == std::string("qwen2") && std::string(version) < "4.45") continue;
+    const std::string preset = std::string(family) + "-tiny";
+    Case older{"", preset.c_str(), pr[1], pr[2]};
     older.transformers = version;
     const HfJob j = job_of(older);
     const std::size_t logits = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
@@ -434,7 +449,7 @@ TEST(CpuTrace445, TheCacheGoesAfterTheLogitsWhenComputeLossReturns) {
       }
       return out;
     };
-    const std::string golden = std::string("llama-tiny-") + pr[0] + ".tf" + version;
+    const std::string golden = preset + "-" + pr[0] + ".tf" + version;
     std::ifstream in(std::string(SCALELAB_SOURCE_DIR) + "/tests/golden/predict/cpu/" + golden + ".cpu.events");
     ASSERT_TRUE(in.good()) << golden;
     const std::vector<std::string> traced = tail_of_forward(in);
@@ -513,6 +528,11 @@ TEST(CpuTraceTorchReleases, EachReleaseMatchesAsItsGroupDoes) {
     return c;
   };
   const R runs[] = {
+      {"qwen2-tiny-bf16mixed-eager.tf4.45", [] {
+         Case c{"", "qwen2-tiny", "fp32", "bf16"};
+         c.transformers = "4.45";
+         return c;
+       }(), "2.4"},
       {"llama-tiny-fp32-eager.tf4.43", older("", "fp32", "no", "4.43"), "2.5"},
       {"llama-tiny-bf16mixed-eager.tf4.45", older("", "fp32", "bf16", "4.45"), "2.6"},
       {"llama-tiny-bf16-eager.tf4.48", older("", "bf16", "bf16", "4.48"), "2.7"},

@@ -583,7 +583,19 @@ TEST(HfPredict, Transformers445IsLlamaEagerOnly) {
   refused(j, "--seq-len 2 or more");
   j = job(6);
   j.model = preset_config("opt-1.3b");
-  refused(j, "Llama only");
+  refused(j, "Llama and Qwen2 only");
+  j = job(6);  // Qwen2 from 4.45 (4.43 and 4.44 compute its rotary tables per layer)
+  j.model = preset_config("qwen2-tiny");
+  j.seq_len = 64;
+  j.versions.transformers = "4.45";
+  EXPECT_NO_THROW(validate_job(j));
+  j.versions.transformers = "4.44";
+  try {
+    validate_job(j);
+    ADD_FAILURE() << "Qwen2 under 4.44 not refused";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("Qwen2 from 4.45 only"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HfPredict, LargestMicroBatchIsExactAtTheBoundary) {
