@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -90,17 +91,24 @@ struct Case {
   std::int64_t ranks = 2;              // 1: torchrun with one process ("-torchrun1"), DDP all the same
   std::string transformers = kSupportedTransformers;
   std::string torch = kSupportedTorch;
+  std::string preset = "llama-ddp";  // llama-ddp: llama-tiny widened as the tracer's DDP_SHAPE
+  std::string attn = "eager";
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.golden; }
 
 HfJob job_of(const Case& c) {
   HfJob j;
-  j.model = preset_config("llama-tiny");  // widened as the tracer's DDP_SHAPE
-  j.model.hidden_size = 128;
-  j.model.intermediate_size = 512;
-  j.model.head_dim = 32;
-  j.model.vocab_size = 4096;
+  if (c.preset == "llama-ddp") {
+    j.model = preset_config("llama-tiny");  // widened as the tracer's DDP_SHAPE
+    j.model.hidden_size = 128;
+    j.model.intermediate_size = 512;
+    j.model.head_dim = 32;
+    j.model.vocab_size = 4096;
+  } else {
+    j.model = preset_config(c.preset);  // qwen2-tiny, opt-tiny (residual dropout 0)
+  }
+  j.attn = c.attn;
   j.seq_len = 32;
   j.micro_batch = 2;
   j.model_precision = c.prec;
@@ -140,7 +148,8 @@ TEST_P(DdpTrace, EachForwardMatchesTheRealTrainer) {
   const Case& c = GetParam();
   const HfJob j = job_of(c);
   const std::size_t e = j.model_precision == "bf16" ? 2 : 4;
-  const std::size_t logits32 = 2 * 32 * 4096 * 4, logits = 2 * 32 * 4096 * e;
+  const std::size_t v = static_cast<std::size_t>(j.model.vocab_size);
+  const std::size_t logits32 = 2 * 32 * v * 4, logits = 2 * 32 * v * e;
   for (std::size_t bytes : {logits, logits32}) {
     std::ifstream in = golden(c);
     std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
@@ -158,6 +167,11 @@ TEST_P(DdpTrace, EachForwardMatchesTheRealTrainer) {
 TEST_P(DdpTrace, BuffersAreBroadcastBeforeTheForwardsThatFollowASynchronizedOne) {
   const Case& c = GetParam();
   const HfJob j = job_of(c);
+  if (j.model.family == ModelFamily::kOPT) {  // no buffers (its positions are learned parameters)
+    for (const ScheduleEvent& e : hf_trainer_schedule(j))
+      EXPECT_NE(std::string(e.label), "DDP broadcast of buffers (flat)");
+    return;
+  }
   std::ifstream in = golden(c);
   std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
   // the rotary inv_freq tables: the model's inv_freq and original_inv_freq, or under 4.43 to 4.47
@@ -209,6 +223,19 @@ std::vector<Case> all_cases() {
   c.transformers = "4.46";
   c.torch = kOlderTorch;
   cases.push_back(c);
+  // the other families under one torchrun process (their tiny shapes: one gradient bucket each)
+  for (const auto& [golden, preset, prec, mixed, attn] :
+       {std::tuple<const char*, const char*, const char*, const char*, const char*>{
+            "qwen2-tiny-fp32-eager-torchrun1", "qwen2-tiny", "fp32", "no", "eager"},
+        {"qwen2-tiny-bf16-sdpa-torchrun1", "qwen2-tiny", "bf16", "bf16", "sdpa"},
+        {"opt-tiny-fp32-eager-torchrun1", "opt-tiny", "fp32", "no", "eager"},
+        {"opt-tiny-bf16mixed-eager-torchrun1", "opt-tiny", "fp32", "bf16", "eager"}}) {
+    Case f{golden, prec, mixed};
+    f.ranks = 1;
+    f.preset = preset;
+    f.attn = attn;
+    cases.push_back(f);
+  }
   for (const auto& p : kTorchrunPrecisions) {
     cases.push_back(torchrun1(p, kSupportedTransformers, kSupportedTorch));
     for (const char* release : kOlderReleases)
@@ -286,6 +313,28 @@ TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
         EXPECT_GE(kv_clones, cache ? 2 * static_cast<std::size_t>(j.model.num_hidden_layers) : 0) << c.golden;
         EXPECT_EQ(generated, traced) << c.golden;
       }
+}
+
+// Qwen2 (eager and sdpa) and OPT under one torchrun process: step 2's forward and backward leave no
+// more of the schedule unmatched in the trace than the same job started by python leaves in its own
+// trace (DDP adds the buckets and broadcasts at construction and _DDPSink's clones in the forward,
+// every one of them matched).
+TEST(DdpTraceTorchrun, QwenAndOptMatchAsWithoutDdp) {
+  for (const Case& c : all_cases()) {
+    if (c.preset == "llama-ddp") continue;
+    const std::string base = c.golden.substr(0, c.golden.size() - std::string("-torchrun1").size());
+    const HfJob j = job_of(c);
+    HfJob alone = j;
+    alone.launcher = "python";
+    for (const char* phase : {"forward", "backward"}) {
+      const test::StepMatch ddp = test::match_step(c.golden, j, phase);
+      const test::StepMatch own = test::match_step(base, alone, phase);
+      EXPECT_LE(ddp.unmatched_generated(), own.unmatched_generated()) << c.golden << " " << phase;
+      if (std::string(phase) == "forward") {  // _DDPSink's clones (backward copies into the buckets: no allocation)
+        EXPECT_GT(ddp.generated, own.generated) << c.golden << ": no DDP in the schedule";
+      }
+    }
+  }
 }
 
 TEST(DdpTraceTorchrun, EveryReleaseMatchesItsTraceAsTheCurrentOneDoes) {

@@ -78,6 +78,15 @@ CONFIGS["llama-ddp-bf16mixed-eager-torchrun1"] = dict(model_precision="fp32", mi
                                                       ranks=1, torchrun=True)
 CONFIGS["llama-ddp-bf16-eager-torchrun1"] = dict(model_precision="bf16", mixed_precision="bf16", attn="eager", ranks=1,
                                                  torchrun=True)
+# the other families under one torchrun process (their tiny shapes: one gradient bucket)
+CONFIGS["qwen2-tiny-fp32-eager-torchrun1"] = dict(family="qwen2", model_precision="fp32", mixed_precision="no",
+                                                  attn="eager", ranks=1, torchrun=True)
+CONFIGS["qwen2-tiny-bf16-sdpa-torchrun1"] = dict(family="qwen2", model_precision="bf16", mixed_precision="bf16",
+                                                 attn="sdpa", ranks=1, torchrun=True)
+CONFIGS["opt-tiny-fp32-eager-torchrun1"] = dict(family="opt", model_precision="fp32", mixed_precision="no",
+                                                attn="eager", ranks=1, torchrun=True)
+CONFIGS["opt-tiny-bf16mixed-eager-torchrun1"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16",
+                                                     attn="eager", ranks=1, torchrun=True)
 CONFIGS["llama-ddp-fp32-eager-cap1-ddp2"] = dict(model_precision="fp32", mixed_precision="no", attn="eager", ranks=2,
                                                  bucket_cap_mb=1)
 # the fused AdamW (TrainingArguments optim="adamw_torch_fused": torch._fused_adamw_, which has a CPU
