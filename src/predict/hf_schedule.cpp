@@ -232,9 +232,10 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   // LlamaForCausalLM.forward returns: its locals go, the shifted copy before the final norm's
   // output (which under autocast only its cast was saved for); Qwen2ForCausalLM 4.45 orders its
   // locals the other way (its CPU trace), 4.46+ keep the copy inside the loss function
-  if (d.qwen2 && d.tf4_minor == 45 && (d.autocast || d.head_in_fp32)) t.free(final_out);
+  const bool frees_output = d.autocast || d.head_in_fp32, output_first = d.qwen2 && d.tf4_minor == 45;
+  if (frees_output && output_first) t.free(final_out);
   t.free(shifted);
-  if (!(d.qwen2 && d.tf4_minor == 45) && (d.autocast || d.head_in_fp32)) t.free(final_out);
+  if (frees_output && !output_first) t.free(final_out);
   for (Id& c : cached_casts) t.free(c);  // autocast exits: its cache goes
   if (d.mixed) {
     // accelerate's convert_outputs_to_fp32 rebuilds the outputs with every bf16/fp16 tensor cast
@@ -273,8 +274,8 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     // (4.48 returns the DynamicCache object itself, which _DDPSink does not flatten: only the
     // logits are cloned, as with 4.43 and 4.44, which have no cache)
     std::vector<std::pair<Id, u64>> clones;
-    for (const auto& [id, e] : m.kv_cache)
-      if (d.tf4_minor <= 47)
+    if (d.tf4_minor <= 47)
+      for (const auto& [id, e] : m.kv_cache)
         clones.emplace_back(t.alloc(d.BT * d.kvd * e, A, "DDPSink clone of DynamicCache key/value"), e);
     t.free(h.scalars[1]);
     h.scalars[1] = loss;
@@ -445,9 +446,12 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   if (!d.autocast) t.free(final_out);
   // torch 2.4 to 2.8, transformers 4.45 to 4.48 and 5.17 (Llama, Qwen2, OPT):
   // `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])` (5.17: `[:, slice(-0, None), :]`) is
-  // three full slices of the final norm's output (in its dtype); 4.43 and 4.44 do not slice
-  if (d.slice_copies && (!d.tf4x || d.tf4_minor >= 45))
-    full_slices_backward(t, gh, d.BT * d.H * d.e_r, 3, "grad final norm output (torch <= 2.8 full-slice backward)");
+  // three full slices of the final norm's output, copied in gh's dtype (the norm output's: fp32 under
+  // autocast and for OPT's fp32 final LayerNorm, else the compute dtype); 4.43 and 4.44 do not slice
+  if (d.slice_copies && (!d.tf4x || d.tf4_minor >= 45)) {
+    const u64 gh_e = d.autocast || d.head_in_fp32 ? 4 : d.e_c;
+    full_slices_backward(t, gh, d.BT * d.H * gh_e, 3, "grad final norm output (torch <= 2.8 full-slice backward)");
+  }
   return gh;
 }
 

@@ -293,16 +293,9 @@ std::vector<std::string> first_forward_of_trace(const std::string& name) {
   return test::phase_events(in, "forward", 1, 4096);
 }
 
-// The schedule's, less what only CUDA has: the cuBLAS and cuBLASLt workspaces (made once, never
-// freed, so leaving them out leaves every free its allocation).
+// The schedule's (test::schedule_text_without_workspaces: what only CUDA has left out).
 std::vector<std::string> first_forward_of_schedule(const HfJob& j) {
-  std::vector<ScheduleEvent> ev = hf_trainer_schedule(j);
-  ev.erase(std::remove_if(ev.begin(), ev.end(),
-                          [](const ScheduleEvent& e) {
-                            return e.kind == ScheduleEvent::kAlloc && e.category == Category::kWorkspace;
-                          }),
-           ev.end());
-  std::istringstream in(schedule_text(ev));
+  std::istringstream in(test::schedule_text_without_workspaces(j));
   return test::phase_events(in, "forward", 1, 4096);
 }
 

@@ -628,3 +628,33 @@ TEST(HfPredict, TorchReleasesAndTheirGroups) {
 
 }  // namespace
 }  // namespace scalelab::predict
+
+namespace scalelab::predict {
+namespace {
+
+// torch 2.4 to 2.8: the final norm's output is sliced before the lm_head, and each of the three
+// full slices copies its gradient in that output's dtype: the compute dtype for full bf16 Llama,
+// fp32 under autocast and for OPT's final LayerNorm over bf16 weights (autocast runs it in fp32).
+TEST(HfPredict, TheFinalNormSliceCopiesAreInItsOutputsDtype) {
+  auto copies = [](HfJob j) {
+    j.versions.torch = "2.8";
+    j.steps = 1;
+    std::vector<std::size_t> sizes;
+    for (const ScheduleEvent& e : hf_trainer_schedule(j))
+      if (e.kind == ScheduleEvent::kAlloc &&
+          std::string(e.label) == "grad final norm output (torch <= 2.8 full-slice backward)")
+        sizes.push_back(e.bytes);
+    return sizes;
+  };
+  HfJob llama = job(2, "bf16", "bf16");
+  const std::size_t bth = 2 * 1024 * static_cast<std::size_t>(llama.model.hidden_size);
+  EXPECT_EQ(copies(llama), std::vector<std::size_t>(3, bth * 2));
+  EXPECT_EQ(copies(job(2, "fp32", "bf16")), std::vector<std::size_t>(3, bth * 4));
+  HfJob opt = job(2, "bf16", "bf16");
+  opt.model = preset_config("opt-1.3b");
+  opt.model.dropout = 0;
+  EXPECT_EQ(copies(opt), std::vector<std::size_t>(3, 2 * 1024 * static_cast<std::size_t>(opt.model.hidden_size) * 4));
+}
+
+}  // namespace
+}  // namespace scalelab::predict
