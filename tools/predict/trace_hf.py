@@ -167,7 +167,7 @@ def run(name, cfg, out_dir):
             d.update(DDP_SHAPE)
     dtype = torch.bfloat16 if cfg["model_precision"] == "bf16" else torch.float32
     import transformers
-    # transformers < 4.56 names the load dtype `torch_dtype` (the older releases traced: OLDER below)
+    # transformers < 4.56 names the load dtype `torch_dtype` (the older releases traced: _older above)
     dtype_kw = "torch_dtype" if _older(transformers.__version__) else "dtype"
     model = AutoModelForCausalLM.from_config(CONFIG_MAPPING[d["model_type"]].from_dict(d), attn_implementation=cfg["attn"],
                                              **{dtype_kw: dtype})
