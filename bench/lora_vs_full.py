@@ -34,8 +34,16 @@ def main():
         f, l = res["full"][-1]["step_time_s"], res["lora"][-1]["step_time_s"]
         print(f"round {rnd + 1}: full {f:.3f} s/step, lora {l:.3f} s/step, lora/full {l / f:.3f}")
     gib = 1 << 30
+    # Every measured step of every round, per arm: the VM's neighbours slow steps down (never up), so
+    # besides the medians the fastest step of each arm is printed too.
+    steps = {k: [t for r in v for t in r["step_times_s"][-r["measured_steps"]:]] for k, v in res.items()}
+    rounds = [l["step_time_s"] / f["step_time_s"] for f, l in zip(res["full"], res["lora"])]
     print(f"\n{a.model}, seq {a.seq_len}, micro-batch {a.micro_batch_size}, fp32, {a.threads} threads, "
           f"LoRA r {a.rank} on {ALL}")
+    print(f"lora/full: median of the {len(rounds)} rounds' ratios {statistics.median(rounds):.3f}; "
+          f"all {len(steps['full'])} + {len(steps['lora'])} measured steps: median {statistics.median(steps['lora']):.3f} / "
+          f"{statistics.median(steps['full']):.3f} s = {statistics.median(steps['lora']) / statistics.median(steps['full']):.3f}, "
+          f"fastest {min(steps['lora']):.3f} / {min(steps['full']):.3f} s = {min(steps['lora']) / min(steps['full']):.3f}")
     print(f"{'':28}{'full':>14}{'lora':>14}{'lora/full':>11}")
     rows = []
     for key, label in (("step_time_s", "median step time (s)"), ("tokens_per_s", "tokens/s")):

@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/backend.h"
+#include "kernels/cpu/small_k_gemm.h"
 #include "kernels/cpu/stage.h"
 
 namespace scalelab::kernels {
@@ -28,6 +29,10 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
     // forward to before 0.3.27. c[1, n] = alpha · a[1, k] · op(B) + beta · c.
     cblas_sgemv(CblasRowMajor, trans_b ? CblasNoTrans : CblasTrans, static_cast<blasint>(trans_b ? n : k),
                 static_cast<blasint>(trans_b ? k : n), alpha, b, static_cast<blasint>(ldb), a, 1, beta, c, 1);
+    return;
+  }
+  if (cpu::small_k_gemm_applies(trans_a, m, n, k)) {  // rank-r products that stream C (LoRA): see there
+    cpu::small_k_gemm(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,

@@ -13,6 +13,17 @@ namespace scalelab {
 
 void Linear::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bias) const {
   const Tensor* bias = with_bias && b.defined() ? &b : nullptr;
+  if (adapter && !quantized && !quant && bias == nullptr && x.dtype() == w.dtype() && y.dtype() == w.dtype() &&
+      adapter->assigns_output(ctx)) {
+    // The adapter writes y, then y += x·wᵀ (LinearAdapter: one pass over y less). One dtype: the
+    // base is then a plain GEMM on every backend, no workspace, as kernels::linear_forward's.
+    adapter->forward(y, x, ctx, /*assign=*/true);
+    ProfileScope prof(ctx, "matmul", Phase::kForward);
+    const std::int64_t in = w.dim(1), out = w.dim(0);
+    kernels::gemm_ex(false, true, x.numel() / in, out, in, 1.0f, x.raw(), x.dtype(), in, w.raw(), w.dtype(), in, 1.0f,
+                     y.raw(), y.dtype(), out, ctx);
+    return;
+  }
   if (quantized) {
     quantized->forward(y, x, bias, ctx);
   } else if (quant) {
@@ -26,6 +37,12 @@ void Linear::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool with_bia
 void Linear::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool accumulate_dx,
                       bool with_bias) {
   Tensor* dbias = with_bias && db.defined() ? &db : nullptr;
+  const bool adapter_first = adapter && dx != nullptr && dx->defined() && adapter->assigns_input_gradient(ctx);
+  if (adapter_first) {
+    // The adapter first (writing dx, or adding to it when accumulating), then the base adds dy·w.
+    adapter->backward(dx, dy, x, ctx, /*assign_dx=*/!accumulate_dx);
+    accumulate_dx = true;
+  }
   if (quantized) {  // frozen: no weight or bias gradient
     SCALELAB_CHECK(dbias == nullptr || !dbias->defined(), "[model] a quantized base with a trained bias");
     if (dx != nullptr) quantized->backward_input(*dx, dy, ctx, accumulate_dx);
@@ -34,7 +51,7 @@ void Linear::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext
   } else {
     kernels::linear_backward(dx, dw, dbias, dy, x, w, ctx, accumulate_dx);  // dw undefined when frozen
   }
-  if (adapter) adapter->backward(dx, dy, x, ctx);
+  if (adapter && !adapter_first) adapter->backward(dx, dy, x, ctx);
 }
 
 Tensor optional_view(const ParamLayout& layout, const Tensor& flat, const std::string& name) {

@@ -26,14 +26,24 @@ struct ActAlloc {
   Tensor f32(const Shape& s, const char* what) const { return Tensor::empty(s, DType::kF32, *alloc, what); }
 };
 
-// An adapter beside a Linear (LoRA attaches here): y += adapter(x) after the base projection,
-// and in backward dx += adapter's input gradient (after the base wrote dx) plus its own
-// parameter gradients. LoRA (model/decoder/lora.h) is the one adapter; bind_linear attaches it.
+// An adapter beside a Linear (LoRA attaches here): y += adapter(x) beside the base projection,
+// and in backward dx += adapter's input gradient plus its own parameter gradients. LoRA
+// (model/decoder/lora.h) is the one adapter; bind_linear attaches it.
+//
+// Order: where the adapter can write the whole output itself (assigns_output), Linear lets it
+// write y first (assign = true) and adds the base product into it (beta = 1), and likewise lets
+// it write dx first (assign_dx = true, when assigns_input_gradient) before the base adds dy·w:
+// one pass over y and dx less than adding the adapter's small product afterwards. Otherwise the
+// base writes first and the adapter adds (assign / assign_dx false).
 class LinearAdapter {
  public:
   virtual ~LinearAdapter() = default;
-  virtual void forward(Tensor& y, const Tensor& x, ExecContext& ctx) = 0;
-  virtual void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) = 0;
+  virtual void forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool assign = false) = 0;
+  virtual void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool assign_dx = false) = 0;
+  // Whether forward(..., assign = true) writes every element of y now.
+  virtual bool assigns_output(const ExecContext&) const { return false; }
+  // Whether backward(..., assign_dx = true) writes every element of dx now.
+  virtual bool assigns_input_gradient(const ExecContext&) const { return false; }
 };
 
 // A frozen base weight held in another form than a dense tensor (QLoRA's NF4 base:

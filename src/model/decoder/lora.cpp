@@ -94,6 +94,13 @@ LoraAdapter::LoraAdapter(std::vector<Part> parts, std::int64_t out_features, flo
       stacked_ = p.da.defined() && q.da.defined() && q.da.dtype() == p.da.dtype() && q.da.follows(p.da);
     }
   }
+  std::int64_t end = 0;
+  covers_ = true;
+  for (const Part& p : parts_) {
+    covers_ = covers_ && p.col == end;
+    end = p.col + p.b.dim(0);
+  }
+  covers_ = covers_ && end == out_;
 }
 
 void LoraAdapter::keep_z(std::vector<Tensor> z, const Tensor& x, const ExecContext& ctx) {
@@ -113,7 +120,7 @@ std::vector<Tensor> LoraAdapter::take_z(const Tensor& x, const ExecContext& ctx)
   return z;
 }
 
-void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx) {
+void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx, bool assign) {
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   const Part& p0 = parts_.front();
   const std::int64_t r = p0.a.dim(0), R = r * static_cast<std::int64_t>(parts_.size());
@@ -122,18 +129,19 @@ void LoraAdapter::forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx) 
   // z = x·[A_1; ...; A_P]ᵀ  [T, R]
   lora_gemm(ctx, Phase::kForward, false, true, T, R, in, 1.0f, x.raw(), x.dtype(), in, p0.a.raw(), p0.a.dtype(), in,
             0.0f, z.raw(), zt, R);
-  // y[:, col_i:col_i+n_i] += s·z_i·B_iᵀ (z_i: columns [i·r, (i+1)·r) of z): disjoint column blocks
+  // y[:, col_i:col_i+n_i] (+)= s·z_i·B_iᵀ (z_i: columns [i·r, (i+1)·r) of z): disjoint column blocks
   LoraGroup up;
   for (std::size_t i = 0; i < parts_.size(); ++i) {
     const Part& p = parts_[i];
     up.add(false, true, T, p.b.dim(0), r, scale_, at_col(z, static_cast<std::int64_t>(i) * r), zt, R, p.b.raw(),
-           p.b.dtype(), r, 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
+           p.b.dtype(), r, assign ? 0.0f : 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
   }
   up.run(ctx, Phase::kForward);
   keep_z({std::move(z)}, x, ctx);
 }
 
-void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) {
+void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx,
+                                   bool assign_dx) {
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   const Part& p0 = parts_.front();
   const std::int64_t r = p0.a.dim(0), R = r * static_cast<std::int64_t>(parts_.size());
@@ -170,17 +178,18 @@ void LoraAdapter::backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x
     ax.add(true, false, R, in, T, 1.0f, dz.raw(), zt, R, x.raw(), x.dtype(), in, 1.0f, p0.da.raw(), p0.da.dtype(),
            in);
   }
-  // dx += dz·[A_1; ...; A_P]  [T, in]
+  // dx (+)= dz·[A_1; ...; A_P]  [T, in]
   if (dx != nullptr && dx->defined()) {
-    ax.add(false, false, T, in, R, 1.0f, dz.raw(), zt, R, p0.a.raw(), p0.a.dtype(), in, 1.0f, dx->raw(), dx->dtype(),
-           in);
+    ax.add(false, false, T, in, R, 1.0f, dz.raw(), zt, R, p0.a.raw(), p0.a.dtype(), in, assign_dx ? 0.0f : 1.0f,
+           dx->raw(), dx->dtype(), in);
   }
   ax.run(ctx, Phase::kBackward);
 }
 
-void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
+void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool assign) {
+  SCALELAB_CHECK(!assign || assigns_output(ctx), "[lora] asked to write an output its parts do not cover (a bug)");
   if (AdaptersOff::active()) return;  // the base model alone (DPO's reference forward)
-  if (stacked(ctx)) return forward_stacked(y, x, ctx);
+  if (stacked(ctx)) return forward_stacked(y, x, ctx, assign);
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   std::vector<Tensor> zs;
   for (const Part& p : parts_) {
@@ -191,16 +200,17 @@ void LoraAdapter::forward(Tensor& y, const Tensor& x, ExecContext& ctx) {
     // z = x·Aᵀ
     lora_gemm(ctx, Phase::kForward, false, true, T, r, in, 1.0f, xin.raw(), xin.dtype(), in, p.a.raw(), p.a.dtype(), in,
               0.0f, z.raw(), zt, r);
-    // y[:, col:col+n] += s·z·Bᵀ
-    lora_gemm(ctx, Phase::kForward, false, true, T, n, r, scale_, z.raw(), zt, r, p.b.raw(), p.b.dtype(), r, 1.0f,
-              const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
+    // y[:, col:col+n] (+)= s·z·Bᵀ
+    lora_gemm(ctx, Phase::kForward, false, true, T, n, r, scale_, z.raw(), zt, r, p.b.raw(), p.b.dtype(), r,
+              assign ? 0.0f : 1.0f, const_cast<std::uint8_t*>(at_col(y, p.col)), y.dtype(), out_);
     zs.push_back(std::move(z));
   }
   keep_z(std::move(zs), x, ctx);
 }
 
-void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) {
-  if (stacked(ctx)) return backward_stacked(dx, dy, x, ctx);
+void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool assign_dx) {
+  SCALELAB_CHECK(!assign_dx || assigns_input_gradient(ctx), "[lora] asked to write dx under dropout (a bug)");
+  if (stacked(ctx)) return backward_stacked(dx, dy, x, ctx, assign_dx);
   const std::int64_t in = x.dim(x.rank() - 1), T = x.numel() / in;
   std::vector<Tensor> kept = take_z(x, ctx);
   if (kept.size() != parts_.size()) kept.clear();
@@ -235,10 +245,10 @@ void LoraAdapter::backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecCo
       ax.add(true, false, r, in, T, 1.0f, dz.raw(), zt, r, xin.raw(), xin.dtype(), in, 1.0f, p.da.raw(), p.da.dtype(),
              in);
     }
-    // dx += dz·A  [T, in]
+    // dx (+)= dz·A  [T, in]: the first part writes it when assigning
     if (plain_dx) {
-      ax.add(false, false, T, in, r, 1.0f, dz.raw(), zt, r, p.a.raw(), p.a.dtype(), in, 1.0f, dx->raw(), dx->dtype(),
-             in);
+      ax.add(false, false, T, in, r, 1.0f, dz.raw(), zt, r, p.a.raw(), p.a.dtype(), in,
+             assign_dx && i == 0 ? 0.0f : 1.0f, dx->raw(), dx->dtype(), in);
     }
     ax.run(ctx, Phase::kBackward);
     xin = Tensor();  // freed (when it is dropout's) before the input gradient's buffer is taken

@@ -4,6 +4,8 @@
 // lora_A [r, in], lora_B [n, r] and the part's output columns [col, col + n) of y:
 //   forward:  z = x·Aᵀ [T, r];  y[:, col:col+n] += s·z·Bᵀ
 //   backward: dB += s·dy[:, col:col+n]ᵀ·z;  dz = s·dy[:, col:col+n]·B;  dA += dzᵀ·x;  dx += dz·A
+// Where it can (LinearAdapter's order), the adapter runs before the base product and writes
+// y[:, col:col+n] = s·z·Bᵀ and dx = dz·A itself; the base then adds into them.
 // with s = alpha/r (alpha/√r: rslora). When the parts share their input and their A's are adjacent
 // (the layout stores a layer's lora_A's before its lora_B's), z of all parts is one GEMM
 // x·[A_1; ...; A_P]ᵀ [T, P·r], and dA and dx one each: fewer, less skinny products over the same
@@ -57,8 +59,13 @@ class LoraAdapter final : public LinearAdapter {
   };
   LoraAdapter(std::vector<Part> parts, std::int64_t out_features, float scale, float dropout = 0.0f,
               std::int64_t layer = 0);
-  void forward(Tensor& y, const Tensor& x, ExecContext& ctx) override;
-  void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx) override;
+  void forward(Tensor& y, const Tensor& x, ExecContext& ctx, bool assign = false) override;
+  void backward(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool assign_dx = false) override;
+  // y is written whole when the parts' columns cover the projection (all of q/k/v, gate/up
+  // targeted) and the adapters are on; dx whenever there is no dropout (dz·A covers every input
+  // column).
+  bool assigns_output(const ExecContext&) const override { return covers_ && !AdaptersOff::active(); }
+  bool assigns_input_gradient(const ExecContext& ctx) const override { return !dropping(ctx); }
   const std::vector<Part>& parts() const { return parts_; }
   // Whether the parts' A's are stacked (one GEMM per product over the shared input when no dropout).
   bool stacks_parts() const { return stacked_; }
@@ -70,6 +77,7 @@ class LoraAdapter final : public LinearAdapter {
   float dropout_;
   std::int64_t layer_;
   bool stacked_ = false;  // every part's A (and dA) adjacent in memory, one rank and dtype: see stacked()
+  bool covers_ = false;   // the parts' columns are [0, out) without a gap
   // z from the last training forward (stacked: one tensor; else one per part), its micro-step and
   // its input's element count, until backward takes it.
   std::vector<Tensor> saved_z_;
@@ -82,8 +90,8 @@ class LoraAdapter final : public LinearAdapter {
   // likewise): more than one part, the A's stacked, and no dropout now (each part's dropout mask
   // gives it its own input).
   bool stacked(const ExecContext& ctx) const { return stacked_ && !dropping(ctx); }
-  void forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx);
-  void backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx);
+  void forward_stacked(Tensor& y, const Tensor& x, ExecContext& ctx, bool assign);
+  void backward_stacked(Tensor* dx, const Tensor& dy, const Tensor& x, ExecContext& ctx, bool assign_dx);
   // x itself, or dropout(x) for this part in a new tensor (training with P > 0).
   Tensor adapter_input(const Tensor& x, const Part& p, ExecContext& ctx) const;
 };
