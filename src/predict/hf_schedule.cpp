@@ -68,12 +68,20 @@ void validate_job(const HfJob& j) {
   if (j.versions.transformers != kSupportedTransformers && !is_older_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default), " + kOlderTransformersList +
-        " (Llama, and Qwen2 from 4.45; eager attention)");
+        " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
   if (is_older_transformers(j.versions.transformers)) {
     // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
-    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2)
-      bad(why + "Llama and Qwen2 only (got " + family_name(j.model.family) + ")");
+    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
+        j.model.family != ModelFamily::kOPT)
+      bad(why + "Llama, Qwen2 and OPT only (got " + family_name(j.model.family) + ")");
+    // OPT: 4.43 to 4.47 share OPTAttention's inline eager code (hf_schedule_opt.cpp,
+    // opt_attention_forward_tf4x); 4.48 rewrote it, and bf16 weights were not traced
+    if (j.model.family == ModelFamily::kOPT && j.versions.transformers == "4.48")
+      bad(why + "OPT up to 4.47 only (4.48 rewrote OPT's attention; its trace differs)");
+    if (j.model.family == ModelFamily::kOPT && j.model_precision != "fp32")
+      bad(why + "OPT with fp32 weights only (--model-precision fp32, with or without --mixed-precision bf16): "
+                "its bf16-weight path was not traced");
     // Qwen2 before 4.45 still computes its rotary tables in every layer, in the values' dtype
     // (bf16 under autocast), which the schedule does not model; its CPU traces show it
     if (j.model.family == ModelFamily::kQwen2 && j.versions.transformers < "4.45")
@@ -168,6 +176,7 @@ Dims dims_of(const HfJob& j) {
   d.liger = j.fused_kernels;
   d.qkv_bias = j.model.qkv_bias;
   d.qwen2 = j.model.family == ModelFamily::kQwen2;
+  d.opt = j.model.family == ModelFamily::kOPT;
   d.ddp = j.ddp();
   d.ddp_find_unused = !j.activation_checkpointing;
   d.ckpt = j.activation_checkpointing;
@@ -202,8 +211,10 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   // the fp32 logits the loss reads: up to 4.45 the model upcasts its output itself (the 16-bit
   // output, a temporary of the expression, goes at once); 4.46 to 4.48 leave the output in the
   // model's dtype and the loss function upcasts a local copy, which goes as it returns
+  // (OPTForCausalLM 4.43 to 4.47 upcasts nothing: its shifted copy is in the compute dtype, and
+  // under autocast cross_entropy's log_softmax casts it to fp32, a copy that goes at once)
   Id lf = 0;
-  if (d.e_c != 4) {
+  if (d.e_c != 4 && !d.opt) {
     lf = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits .float()");
     if (d.tf4_minor <= 45) {
       t.free(logits);
@@ -212,12 +223,15 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     }
   }
   const u64 rows = d.B * (d.T - 1);
-  Id shifted = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "shift_logits (contiguous copy)");
+  const u64 shifted_e = d.opt ? d.e_c : 4;
+  Id shifted = t.alloc(rows * d.V * shifted_e, Category::kLogitsLoss, "shift_logits (contiguous copy)");
   h.shift = t.alloc(rows * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
+  Id up = shifted_e != 4 ? t.alloc(rows * d.V * 4, Category::kLogitsLoss, "cross_entropy: autocast .to(fp32)") : 0;
   h.ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+  t.free(up);
   h.scalars[0] = t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight");
   h.scalars[1] = t.alloc(4, Category::kLogitsLoss, "loss");
-  if (d.tf4_minor >= 46) {
+  if (d.tf4_minor >= 46 && !d.opt) {  // (OPTForCausalLM keeps CrossEntropyLoss's mean up to 4.47)
     // 4.46 to 4.48: ForCausalLMLoss's fixed_cross_entropy (reduction "sum", then / num_items);
     // from 4.47 the Trainer also moves num_items_in_batch to the device (alive until backward is
     // done), as 5.17 does
@@ -232,7 +246,7 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   // LlamaForCausalLM.forward returns: its locals go, the shifted copy before the final norm's
   // output (which under autocast only its cast was saved for); Qwen2ForCausalLM 4.45 orders its
   // locals the other way (its CPU trace), 4.46+ keep the copy inside the loss function
-  const bool frees_output = d.autocast || d.head_in_fp32, output_first = d.qwen2 && d.tf4_minor == 45;
+  const bool frees_output = d.autocast || d.head_in_fp32, output_first = (d.qwen2 && d.tf4_minor == 45) || d.opt;
   if (frees_output && output_first) t.free(final_out);
   t.free(shifted);
   if (frees_output && !output_first) t.free(final_out);
@@ -244,7 +258,7 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     // values, the projections' outputs, while the rotated keys are fp32); the original
     // outputs then go with their 16-bit tensors, the logits first, the cache last entry first
     // (the CPU traces of 4.45.2, 4.46.3 and 4.47.1, full bf16 and autocast).
-    Id out32 = d.e_c != 4 && d.tf4_minor >= 46
+    Id out32 = d.e_c != 4 && (d.tf4_minor >= 46 || d.opt)
                    ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                    : 0;
     // (4.48 returns the DynamicCache object itself, which the conversion does not enter)
@@ -269,7 +283,7 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     // until compute_loss returns (the CPU traces of 4.45.2 under torchrun, one process and two).
     Id loss = t.alloc(4, Category::kLogitsLoss, "DDPSink clone of loss");
     // the logits the outputs hold are fp32 unless 4.46+ left them 16-bit and nothing converted them
-    const u64 logits_e = d.e_c != 4 && d.tf4_minor >= 46 && !d.mixed ? d.e_c : 4;
+    const u64 logits_e = d.e_c != 4 && (d.tf4_minor >= 46 || d.opt) && !d.mixed ? d.e_c : 4;
     Id clone = t.alloc(d.BT * d.V * logits_e, Category::kLogitsLoss, "DDPSink clone of logits");
     // (4.48 returns the DynamicCache object itself, which _DDPSink does not flatten: only the
     // logits are cloned, as with 4.43 and 4.44, which have no cache)
@@ -401,16 +415,26 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   h.scalars[1] = 0;
   for (Id& sc : h.scalars) t.free(sc);
   Id g_logits = g_ls;
-  if (d.tf4x) {  // the slice's backward: a zero-filled fp32 [B, T, V] with the rows copied in
+  // the slice's backward: a zero-filled [B, T, V] with the rows copied in, fp32 (Llama, Qwen2: their
+  // logits were upcast before the slice) or, for OPT, in the compute dtype after the fp32 cast's
+  // backward takes the rows' gradient back to it
+  const u64 slice_e = d.tf4x && d.opt ? d.e_c : 4;
+  if (d.tf4x && slice_e != 4) {
+    Id g16 = t.alloc(rows * d.V * slice_e, Category::kLogitsLoss, "grad shift_logits (cast backward)");
+    t.free(g_ls);
+    g_logits = g_ls = g16;
+  }
+  if (d.tf4x) {
     Id rows_grad = g_ls;
     if (d.slice_copies) {  // torch 2.4-2.8: first the last dimension's full slice `:`, a zero-filled copy
-      rows_grad = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "grad shift_logits (torch <= 2.8 full-slice backward)");
+      rows_grad = t.alloc(rows * d.V * slice_e, Category::kLogitsLoss,
+                          "grad shift_logits (torch <= 2.8 full-slice backward)");
       t.free(g_ls);
     }
-    g_logits = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "grad logits (slice backward, zero-filled)");
+    g_logits = t.alloc(d.BT * d.V * slice_e, Category::kLogitsLoss, "grad logits (slice backward, zero-filled)");
     t.free(rows_grad);
   }
-  if (d.e_c != 4) {
+  if (d.e_c != 4 && slice_e == 4) {
     Id g32 = g_logits;
     g_logits = t.alloc(d.BT * d.V * d.e_c, Category::kLogitsLoss, "grad logits (compute dtype)");
     t.free(g32);
@@ -448,7 +472,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   // `self.lm_head(hidden_states[:, -num_logits_to_keep:, :])` (5.17: `[:, slice(-0, None), :]`) is
   // three full slices of the final norm's output, copied in gh's dtype (the norm output's: fp32 under
   // autocast and for OPT's fp32 final LayerNorm, else the compute dtype); 4.43 and 4.44 do not slice
-  if (d.slice_copies && (!d.tf4x || d.tf4_minor >= 45)) {
+  if (d.slice_copies && (!d.tf4x || (d.tf4_minor >= 45 && !d.opt))) {  // (OPT 4.4x slices nothing there)
     const u64 gh_e = d.autocast || d.head_in_fp32 ? 4 : d.e_c;
     full_slices_backward(t, gh, d.BT * d.H * gh_e, 3, "grad final norm output (torch <= 2.8 full-slice backward)");
   }

@@ -122,6 +122,11 @@ void ln_backward(Tape& t, const Dims& d, LnSaved& s, Param& w, Param& b, Id& g_i
 
 struct OptSaved {
   LnSaved ln1, ln2;
+  // transformers 4.43 to 4.47 (opt_attention_forward_tf4x): q_c / k_c / v_c, the [B·heads, T, hd]
+  // copies bmm saves (k_c and v_c also the returned cache), the masked scores torch.max saves, the
+  // softmax output (saved by softmax and the second bmm; under autocast its bf16 cast, saved by the
+  // bmm) and the 0-d finfo.min tensor torch.max saves
+  Id q_c = 0, k_c = 0, v_c = 0, masked = 0, probs = 0, probs_cast = 0, fmin = 0;
   Id in_q = 0, in_k = 0, in_v = 0, in_fc1 = 0;
   Id casts[16] = {};
   int ncasts = 0;
@@ -151,6 +156,46 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
   return out;
 }
 
+// transformers 4.43 to 4.47's OPTAttention (eager, written inline in its forward; traced on the CPU
+// under 4.45.2, tools/predict/trace_hf.py): q = q_proj(x) * scaling; k and v each made
+// [B, heads, T, hd] by `_shape`'s .contiguous() as soon as projected (the copies are what bmm saves
+// and what the layer returns as its cache), then q's copy; scores = bmm(q, kᵀ) + the [B, 1, T, T]
+// float mask (the sum saved by torch.max, as is the 0-d finfo.min it is compared with), softmax
+// (saved), bmm with v, and the [B, T, H] copy attn_output.transpose(1, 2).reshape makes for
+// out_proj. Under autocast the scores are bf16 and the mask fp32: their sum, the max and the
+// softmax are fp32, which the second bmm casts back to bf16 (saved).
+void opt_attention_forward_tf4x(Tape& t, const Dims& d, Model& m, OptSaved& s) {
+  const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
+  const u64 e_s = std::max(d.e_c, d.e_r);  // the masked scores: promoted to the mask's dtype
+  Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
+  Id q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
+  t.free(q);
+  Id k = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_k, "k_proj output");
+  s.k_c = t.alloc(nq * d.e_c, A, "k _shape contiguous (saved; the cache's key)");
+  t.free(k);
+  Id v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
+  s.v_c = t.alloc(nq * d.e_c, A, "v _shape contiguous (saved; the cache's value)");
+  t.free(v);
+  s.q_c = t.alloc(nq * d.e_c, A, "q _shape contiguous (saved)");
+  t.free(q_s);
+  Id scores = t.alloc(bhtt * d.e_c, Tmp, "bmm(q, k^T)");
+  s.masked = t.alloc(bhtt * e_s, A, "scores + causal mask (saved by torch.max)");
+  t.free(scores);
+  s.fmin = t.alloc(4, A, "torch.tensor(finfo.min) (saved by torch.max)");
+  Id mx = t.alloc(bhtt * e_s, Tmp, "torch.max(scores, finfo.min)");
+  s.probs = t.alloc(bhtt * e_s, A, "softmax (saved)");
+  t.free(mx);
+  if (d.autocast && e_s == 4) s.probs_cast = t.alloc(bhtt * 2, A, "autocast: softmax .to(bf16) (saved by bmm)");
+  Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
+  s.ctx = t.alloc(nq * d.e_c, A, "attn_output reshape (contiguous copy, saved by out_proj)");
+  t.free(o);
+  // the layer returns (k_c, v_c) as its cache, which the model's outputs hold until compute_loss
+  // returns (head_forward_tf4x: converted to fp32 by accelerate under autocast, cloned by DDP's
+  // sink); the tensors themselves live on, saved for backward (0: not the outputs' to free)
+  m.kv_cache.emplace_back(0, d.e_c);
+  m.kv_cache.emplace_back(0, d.e_c);
+}
+
 // x_in: the layer's input. Under ln_upcast no op saves it (the layer norm saved its fp32 cast), so
 // it goes once the first residual sum is made; so does that sum once the second is.
 // `drop`: the first forward of a checkpointed layer (use_reentrant=False): the pack hook keeps no
@@ -167,47 +212,51 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
   const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
   const bool ac = d.autocast || d.ln_upcast;  // the layer norms' outputs are fp32, cast for the linears
   s.ln1 = ln_forward(t, d, drop);
-  Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
-  gone(s.in_q);
-  s.q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
-  t.free(q);
-  s.k = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_k, "k_proj output");
-  gone(s.in_k);
-  s.v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
-  gone(s.in_v);
-  if (d.eager || d.e_c == 4) {
-    // [B, heads, T, hd] views of [B, T, H] buffers: bmm needs copies of q and k^T (saved)
-    s.qc = t.alloc(nq * d.e_c, A, "q contiguous for bmm");
-    s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
-    Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
-    gone(s.qc);
-    gone(s.kT);
-    Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
-    t.free(scores);
-    const u64 e_masked = std::max(d.e_c, d.e_r);
-    Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
-    t.free(scaled);
-    Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
-    s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
-    t.free(conv);
-    if (d.e_c == 2) {
-      s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
-      gone(s.probs32);  // attn_weights is rebound
-    }
-    t.free(masked);
-    s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
-    Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
-    gone(s.vc);
-    s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
-    t.free(o);
+  if (d.tf4x) {
+    opt_attention_forward_tf4x(t, d, m, s);
   } else {
-    s.rng_seed = t.alloc(8, A, "flash attention philox seed");  // as Llama's (0-d, saved)
-    s.rng_offset = t.alloc(8, A, "flash attention philox offset");
-    s.attn_out = t.alloc(nq * d.e_c, A, "flash attention output");
-    s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
-    gone(s.lse);  // only autograd held it
-    gone(s.rng_seed);
-    gone(s.rng_offset);
+    Id q = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_q, "q_proj output");
+    gone(s.in_q);
+    s.q_s = t.alloc(nq * d.e_c, Tmp, "q * scaling");
+    t.free(q);
+    s.k = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_k, "k_proj output");
+    gone(s.in_k);
+    s.v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
+    gone(s.in_v);
+    if (d.eager || d.e_c == 4) {
+      // [B, heads, T, hd] views of [B, T, H] buffers: bmm needs copies of q and k^T (saved)
+      s.qc = t.alloc(nq * d.e_c, A, "q contiguous for bmm");
+      s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
+      Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
+      gone(s.qc);
+      gone(s.kT);
+      Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
+      t.free(scores);
+      const u64 e_masked = std::max(d.e_c, d.e_r);
+      Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
+      t.free(scaled);
+      Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
+      s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
+      t.free(conv);
+      if (d.e_c == 2) {
+        s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
+        gone(s.probs32);  // attn_weights is rebound
+      }
+      t.free(masked);
+      s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
+      Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
+      gone(s.vc);
+      s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
+      t.free(o);
+    } else {
+      s.rng_seed = t.alloc(8, A, "flash attention philox seed");  // as Llama's (0-d, saved)
+      s.rng_offset = t.alloc(8, A, "flash attention philox offset");
+      s.attn_out = t.alloc(nq * d.e_c, A, "flash attention output");
+      s.lse = t.alloc(d.B * d.nh * d.T * 4, A, "flash attention log-sum-exp");
+      gone(s.lse);  // only autograd held it
+      gone(s.rng_seed);
+      gone(s.rng_offset);
+    }
   }
   Id o_out = opt_linear(t, d, m, s, d.H, d.H, true, nullptr, "out_proj output");
   gone(s.ctx);  // attn_output is rebound to out_proj's output
@@ -309,6 +358,84 @@ Id opt_linear_backward(Tape& t, const Dims& d, Model& m, Param& w, Param& b, Id&
   return gin;
 }
 
+// The v and k projections' input gradients summed: out of place (a new tensor, both go); under
+// autocast (cast_in) the fp32 casts' gradients (ToCopyBackward's outputs) were summed into v's as k's
+// was made (opt_linear_backward's sum_into), and k's goes.
+Id sum_v_and_k(Tape& t, const Dims& d, bool cast_in, Id& gin_v, Id& gin_k) {
+  Id sum = gin_v;
+  if (!cast_in) {
+    sum = t.alloc(d.BT * d.H * d.e_c, Tmp, "input grad sum");
+    t.free(gin_v);
+  }
+  t.free(gin_k);
+  return sum;
+}
+
+// The backward of opt_attention_forward_tf4x from out_proj's input gradient to the sum of the q, k
+// and v projections' input gradients, in the order of the CPU trace of 4.45.2: the reshape's and
+// each _shape's view backward copy their non-contiguous gradient; torch.max's backward makes
+// grad / 2, the equality mask, the where() it keeps and the less-than mask; v's projection is
+// differentiated first, then k's (their input gradients summed out of place), then q's through
+// its `* scaling`, whose input gradient is added in place.
+Id opt_attention_backward_tf4x(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, OptSaved& s, Id g_ctx) {
+  const bool cast_in = d.autocast || d.ln_upcast;
+  const u64 nq = d.BT * d.H, bhtt = d.B * d.nh * d.T * d.T;
+  const u64 e_s = std::max(d.e_c, d.e_r);
+  auto cast = [&](int i) -> Id* { return i < s.ncasts ? &s.casts[i] : nullptr; };
+  Id gc = t.alloc(nq * d.e_c, Tmp, "grad attn_output (view backward copy)");
+  t.free(g_ctx);
+  Id gv = t.alloc(nq * d.e_c, Tmp, "grad v (bmm backward)");
+  Id gp = t.alloc(bhtt * d.e_c, Tmp, "grad probs (bmm backward)");
+  t.free(gc);
+  t.free(s.v_c);
+  t.free(s.probs_cast);
+  if (e_s != d.e_c) {  // the cast's backward: the gradient back in the softmax's dtype
+    Id g32 = t.alloc(bhtt * e_s, Tmp, "grad probs .to(fp32)");
+    t.free(gp);
+    gp = g32;
+  }
+  Id gsm = t.alloc(bhtt * e_s, Tmp, "softmax backward");
+  t.free(gp);
+  t.free(s.probs);
+  Id half = t.alloc(bhtt * e_s, Tmp, "maximum backward: grad / 2");
+  Id eq = t.alloc(bhtt, Tmp, "maximum backward: self == other");
+  Id gmax = t.alloc(bhtt * e_s, Tmp, "maximum backward: where");
+  Id lt = t.alloc(bhtt, Tmp, "maximum backward: self < other");
+  t.free(lt);
+  t.free(eq);
+  t.free(half);
+  t.free(gsm);
+  t.free(s.masked);
+  t.free(s.fmin);
+  if (e_s != d.e_c) {  // the sum's backward to the bf16 scores (the mask needs no gradient)
+    Id g16 = t.alloc(bhtt * d.e_c, Tmp, "grad scores .to(bf16)");
+    t.free(gmax);
+    gmax = g16;
+  }
+  Id gk = t.alloc(nq * d.e_c, Tmp, "grad k (bmm backward)");
+  Id gq = t.alloc(nq * d.e_c, Tmp, "grad q (bmm backward)");
+  t.free(gmax);
+  t.free(s.k_c);
+  t.free(s.q_c);
+  Id gqc = t.alloc(nq * d.e_c, Tmp, "grad q (view backward copy)");
+  t.free(gq);
+  Id gvc = t.alloc(nq * d.e_c, Tmp, "grad v (view backward copy)");
+  t.free(gv);
+  Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gvc, d.H, d.H, cast_in, false, cast(2), &s.in_v);
+  Id gkc = t.alloc(nq * d.e_c, Tmp, "grad k (view backward copy)");
+  t.free(gk);
+  Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gkc, d.H, d.H, cast_in, false, cast(1), &s.in_k,
+                                 cast_in ? &gin_v : nullptr);
+  Id sum = sum_v_and_k(t, d, cast_in, gin_v, gin_k);
+  Id gmul = t.alloc(nq * d.e_c, Tmp, "q scaling backward");
+  t.free(gqc);
+  Id gin_q = opt_linear_backward(t, d, m, p.q, p.qb, gmul, d.H, d.H, cast_in, false, cast(0), &s.in_q,
+                                 cast_in ? &sum : nullptr);
+  if (!cast_in) t.free(s.ln1.out);  // q/k/v's saved input, released with q_proj's node
+  t.free(gin_q);
+  return sum;
+}
+
 void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, OptSaved& s, Id& g_res, Id& x_in) {
   const bool ac = d.autocast;
   const bool cast_in = d.autocast || d.ln_upcast;  // the inputs of fc1 and q/k/v were cast from fp32
@@ -345,6 +472,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   t.free(s.relu);
   Id g_ln2 = opt_linear_backward(t, d, m, p.fc1, p.fc1b, g_fc1, d.H, d.I, cast_in, false, cast(4), &s.in_fc1);
   t.free(s.in_fc1);
+  if (d.tf4x && !cast_in) t.free(s.ln2.out);  // fc1's saved input, released with its node (4.4x traces)
   ln_backward(t, d, s.ln2, p.ln2w, p.ln2b, g_ln2, g_res, s.h1);
   // attention branch
   Id gd1 = 0;
@@ -370,6 +498,15 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   }
   t.free(s.ctx);
   t.free(s.attn_out);
+  if (d.tf4x) {
+    Id sum = opt_attention_backward_tf4x(t, d, m, p, s, g_ctx);
+    t.free(s.in_q);
+    t.free(s.in_k);
+    t.free(s.in_v);
+    for (int i = 0; i < s.ncasts; ++i) t.free(s.casts[i]);
+    ln_backward(t, d, s.ln1, p.ln1w, p.ln1b, sum, g_res, x_in);
+    return;
+  }
   Id gq, gk, gv;
   if (d.eager || d.e_c == 4) {
     Id gc = t.alloc(nq * d.e_c, Tmp, "grad contiguous");
@@ -422,12 +559,7 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
   Id gin_v = opt_linear_backward(t, d, m, p.v, p.vb, gv, d.H, d.H, cast_in, true, cast(2), &s.in_v);
   Id gin_k = opt_linear_backward(t, d, m, p.k, p.kb, gk, d.H, d.H, cast_in, true, cast(1), &s.in_k,
                                  cast_in ? &gin_v : nullptr);
-  Id sum = gin_v;
-  if (!cast_in) {  // the fp32 casts' gradients (ToCopyBackward's outputs) are summed into the first
-    sum = t.alloc(nq * d.e_c, Tmp, "input grad sum");
-    t.free(gin_v);
-  }
-  t.free(gin_k);
+  Id sum = sum_v_and_k(t, d, cast_in, gin_v, gin_k);
   // q's gradient through the q * scaling of the forward (a new tensor), made only now that v's and
   // k's projections are done, then made contiguous for addmm like theirs (the H200 trace)
   Id gq2 = t.alloc(nq * d.e_c, Tmp, "q scaling backward");
@@ -444,6 +576,98 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
 
 }  // namespace
 
+namespace {
+
+// The embeddings' backward: positions, then tokens (dense gradients; sort buffers above 3072
+// indices); the token embedding's gradient summed with the tied LM head's. `off`: the position
+// lookup's saved indices, released with its node.
+// `g_res`: the residual stream's gradient, released (4.4x, its CPU traces) once the token lookup's
+// gradient exists, before the tied sum; 0: released by the caller afterwards.
+void opt_embeddings_backward(Tape& t, const Dims& d, Model& m, Id& off, Id& g_res) {
+  for (Param* p : {&m.pos, &m.embed}) {
+    Id sorted = 0, orig = 0;
+    embedding_backward_sort_buffers(t, d.BT, sorted, orig);
+    Id g = t.alloc(p->bytes, Category::kGradients, "embedding weight grad");
+    t.free(sorted);
+    t.free(orig);
+    if (p == &m.embed) t.free(g_res);
+    accumulate_tied(t, *p, g);
+    if (p == &m.pos) t.free(off);
+  }
+}
+
+// OPTDecoder and OPTForCausalLM under transformers 4.43 to 4.47 (eager, no checkpointing: see
+// validate_job), read off the CPU trace of 4.45.2. The [B, 1, T, T] mask in the embeddings' dtype
+// comes from _prepare_4d_causal_attention_mask: a [T, T] full() of finfo.min with its arange /
+// lt pattern, 1 − the expanded padding mask, its masked_fill through a bool copy, then the causal
+// mask's masked_fill (the kept copy) through another; the positions are the long mask's cumsum
+// times the mask, − 1, + 2 (the last saved by the position lookup). The mask goes when the
+// decoder returns (no op saves it). (Python-number scalars, which the CPU wraps into 0-d tensors,
+// stay on the host under CUDA and are left out.)
+void opt_forward_backward_tf4x(Tape& t, const Dims& d, Model& m, Id x_tok) {
+  const u64 bt = d.BT, btt = d.B * d.T * d.T;
+  Id am = t.alloc(bt * 4, Category::kInputs, "attention_mask ones");
+  Id full = t.alloc(d.T * d.T * d.e_r, Tmp, "_make_causal_mask: full(T, T, finfo.min)");
+  Id ar = t.alloc(d.T * 8, Tmp, "arange(T)");
+  Id ar1 = t.alloc(d.T * 8, Tmp, "arange(T) + 1");
+  Id lt = t.alloc(d.T * d.T, Tmp, "arange < (arange + 1) (bool)");
+  t.free(ar1);
+  t.free(lt);
+  t.free(ar);
+  Id inv = t.alloc(btt * d.e_r, Tmp, "1 - expanded attention_mask");
+  Id b1 = t.alloc(btt, Tmp, "inverted mask .to(bool)");
+  Id inv2 = t.alloc(btt * d.e_r, Tmp, "inverted mask masked_fill");
+  t.free(b1);
+  t.free(inv);
+  Id b2 = t.alloc(btt, Tmp, "expanded mask .bool()");
+  Id mask = t.alloc(btt * d.e_r, Category::kInputs, "causal mask [B,1,T,T] (masked_fill)");
+  t.free(b2);
+  t.free(inv2);
+  t.free(full);
+  Id lm = t.alloc(bt * 8, Category::kInputs, "attention_mask.long()");
+  Id cs = t.alloc(bt * 8, Category::kInputs, "cumsum");
+  Id mul = t.alloc(bt * 8, Category::kInputs, "cumsum * mask");
+  t.free(cs);
+  Id sub = t.alloc(bt * 8, Category::kInputs, "positions (- 1)");
+  t.free(mul);
+  Id off = t.alloc(bt * 8, Category::kInputs, "positions + offset (saved by the lookup)");
+  Id x_pos = t.alloc(bt * d.H * d.e_r, A, "embed_positions output");
+  t.free(lm);
+  t.free(sub);
+  Id x = t.alloc(bt * d.H * d.e_r, A, "inputs_embeds + pos_embeds");
+  std::vector<OptSaved> saved(d.L);
+  for (u64 l = 0; l < d.L; ++l) opt_layer_forward(t, d, m, saved[l], mask, l > 0 ? saved[l - 1].out : x);
+  LnSaved fln;
+  if (m.final_ln) {
+    fln = ln_forward(t, d);
+    if (d.ln_upcast) t.free(saved[d.L - 1].out);  // the final norm saved its fp32 cast instead
+  }
+  Id& final_out = m.final_ln ? fln.out : saved[d.L - 1].out;
+  t.free(am);
+  t.free(x_tok);
+  t.free(mask);
+  t.free(x_pos);
+  std::vector<Id> cached = m.bias_casts;  // autocast's cache: cleared when the forward's autocast exits
+  m.bias_casts.clear();
+  Param& head = m.tied ? m.embed : m.lm_head;
+  Dims dh = d;
+  dh.head_in_fp32 = d.ln_upcast && m.final_ln;
+  Head hd = head_forward(t, dh, m, cached, final_out);
+  Id gh = head_backward(t, dh, m, head, hd, final_out);
+  Id g_res = 0;
+  if (m.final_ln) {
+    ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, saved[d.L - 1].out);
+  } else {
+    g_res = gh;
+  }
+  for (u64 l = d.L; l-- > 0;)
+    opt_layer_backward(t, d, m, m.opt_layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
+  opt_embeddings_backward(t, d, m, off, g_res);
+  t.free(x);
+}
+
+}  // namespace
+
 void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // the batch (input_ids, labels) is the driver's (hf_trainer_schedule: the Trainer's loop holds
   // it until the next step's batches are fetched)
@@ -451,6 +675,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   t.phase("forward");
   const u64 bt = d.BT;
   Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");
+  if (d.tf4x) return opt_forward_backward_tf4x(t, d, m, x_tok);
   // OPTDecoder: attention_mask = ones(B, T) (fp32), position_ids = cumsum(mask) * mask - 1
   Id am = t.alloc(bt * 4, Category::kInputs, "attention_mask ones");
   Id cs = t.alloc(bt * 4, Category::kInputs, "cumsum");
@@ -538,17 +763,8 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   }
   t.free(mask);
   t.free(pid);
-  // the embeddings' backward: positions, then tokens (dense gradients; sort buffers above 3072
-  // indices); the token embedding's gradient summed with the tied LM head's
-  for (Param* p : {&m.pos, &m.embed}) {
-    Id sorted = 0, orig = 0;
-    embedding_backward_sort_buffers(t, bt, sorted, orig);
-    Id g = t.alloc(p->bytes, Category::kGradients, "embedding weight grad");
-    t.free(sorted);
-    t.free(orig);
-    accumulate_tied(t, *p, g);
-    if (p == &m.pos) t.free(off);
-  }
+  Id none = 0;
+  opt_embeddings_backward(t, d, m, off, none);
   t.free(g_res);
   t.free(x);
 }

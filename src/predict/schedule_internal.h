@@ -72,6 +72,7 @@ struct Dims {
   bool liger = false;    // --fused-kernels: Liger's RMSNorm, RoPE, SwiGLU, fused linear cross-entropy
   bool qkv_bias = false; // Qwen2: q_proj, k_proj, v_proj have biases (addmm; their gradients)
   bool qwen2 = false;    // the Qwen2 family (where its code's order differs from Llama's)
+  bool opt = false;      // the OPT family (its 4.4x loss: see head_forward_tf4x)
   // DDP (--ranks > 1): see hf_schedule_ddp.cpp
   bool ddp = false;
   bool ddp_find_unused = false;  // the Trainer: not gradient checkpointing

@@ -7,6 +7,7 @@
 // are CUDA's own and are checked against the H200 traces instead (trace_replay_test.cpp,
 // hf_predict_test.cpp).
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <fstream>
 #include <map>
@@ -130,6 +131,8 @@ constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47"
 // Qwen2 (from 4.45: 4.43 and 4.44 compute its rotary tables in every layer) takes the same schedule
 // with its q/k/v biases; its 4.45 frees the final norm's output before the shifted copy.
 constexpr const char* kQwen2OlderReleases[] = {"4.45", "4.46", "4.47", "4.48"};
+// OPT: 4.43 to 4.47 write OPTAttention's eager path inline (4.48 rewrote it), traced with fp32 weights.
+constexpr const char* kOptOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47"};
 constexpr const char* kTinyPrecisions[][3] = {
     {"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
 
@@ -170,7 +173,9 @@ TEST_P(CpuTrace, SavedForBackwardMatchesTheRealTrainer) {
   // scalar (8-byte 0-d tensor) that MulBackward saves, per layer; a host tensor under CUDA, so
   // not in the schedule
   const HfJob j = job_of(c);
-  const int per_layer = (std::string(c.attn) == "eager" ? 1 : 0) + (j.model.family == ModelFamily::kOPT ? 1 : 0);
+  // (OPT under 4.43 to 4.47 scales only q: its attention has no second scalar)
+  const bool opt = j.model.family == ModelFamily::kOPT, opt4x = opt && is_older_transformers(c.transformers);
+  const int per_layer = (std::string(c.attn) == "eager" && !opt4x ? 1 : 0) + (opt ? 1 : 0);
   for (int k = 0; k < per_layer; ++k) {
     for (std::int64_t l = 0; l < j.model.num_hidden_layers; ++l) {
       auto it = traced_saved.find(8);
@@ -248,6 +253,19 @@ std::vector<Case> all_cases() {
     for (const auto& p : kTinyPrecisions) {
       names.push_back(std::string("qwen2-tiny-") + p[0] + ".tf" + release);
       cases.push_back(Case{names.back().c_str(), "qwen2-tiny", p[1], p[2], "eager", false, false, true, release});
+    }
+  }
+  // OPT 4.43 to 4.47 (fp32 weights: fp32 and bf16 autocast), and 4.45 under torch 2.4
+  for (const char* release : kOptOlderReleases) {
+    for (const auto& p : kTinyPrecisions) {
+      if (std::string(p[1]) != "fp32") continue;
+      for (const char* torch : {kSupportedTorch, kOlderTorch}) {
+        if (std::string(torch) == kOlderTorch && std::string(release) != "4.45") continue;
+        names.push_back(std::string("opt-tiny-") + p[0] + ".tf" + release +
+                        (std::string(torch) == kOlderTorch ? std::string(".torch") + torch : ""));
+        cases.push_back(
+            Case{names.back().c_str(), "opt-tiny", p[1], p[2], "eager", false, false, true, release, torch});
+      }
     }
   }
   for (const char* torch : {kSupportedTorch, kOlderTorch}) {
@@ -412,6 +430,33 @@ TEST(CpuTrace445, TheStepMatchesTheTransformers445Trace) {
         const std::size_t crossed = unmatched(now, older_trace, phase);
         EXPECT_LE(older_own, own) << older_trace << " " << phase;
         EXPECT_GT(crossed, older_own) << older_trace << " " << phase << ": the trace does not tell the versions apart";
+      }
+    }
+  }
+}
+
+// OPT under 4.43 to 4.47 (hf_schedule_opt.cpp, opt_attention_forward_tf4x: the inline eager
+// attention's q/k/v copies, the masked scores torch.max saves, its backward's masks; the
+// 4-D float mask; the loss over the shifted copy in the compute dtype) against each release's
+// trace, fp32 and bf16 autocast: every request and free of 4 KiB and more the schedule makes in
+// forward and backward is in the trace, in order (the 5.17 schedule leaves 1 and 5 to 9 out against
+// its own trace, and 12 to 18 against these: the traces tell the releases apart).
+TEST(CpuTraceOpt4x, TheStepMatchesEachOlderRelease) {
+  for (const char* version : kOptOlderReleases) {
+    for (const auto& pr : kTinyPrecisions) {
+      if (std::string(pr[1]) != "fp32") continue;
+      const std::string name = std::string("opt-tiny-") + pr[0];
+      const std::string older_trace = name + ".tf" + version;
+      const Case now{"", "opt-tiny", pr[1], pr[2]};
+      Case older = now;
+      older.transformers = version;
+      for (const char* phase : {"forward", "backward"}) {
+        const std::size_t own = unmatched(now, name, phase);
+        const std::size_t older_own = unmatched(older, older_trace, phase);
+        const std::size_t crossed = unmatched(now, older_trace, phase);
+        EXPECT_EQ(older_own, 0u) << older_trace << " " << phase << " (the 5.17 schedule on its own trace: " << own
+                                 << ")";
+        EXPECT_GT(crossed, older_own) << older_trace << " " << phase;
       }
     }
   }

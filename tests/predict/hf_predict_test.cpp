@@ -539,7 +539,7 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
 // --transformers-version 4.45 is modelled for Llama with eager attention, without
 // checkpointing or Liger (what its CPU trace checks: cpu_trace_test.cpp CpuTrace445); each other switch is refused
 // with the reason, and its prediction says it was not measured on a GPU.
-TEST(HfPredict, Transformers445IsLlamaEagerOnly) {
+TEST(HfPredict, Transformers445IsEagerOnly) {
   auto refused = [](HfJob j, const char* why) {
     j.versions.transformers = kOlderTransformers;
     try {
@@ -581,9 +581,23 @@ TEST(HfPredict, Transformers445IsLlamaEagerOnly) {
   j = job(6);
   j.seq_len = 1;
   refused(j, "--seq-len 2 or more");
+  j = job(6);  // OPT: 4.43 to 4.47 (its inline attention), fp32 weights (the traced ones)
+  j.model = preset_config("opt-1.3b");
+  j.versions.transformers = "4.45";
+  EXPECT_NO_THROW(validate_job(j));
+  j.mixed_precision = "bf16";
+  EXPECT_NO_THROW(validate_job(j));
+  j.model_precision = "bf16";
+  refused(j, "OPT with fp32 weights only");
   j = job(6);
   j.model = preset_config("opt-1.3b");
-  refused(j, "Llama and Qwen2 only");
+  j.versions.transformers = "4.48";
+  try {
+    validate_job(j);
+    ADD_FAILURE() << "OPT under 4.48 not refused";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("OPT up to 4.47 only"), std::string::npos) << e.what();
+  }
   j = job(6);  // Qwen2 from 4.45 (4.43 and 4.44 compute its rotary tables per layer)
   j.model = preset_config("qwen2-tiny");
   j.seq_len = 64;
