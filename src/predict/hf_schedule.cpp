@@ -81,7 +81,8 @@ void validate_job(const HfJob& j) {
       bad(why + "OPT up to 4.47 only (4.48 rewrote OPT's attention; its trace differs)");
     if (j.model.family == ModelFamily::kOPT && j.model_precision != "fp32")
       bad(why + "OPT with fp32 weights only (--model-precision fp32, with or without --mixed-precision bf16): "
-                "its bf16-weight path was not traced");
+                "its bf16-weight path cannot be checked on the CPU, whose autocast keeps layer_norm and softmax "
+                "in bf16 where CUDA's runs them in fp32");
     // Qwen2 before 4.45 still computes its rotary tables in every layer, in the values' dtype
     // (bf16 under autocast), which the schedule does not model; its CPU traces show it
     if (j.model.family == ModelFamily::kQwen2 && j.versions.transformers < "4.45")
