@@ -65,10 +65,19 @@ void validate_job(const HfJob& j) {
     if (j.attn != "eager") bad(why + " is modelled for eager attention only: use --attn eager");
     if (j.fused_kernels) bad(why + " is modelled without --fused-kernels (Liger) only");
   }
-  if (j.versions.transformers != kSupportedTransformers && !is_older_transformers(j.versions.transformers))
+  if (!is_current_transformers(j.versions.transformers) && !is_older_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
-        kSupportedTransformers + " (the default), " + kOlderTransformersList +
-        " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
+        kSupportedTransformers + " (the default; " + kCurrentTransformersList + " take its schedule), " +
+        kOlderTransformersList + " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
+  if (is_current_transformers(j.versions.transformers) && j.versions.transformers != kSupportedTransformers &&
+      records_full_slices(j.versions.torch))
+    bad("--transformers-version " + j.versions.transformers + " with --torch-version " + j.versions.torch +
+        ": the 5.x releases other than 5.17 were traced under torch 2.11 only, and torch 2.4 to 2.8 record "
+        "the full slices — use --torch-version 2.9 or later, or --transformers-version 5.17");
+  if (j.model.family == ModelFamily::kOPT && transformers5_minor(j.versions.transformers) >= 0 &&
+      transformers5_minor(j.versions.transformers) < 2)
+    bad("--transformers-version " + j.versions.transformers + " with OPT is not modelled: 5.0 and 5.1 build OPT's "
+        "4-D attention mask with more temporaries than 5.2 to 5.24 (their CPU traces) — use 5.2 or later");
   if (is_older_transformers(j.versions.transformers)) {
     // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";

@@ -63,6 +63,23 @@ std::string release_of(const std::string& version);
 inline bool is_older_transformers(const std::string& v) {
   return v == "4.43" || v == "4.44" || v == "4.45" || v == "4.46" || v == "4.47" || v == "4.48";
 }
+// The 5.x releases that take 5.17's schedule as they are: their CPU traces of the real Trainer
+// (tools/predict/trace_hf.py, every configuration traced for 5.17) equal 5.17's event for event
+// above 4 KiB (5.0, 5.1, 5.2, 5.5, 5.8, 5.12, 5.16, 5.18, 5.22 and 5.24 traced whole; 5.3, 5.4, 5.6
+// and 5.7 for Llama and OPT), except OPT under 5.0 and 5.1, which build its 4-D mask with more
+// temporaries (refused). 5.24 is the newest on PyPI as of 2026-11-27.
+inline const char* kCurrentTransformersList = "5.0 to 5.24";
+// 5.0 -> 0, ..., 5.24 -> 24; -1 for anything else
+inline int transformers5_minor(const std::string& v) {
+  if (v.size() < 3 || v.compare(0, 2, "5.") != 0 || v.size() > 4) return -1;
+  int n = 0;
+  for (std::size_t i = 2; i < v.size(); ++i) {
+    if (v[i] < '0' || v[i] > '9') return -1;
+    n = n * 10 + (v[i] - '0');
+  }
+  return n <= 24 ? n : -1;
+}
+inline bool is_current_transformers(const std::string& v) { return transformers5_minor(v) >= 0; }
 
 enum class Category : int {
   kWeights = 0,

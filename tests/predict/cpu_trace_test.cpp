@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "model/config.h"
 #include "predict/hf_predict.h"
 #include "predict/hf_schedule.h"
@@ -545,6 +546,60 @@ TEST(CpuTraceFusedAdamW, TheStepMakesTheStatesAndNoTemporaries) {
           << golden << " step " << step;
     }
   }
+}
+
+// The transformers 5.x releases beside 5.17: 5.0 to 5.24 take 5.17's schedule (hf_schedule.h,
+// is_current_transformers). One traced configuration or more per release, Llama, Qwen2 (eager and
+// sdpa, with checkpointing) and OPT across the range: the schedule for that release leaves each
+// phase of step 2 exactly as matched, both ways, as it leaves 5.17's own trace of the same
+// configuration. OPT under 5.1 builds its mask with more temporaries: 5.17's schedule leaves its
+// trace worse matched, and the release is refused for OPT.
+TEST(CpuTraceTransformersReleases, EachFiveReleaseMatchesAsFiveSeventeenDoes) {
+  const std::pair<const char*, Case> runs[] = {
+      {"5.0", Case{"llama-tiny-bf16mixed-eager", "llama-tiny", "fp32", "bf16"}},
+      {"5.0", Case{"qwen2-tiny-bf16-sdpa", "qwen2-tiny", "bf16", "bf16", "sdpa"}},
+      {"5.2", Case{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no"}},
+      {"5.5", Case{"qwen2-tiny-bf16mixed-eager", "qwen2-tiny", "fp32", "bf16"}},
+      {"5.8", Case{"qwen2-tiny-fp32-eager-ckpt", "qwen2-tiny", "fp32", "no", "eager", true}},
+      {"5.12", Case{"llama-tiny-bf16-eager", "llama-tiny", "bf16", "bf16"}},
+      {"5.16", Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16"}},
+      {"5.18", Case{"llama-tiny-fp32-eager", "llama-tiny", "fp32", "no"}},
+      {"5.22", Case{"qwen2-tiny-bf16mixed-sdpa", "qwen2-tiny", "fp32", "bf16", "sdpa"}},
+      {"5.24", Case{"llama-tiny-fp32-eager", "llama-tiny", "fp32", "no"}},
+      {"5.24", Case{"llama-tiny-bf16-eager", "llama-tiny", "bf16", "bf16"}},
+      {"5.24", Case{"qwen2-tiny-bf16-sdpa-ckpt", "qwen2-tiny", "bf16", "bf16", "sdpa", true}},
+      {"5.24", Case{"opt-tiny-bf16mixed-eager", "opt-tiny", "fp32", "bf16"}},
+      {"5.24", Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true}},
+  };
+  for (const auto& [release, c] : runs) {
+    const std::string trace = std::string(c.golden) + ".tf" + release;
+    Case then = c;
+    then.transformers = release;
+    EXPECT_NO_THROW(validate_job(job_of(then))) << trace;
+    for (const char* phase : {"forward", "backward"}) {
+      const std::size_t own = test::match_step(c.golden, job_of(c), phase).mismatched();
+      EXPECT_EQ(test::match_step(trace, job_of(then), phase).mismatched(), own) << trace << " " << phase;
+    }
+  }
+  // the gradient-accumulation trace of 5.24: the same through both micro-steps
+  Case ga{"llama-tiny-fp32-eager-ga2", "llama-tiny", "fp32", "no"};
+  HfJob j = job_of(ga);
+  j.grad_accum_steps = 2;
+  HfJob j524 = j;
+  j524.versions.transformers = "5.24";
+  for (const char* phase : {"forward", "backward"})
+    for (int nth : {2, 3}) {
+      EXPECT_EQ(test::match_step("llama-tiny-fp32-eager-ga2.tf5.24", j524, phase, nth).mismatched(),
+                test::match_step("llama-tiny-fp32-eager-ga2", j, phase, nth).mismatched())
+          << phase << " " << nth;
+    }
+  // OPT under 5.1: its forward has more than 5.17's schedule explains, and it is refused
+  const Case opt{"opt-tiny-fp32-eager", "opt-tiny", "fp32", "no"};
+  EXPECT_GT(test::match_step("opt-tiny-fp32-eager.tf5.1", job_of(opt), "forward").mismatched(),
+            test::match_step("opt-tiny-fp32-eager", job_of(opt), "forward").mismatched());
+  Case opt51 = opt;
+  opt51.transformers = "5.1";
+  EXPECT_THROW(validate_job(job_of(opt51)), InvalidInput);
 }
 
 // The torch releases between: 2.5 to 2.8 behave as 2.4 (their full slices are SliceBackward nodes),

@@ -539,6 +539,51 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
 // --transformers-version 4.45 is modelled for Llama with eager attention, without
 // checkpointing or Liger (what its CPU trace checks: cpu_trace_test.cpp CpuTrace445); each other switch is refused
 // with the reason, and its prediction says it was not measured on a GPU.
+// transformers 5.0 to 5.24 take 5.17's schedule (their CPU traces: cpu_trace_test.cpp,
+// CpuTraceTransformersReleases): the same prediction, with a line saying so; others refused with
+// the supported ones named; OPT from 5.2; the 5.x releases besides 5.17 under torch 2.9 or later.
+TEST(HfPredict, TransformersFiveReleasesTakeTheSchedule) {
+  HfPredictOptions o;
+  o.device_memory = 64 * GiB;
+  const HfJob pinned = job(6);
+  const HfPrediction want = predict_hf(pinned, o);
+  for (const char* v : {"5.0", "5.2", "5.9", "5.24"}) {
+    HfJob j = pinned;
+    j.versions.transformers = v;
+    ASSERT_NO_THROW(validate_job(j)) << v;
+    const HfPrediction got = predict_hf(j, o);
+    EXPECT_EQ(got.max_reserved, want.max_reserved) << v;
+    EXPECT_EQ(got.max_allocated, want.max_allocated) << v;
+    EXPECT_NE(prediction_table(j, o, got, 0).find("5.17's schedule"), std::string::npos) << v;
+  }
+  EXPECT_EQ(prediction_table(pinned, o, want, 0).find("5.17's schedule"), std::string::npos);
+  auto refused = [](HfJob j, const char* why) {
+    try {
+      validate_job(j);
+      ADD_FAILURE() << "not refused: " << why;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  for (const char* v : {"5.25", "4.52", "4.42", "5", "5.x", "6.0"}) {
+    HfJob j = pinned;
+    j.versions.transformers = v;
+    refused(j, "5.0 to 5.24 take its schedule");
+  }
+  HfJob opt = pinned;
+  opt.model = preset_config("opt-1.3b");
+  opt.versions.transformers = "5.1";
+  refused(opt, "use 5.2 or later");
+  opt.versions.transformers = "5.2";
+  EXPECT_NO_THROW(validate_job(opt));
+  HfJob old_torch = pinned;
+  old_torch.versions.transformers = "5.24";
+  old_torch.versions.torch = "2.8";
+  refused(old_torch, "traced under torch 2.11 only");
+  old_torch.versions.torch = "2.9";
+  EXPECT_NO_THROW(validate_job(old_torch));
+}
+
 TEST(HfPredict, Transformers445IsEagerOnly) {
   auto refused = [](HfJob j, const char* why) {
     j.versions.transformers = kOlderTransformers;

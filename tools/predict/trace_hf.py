@@ -123,8 +123,16 @@ def _older(version):
 
 
 def _tag(version):
-    """The file name's release tags: ".tf4.45" for an older transformers, and ".torch2.4" for a torch
-    other than the pinned 2.11 (--torch-version 2.4 to 2.10, docs/predict.md: 2.4 to 2.8 record a
+    """The file name's release tags: ".tf4.45" for a transformers other than the pinned 5.17 (an
+    older one, or a 5.x release checked against 5.17's schedule: ".tf5.24"), and ".torch2.4" for a torch
+    other than the pinned 2.11. A 5.x release goes on PYTHONPATH as the older ones do (5.0 to 5.12
+    with tokenizers 0.22.2, which their import checks):
+
+        pip install --no-deps --target /work/venvs/tf5240 transformers==5.24.0
+        PYTHONPATH=/work/venvs/tf5240 /work/venvs/predict/bin/python tools/predict/trace_hf.py \
+            --out tests/golden/predict/cpu --only llama-tiny-fp32-eager
+
+    The torch tag: --torch-version 2.4 to 2.10, docs/predict.md: 2.4 to 2.8 record a
     backward node for every full slice `[:]`, which 2.9 to 2.11 skip). Trace one with that torch
     installed by tools/predict/make_torch_overlay.sh and put first on PYTHONPATH (an older
     transformers after it; 2.4 with /work/venvs/torch24, a venv of torch 2.4.0 and transformers
@@ -136,8 +144,8 @@ def _tag(version):
     """
     import torch
     t = ".".join(torch.__version__.split("+")[0].split(".")[:2])
-    return (".tf" + ".".join(version.split(".")[:2]) if _older(version) else "") + \
-        ("" if t == "2.11" else ".torch" + t)
+    tf = ".".join(version.split(".")[:2])
+    return (".tf" + tf if tf != "5.17" else "") + ("" if t == "2.11" else ".torch" + t)
 
 
 def _ddp(cfg):
