@@ -186,6 +186,11 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
          (records_full_slices(job.versions.torch) ? std::string(" under torch 2.4.0 to 2.8.0") : std::string()) +
          ", not measured on a GPU (docs/predict.md)\n";
   }
+  if (is_late4_transformers(job.versions.transformers)) {
+    s += "  transformers " + job.versions.transformers +
+         ": 5.17's schedule with its training DynamicCache (and, to 4.52, its [T, T+1] mask), checked against CPU "
+         "traces of 4.49.0 to 4.55.4 only, not measured on a GPU (docs/predict.md)\n";
+  }
   if (is_current_transformers(job.versions.transformers) && job.versions.transformers != kSupportedTransformers) {
     s += "  transformers " + job.versions.transformers + ": 5.17's schedule (its CPU traces equal 5.17's); the GPU "
          "measurements are 5.17's (docs/predict.md)\n";

@@ -65,10 +65,24 @@ void validate_job(const HfJob& j) {
     if (j.attn != "eager") bad(why + " is modelled for eager attention only: use --attn eager");
     if (j.fused_kernels) bad(why + " is modelled without --fused-kernels (Liger) only");
   }
-  if (!is_current_transformers(j.versions.transformers) && !is_older_transformers(j.versions.transformers))
+  if (!is_current_transformers(j.versions.transformers) && !is_older_transformers(j.versions.transformers) &&
+      !is_late4_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default; " + kCurrentTransformersList + " take its schedule), " +
-        kOlderTransformersList + " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
+        kLate4TransformersList + " (Llama and Qwen2; eager attention), " + kOlderTransformersList +
+        " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
+  if (is_late4_transformers(j.versions.transformers)) {
+    // traced on the CPU under torch 2.11 (4.49.0, 4.51.3, 4.52.4, 4.53.3, 4.54.1, 4.55.4), never on a GPU
+    const std::string why = "--transformers-version " + j.versions.transformers + " models ";
+    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2)
+      bad(why + "Llama and Qwen2 only (got " + family_name(j.model.family) + ")");
+    if (j.attn != "eager")
+      bad(why + "eager attention only (its sdpa path copies q, k and v for the kernel, not modelled): use --attn eager");
+    if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
+    if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
+    if (records_full_slices(j.versions.torch))
+      bad(why + "torch 2.9 to 2.11 only (traced under 2.11; 2.4 to 2.8 record the full slices)");
+  }
   if (is_current_transformers(j.versions.transformers) && j.versions.transformers != kSupportedTransformers &&
       records_full_slices(j.versions.torch))
     bad("--transformers-version " + j.versions.transformers + " with --torch-version " + j.versions.torch +
@@ -195,6 +209,12 @@ Dims dims_of(const HfJob& j) {
   d.tf4x = is_older_transformers(j.versions.transformers);
   d.tf4_minor = d.tf4x ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
   d.inline_attn = d.tf4x && d.tf4_minor <= 47;
+  d.train_cache = (d.tf4x && d.tf4_minor >= 45) || is_late4_transformers(j.versions.transformers);
+  d.inv_freq_alias = d.tf4x || is_late4_transformers(j.versions.transformers);
+  d.cache_layers = late4_minor(j.versions.transformers) >= 54;
+  d.rope_both_first = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 50);
+  d.late4_minor = late4_minor(j.versions.transformers) >= 0 ? static_cast<u64>(late4_minor(j.versions.transformers)) : 0;
+  d.mask_t1 = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 52);
   d.slice_copies = records_full_slices(j.versions.torch);
   return d;
 }
@@ -352,9 +372,11 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   // other 8-byte tensors live at backward are eager attention's wrapped `* scaling` scalars, one
   // per layer, which stay on the host under CUDA (the Qwen2 sdpa traces, which have none, show it).
   Id* sc = h.scalars;
+  // (4.50 to 4.55 keep num_items_in_batch on the host: their CPU traces have no such tensor)
+  const bool items_on_device = !(d.train_cache && !d.tf4x && d.late4_minor >= 50);
   Id init[3] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
                    t.alloc(4, Category::kLogitsLoss, "loss"),
-                   t.alloc(8, Category::kInputs, "num_items_in_batch (device)")};
+                   items_on_device ? t.alloc(8, Category::kInputs, "num_items_in_batch (device)") : 0};
   for (int i = 0; i < 3; ++i) sc[i] = init[i];
   t.free(lf);
   t.free(pad);
@@ -381,6 +403,21 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   }
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
+  // 4.49 to 4.55: the DynamicCache object goes with them: to 4.53 its key list, then its value list,
+  // each last item first (as 4.48's, head_forward_tf4x); from 4.54 its list of DynamicLayer objects,
+  // the last layer first, each its key, then its value (the CPU traces of 4.53.3 and 4.55.4)
+  if (d.cache_layers) {
+    for (std::size_t l = m.kv_cache.size() / 2; l-- > 0;) {
+      t.free(m.kv_cache[2 * l].first);
+      t.free(m.kv_cache[2 * l + 1].first);
+    }
+  } else {
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
+      if (i % 2 == 0) t.free(m.kv_cache[i].first);
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
+      if (i % 2 == 1) t.free(m.kv_cache[i].first);
+  }
+  m.kv_cache.clear();
   begin_backward(t, d, m);
   return h;
 }
@@ -601,7 +638,7 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
     load_llama(t, model, d, job.model.tie_word_embeddings);
     // the rotary inv_freq and original_inv_freq (fp32); 4.43 to 4.47: the model's inv_freq and
     // each layer's own (load_llama); 4.48: the model's inv_freq alone
-    model.buffer_count = d.inline_attn ? d.L + 1 : d.tf4x ? 1 : 2;
+    model.buffer_count = d.inline_attn ? d.L + 1 : d.inv_freq_alias ? 1 : 2;
     model.buffer_bytes = d.hd / 2 * 4 * model.buffer_count;
   }
   if (d.ddp) {

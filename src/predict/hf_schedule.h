@@ -80,6 +80,19 @@ inline int transformers5_minor(const std::string& v) {
   return n <= 24 ? n : -1;
 }
 inline bool is_current_transformers(const std::string& v) { return transformers5_minor(v) >= 0; }
+// 4.49 to 4.55, Llama and Qwen2 with eager attention (no checkpointing, no Liger): 5.17's schedule
+// with what their CPU traces add (docs/predict.md "Versions modelled"): the training forward fills
+// a DynamicCache with every layer's rotated key and value, held until compute_loss returns (freed
+// after the logits: to 4.53 keys then values, as 4.48's; from 4.54 layer by layer), and 4.49 to 4.52
+// build the 4.4x [T, T+1] mask. (4.56 keeps the value in fp32 under autocast and 4.57's cache update
+// copies: refused.)
+inline const char* kLate4TransformersList = "4.49 to 4.55";
+inline int late4_minor(const std::string& v) {
+  if (v.size() != 4 || v.compare(0, 2, "4.") != 0 || v[2] < '0' || v[2] > '9' || v[3] < '0' || v[3] > '9') return -1;
+  const int n = (v[2] - '0') * 10 + (v[3] - '0');
+  return n >= 49 && n <= 55 ? n : -1;
+}
+inline bool is_late4_transformers(const std::string& v) { return late4_minor(v) >= 0; }
 
 enum class Category : int {
   kWeights = 0,

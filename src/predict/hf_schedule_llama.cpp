@@ -75,7 +75,7 @@ void load_llama(Tape& t, Model& m, const Dims& d, bool tied) {
     // stays on the CPU.
     if (p == &m.norm) {
       m.inv_freq = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary inv_freq");
-      if (!d.tf4x) m.inv_freq_orig = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary original_inv_freq");
+      if (!d.inv_freq_alias) m.inv_freq_orig = t.alloc(d.hd / 2 * 4, Category::kInputs, "rotary original_inv_freq");
     }
     ++i;
   }
@@ -535,8 +535,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     if (ac && !d.liger) t.free(s.q_embed);  // its cast is what bmm saved
     t.free(q_view);                         // Liger: its copy is what bmm saved
     t.free(k_rep_late);                     // 4.4x under autocast (above)
-    if (d.tf4x && d.tf4_minor >= 45) {
-      // transformers 4.45 to 4.48: past_key_value.update() put the rotated key and the value into
+    if (d.train_cache) {
+      // transformers 4.45 to 4.55: past_key_value.update() put the rotated key and the value into
       // the forward's DynamicCache, which holds them until compute_loss returns (head_forward_tf4x;
       // 4.43 and 4.44 make no cache while training). What bmm saved instead (a copy, the repeated
       // key) goes with backward as before. Without grouped heads bmm saved the rotated key and the
@@ -1037,8 +1037,8 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // with checkpointing by every layer's checkpoint frame (a keyword argument) until its backward
   Id pos = t.alloc(d.T * 8, Category::kInputs, "position_ids");
   Id mask = 0;
-  if (d.tf4x) {
-    // transformers 4.43 to 4.48 _update_causal_mask (eager, no attention_mask):
+  if (d.mask_t1) {
+    // transformers 4.43 to 4.52 _update_causal_mask (eager, no attention_mask):
     // _prepare_4d_causal_attention_mask_with_cache_position with target_length T + 1: full((T, T+1),
     // min), triu(diagonal=1), `*= arange(T+1) > cache_position.reshape(-1, 1)` (a bool [T, T+1];
     // the CPU trace shows the in-place product converting it into a float temporary, which is
@@ -1071,7 +1071,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   gemm_workspace(t, m.ws_main);
   Id emb = t.alloc(rot, Tmp, "rotary cat(freqs, freqs)");
   Id cos = 0, sin = 0;
-  if (d.tf4x) {  // 4.43 to 4.48: cos() and sin() both, then each times attention_scaling (their CPU traces)
+  if (d.rope_both_first) {  // 4.43 to 4.50: cos() and sin() both, then each times attention_scaling (their CPU traces)
     Id c0 = t.alloc(rot, Tmp, "rotary emb.cos()");
     Id s0 = t.alloc(rot, Tmp, "rotary emb.sin()");
     cos = t.alloc(rot, Category::kInputs, "rotary cos");
@@ -1123,6 +1123,7 @@ void llama_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   RmsSaved fn = rms_forward(t, d, layer_in);
   if (d.e_r == 2 && !ckpt && !d.liger) {
     t.free(saved[d.L - 1].out);
+    if (d.late4_minor == 53) t.free(mask);  // 4.53 lets go of the mask first (its CPU traces, full bf16)
     t.free(x);
   } else if (d.e_r == 2 && ckpt && !d.liger) {
     // the last layer's output is held by no checkpoint frame, and the final norm saved its fp32

@@ -95,6 +95,19 @@ struct Dims {
   // lm_head (4.45 to 4.48's num_logits_to_keep, 5.17's logits_to_keep) and repeat_kv's
   // `[:, :, None, :, :]` (eager).
   bool slice_copies = false;
+  // transformers 4.45 to 4.55: the training forward's DynamicCache holds each layer's rotated key
+  // and value until compute_loss returns (4.45-4.48: head_forward_tf4x; 4.49-4.55: head_forward)
+  bool train_cache = false;
+  u64 late4_minor = 0;        // 49 to 55 for transformers 4.49 to 4.55 (else 0)
+  // the rotary embedding computes cos() and sin() both, then each times attention_scaling (4.43 to
+  // 4.50; from 4.51 each is scaled as it is made, as in 5.x)
+  bool rope_both_first = false;
+  bool cache_layers = false;  // 4.54 and 4.55: a DynamicLayer per layer, freed last layer first, key then value
+  // the 4.4x causal mask, [T, T+1] in the embeddings' dtype (4.43 to 4.52)
+  bool mask_t1 = false;
+  // the rotary embedding's original_inv_freq is an attribute aliasing inv_freq, not a buffer of its
+  // own (up to 4.57; 5.x registers a buffer)
+  bool inv_freq_alias = false;
 };
 
 // One parameter: its tensor ids across steps.

@@ -250,10 +250,22 @@ std::vector<Case> all_cases() {
       Case{"opt-tiny-fp32-eager-ckpt", "opt-tiny", "fp32", "no", "eager", true, false, true},
       Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}};
   static std::deque<std::string> names;  // the older goldens' names, alive for the whole run
+  static std::deque<std::string> names_preset;
   for (const char* release : kQwen2OlderReleases) {
     for (const auto& p : kTinyPrecisions) {
       names.push_back(std::string("qwen2-tiny-") + p[0] + ".tf" + release);
       cases.push_back(Case{names.back().c_str(), "qwen2-tiny", p[1], p[2], "eager", false, false, true, release});
+    }
+  }
+  // Llama and Qwen2 under 4.49 to 4.55 (eager; the DynamicCache held through the forward)
+  for (const char* release : {"4.49", "4.50", "4.51", "4.52", "4.53", "4.54", "4.55"}) {
+    for (const char* family : {"llama", "qwen2"}) {
+      for (const auto& p : kTinyPrecisions) {
+        names.push_back(std::string(family) + "-tiny-" + p[0] + ".tf" + release);
+        names_preset.push_back(std::string(family) + "-tiny");
+        cases.push_back(Case{names.back().c_str(), names_preset.back().c_str(), p[1], p[2], "eager", false, false,
+                             std::string(family) == "qwen2", release});
+      }
     }
   }
   // OPT 4.43 to 4.47 (fp32 weights: fp32 and bf16 autocast), and 4.45 under torch 2.4
@@ -600,6 +612,41 @@ TEST(CpuTraceTransformersReleases, EachFiveReleaseMatchesAsFiveSeventeenDoes) {
   Case opt51 = opt;
   opt51.transformers = "5.1";
   EXPECT_THROW(validate_job(job_of(opt51)), InvalidInput);
+}
+
+// transformers 4.49 to 4.55, Llama and Qwen2, eager (hf_schedule.h, is_late4_transformers): 5.17's
+// schedule with the training DynamicCache (each layer's rotated key and value until compute_loss
+// returns), to 4.52 the [T, T+1] mask, to 4.50 the rotary tables made as 4.4x's. Against each
+// release's trace (4.49.0, 4.50.3, 4.51.3, 4.52.4,
+// 4.53.3, 4.54.1, 4.55.4) in fp32, bf16 autocast and full bf16: each phase of step 2 leaves no more
+// of the schedule's requests and frees of 4 KiB and more unmatched than 5.17's schedule leaves
+// against 5.17's own trace (the trace's CPU-only temporaries aside, such as the mask's float
+// temporary of 4.4x), and 5.17's schedule against the release's trace leaves more (the traces tell
+// them apart).
+TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
+  for (const char* release : {"4.49", "4.50", "4.51", "4.52", "4.53", "4.54", "4.55"}) {
+    for (const char* family : {"llama", "qwen2"}) {
+      for (const auto& pr : kTinyPrecisions) {
+        const std::string preset = std::string(family) + "-tiny";
+        const std::string name = preset + "-" + pr[0];
+        const std::string trace = name + ".tf" + release;
+        const Case now{"", preset.c_str(), pr[1], pr[2]};
+        Case then = now;
+        then.transformers = release;
+        ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
+        std::size_t crossed_total = 0, release_total = 0;
+        for (const char* phase : {"forward", "backward"}) {
+          const std::size_t own = test::match_step(name, job_of(now), phase).unmatched_generated();
+          const std::size_t mine = test::match_step(trace, job_of(then), phase).unmatched_generated();
+          const std::size_t crossed = test::match_step(trace, job_of(now), phase).unmatched_generated();
+          EXPECT_LE(mine, own) << trace << " " << phase;
+          crossed_total += crossed;
+          release_total += mine;
+        }
+        EXPECT_GT(crossed_total, release_total) << trace;
+      }
+    }
+  }
 }
 
 // The torch releases between: 2.5 to 2.8 behave as 2.4 (their full slices are SliceBackward nodes),

@@ -511,7 +511,7 @@ TEST(HfPredict, Fp32MicroBatch1GrowsBySegmentInStep2AsMeasured) {
 
 TEST(HfPredict, RefusesWhatItDoesNotModel) {
   HfJob j = job(1);
-  j.versions.transformers = "4.49";  // 4.43 to 4.48 and 5.17 are modelled
+  j.versions.transformers = "4.57";  // 4.43 to 4.55 and 5.0 to 5.24 are modelled
   EXPECT_THROW(validate_job(j), InvalidInput);
   j.versions.transformers = "4.42";  // before Llama 3.2's rope_type "llama3"
   EXPECT_THROW(validate_job(j), InvalidInput);
@@ -565,7 +565,7 @@ TEST(HfPredict, TransformersFiveReleasesTakeTheSchedule) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  for (const char* v : {"5.25", "4.52", "4.42", "5", "5.x", "6.0"}) {
+  for (const char* v : {"5.25", "4.56", "4.57", "4.42", "5", "5.x", "6.0"}) {
     HfJob j = pinned;
     j.versions.transformers = v;
     refused(j, "5.0 to 5.24 take its schedule");
@@ -582,6 +582,47 @@ TEST(HfPredict, TransformersFiveReleasesTakeTheSchedule) {
   refused(old_torch, "traced under torch 2.11 only");
   old_torch.versions.torch = "2.9";
   EXPECT_NO_THROW(validate_job(old_torch));
+}
+
+// transformers 4.49 to 4.55 (cpu_trace_test.cpp, CpuTraceLate4): Llama and Qwen2, eager, without
+// checkpointing or Liger, under torch 2.9 or later; the table says what the schedule adds.
+TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
+  HfPredictOptions o;
+  o.device_memory = 80 * GiB;
+  HfJob j = job(8);
+  j.versions.transformers = "4.53";
+  ASSERT_NO_THROW(validate_job(j));
+  const HfPrediction late = predict_hf(j, o);
+  EXPECT_NE(prediction_table(j, o, late, 0).find("training DynamicCache"), std::string::npos);
+  // the cache goes before backward, where this job peaks: the same peak as 5.17's but for two
+  // 512-byte blocks 4.53 does not have, the rotary original_inv_freq buffer (an alias of inv_freq
+  // before 5.x) and num_items_in_batch's device copy (kept on the host by 4.50 to 4.55)
+  const HfPrediction now = predict_hf(job(8), o);
+  EXPECT_EQ(late.max_allocated + 1024, now.max_allocated);
+  auto refused = [](HfJob r, const char* why) {
+    try {
+      validate_job(r);
+      ADD_FAILURE() << "not refused: " << why;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  HfJob r = j;
+  r.attn = "sdpa";
+  refused(r, "eager attention only");
+  r = j;
+  r.activation_checkpointing = true;
+  refused(r, "--activation-checkpointing");
+  r = j;
+  r.model = preset_config("opt-1.3b");
+  refused(r, "Llama and Qwen2 only");
+  r = j;
+  r.versions.torch = "2.8";
+  refused(r, "torch 2.9 to 2.11 only");
+  r = j;
+  r.model = preset_config("qwen2-tiny");
+  r.seq_len = 64;
+  EXPECT_NO_THROW(validate_job(r));
 }
 
 TEST(HfPredict, Transformers445IsEagerOnly) {

@@ -132,7 +132,7 @@ def _tag(version):
         PYTHONPATH=/work/venvs/tf5240 /work/venvs/predict/bin/python tools/predict/trace_hf.py \
             --out tests/golden/predict/cpu --only llama-tiny-fp32-eager
 
-    Under 4.49 to 4.57 (not modelled; docs/predict.md "Versions modelled") trace one configuration
+    Under 4.49 to 4.57 (docs/predict.md "Versions modelled") trace one configuration
     per process: a Trainer run there leaves state behind that changes the next run's trace.
 
     The torch tag: --torch-version 2.4 to 2.10, docs/predict.md: 2.4 to 2.8 record a
