@@ -69,13 +69,16 @@ void validate_job(const HfJob& j) {
       !is_late4_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default; " + kCurrentTransformersList + " take its schedule), " +
-        kLate4TransformersList + " (Llama and Qwen2; eager attention), " + kOlderTransformersList +
+        kLate4TransformersList + " (Llama, Qwen2, OPT from 4.54; eager attention), " + kOlderTransformersList +
         " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
   if (is_late4_transformers(j.versions.transformers)) {
     // traced on the CPU under torch 2.11 (4.49.0, 4.51.3, 4.52.4, 4.53.3, 4.54.1, 4.55.4), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
-    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2)
-      bad(why + "Llama and Qwen2 only (got " + family_name(j.model.family) + ")");
+    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
+        !(j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) >= 54))
+      bad(why + "Llama and Qwen2, and OPT from 4.54, only (OPT's attention under 4.49 to 4.52 differs, and 4.53 "
+                "returns its cache as a tuple, which accelerate converts under autocast; got " +
+          family_name(j.model.family) + ")");
     if (j.attn != "eager")
       bad(why + "eager attention only (its sdpa path copies q, k and v for the kernel, not modelled): use --attn eager");
     if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
@@ -89,9 +92,9 @@ void validate_job(const HfJob& j) {
         ": the 5.x releases other than 5.17 were traced under torch 2.11 only, and torch 2.4 to 2.8 record "
         "the full slices — use --torch-version 2.9 or later, or --transformers-version 5.17");
   if (j.model.family == ModelFamily::kOPT && transformers5_minor(j.versions.transformers) >= 0 &&
-      transformers5_minor(j.versions.transformers) < 2)
-    bad("--transformers-version " + j.versions.transformers + " with OPT is not modelled: 5.0 and 5.1 build OPT's "
-        "4-D attention mask with more temporaries than 5.2 to 5.24 (their CPU traces) — use 5.2 or later");
+      transformers5_minor(j.versions.transformers) < 2 && (j.attn != "eager" || j.activation_checkpointing))
+    bad("--transformers-version " + j.versions.transformers + " with OPT is modelled for eager attention without "
+        "--activation-checkpointing only (5.0 and 5.1 build OPT's 4-D mask their own way; traced that way)");
   if (is_older_transformers(j.versions.transformers)) {
     // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3), never on a GPU
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
@@ -212,6 +215,8 @@ Dims dims_of(const HfJob& j) {
   d.train_cache = (d.tf4x && d.tf4_minor >= 45) || is_late4_transformers(j.versions.transformers);
   d.inv_freq_alias = d.tf4x || is_late4_transformers(j.versions.transformers);
   d.cache_layers = late4_minor(j.versions.transformers) >= 54;
+  d.opt_mask_4x = d.opt && (late4_minor(j.versions.transformers) >= 54 ||
+                            (transformers5_minor(j.versions.transformers) >= 0 && transformers5_minor(j.versions.transformers) < 2));
   d.rope_both_first = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 50);
   d.late4_minor = late4_minor(j.versions.transformers) >= 0 ? static_cast<u64>(late4_minor(j.versions.transformers)) : 0;
   d.mask_t1 = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 52);

@@ -263,6 +263,14 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
   gone(s.attn_out);
   if (d.eager || d.e_c == 4 || drop) {  // locals of the attention go; flash saved q, k, v themselves
     t.free(s.q_s);
+    if (d.train_cache && !d.tf4x && !drop) {
+      // 4.54 and 4.55: past_key_value.update() put k and v (the projections' outputs, viewed) in
+      // the forward's DynamicCache, which holds them until compute_loss returns (head_forward)
+      m.kv_cache.emplace_back(s.k, d.e_c);
+      m.kv_cache.emplace_back(s.v, d.e_c);
+      s.k = 0;
+      s.v = 0;
+    }
     t.free(s.k);
     t.free(s.v);
   }
@@ -676,6 +684,29 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   const u64 bt = d.BT;
   Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");
   if (d.tf4x) return opt_forward_backward_tf4x(t, d, m, x_tok);
+  // transformers 4.54, 4.55, 5.0 and 5.1 (eager): _prepare_4d_causal_attention_mask_with_cache_position,
+  // before the positions (their CPU traces): a [T, T] full() of finfo.min and its triu, the
+  // `arange > cache_position` pattern (a bool [T, T]; the CPU's float temporary for the in-place
+  // product is TensorIterator's CPU path, not CUDA's), the triu expanded over the batch and cloned
+  // (the mask kept), then mask + attention_mask, its `== 0` (bool) and the masked_fill written back
+  // into the mask (a temporary)
+  Id mask = 0;
+  if (d.opt_mask_4x) {
+    const u64 tt = d.T * d.T, btt = d.B * d.T * d.T;
+    Id full = t.alloc(tt * d.e_r, Tmp, "causal mask full((T, T), min)");
+    Id triu = t.alloc(tt * d.e_r, Tmp, "causal mask triu");
+    t.free(full);
+    Id gt = t.alloc(tt, Tmp, "arange > cache_position (bool)");
+    t.free(gt);
+    mask = t.alloc(btt * d.e_r, Category::kInputs, "causal mask [B,1,T,T] (expand().clone())");
+    t.free(triu);
+    Id sum = t.alloc(btt * d.e_r, Tmp, "causal mask + attention_mask");
+    Id eq = t.alloc(btt, Tmp, "(causal mask + attention_mask) == 0 (bool)");
+    t.free(sum);
+    Id filled = t.alloc(btt * d.e_r, Tmp, "masked_fill (copied into the mask)");
+    t.free(filled);
+    t.free(eq);
+  }
   // OPTDecoder: attention_mask = ones(B, T) (fp32), position_ids = cumsum(mask) * mask - 1
   Id am = t.alloc(bt * 4, Category::kInputs, "attention_mask ones");
   Id cs = t.alloc(bt * 4, Category::kInputs, "cumsum");
@@ -688,13 +719,13 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   // the float mask is made from boolean patterns (the H200 trace of eager attention): two [1, 1, T, T]
   // (the causal pattern, 1 MiB each at T = 1024) and the [B, 1, T, T] combined with the padding mask,
   // which goes once the float mask exists
-  const bool masked = d.eager || d.e_c == 4;
+  const bool masked = (d.eager || d.e_c == 4) && !d.opt_mask_4x;
   Id p1 = masked ? t.alloc(d.T * d.T, Tmp, "causal pattern (bool)") : 0;
   Id p2 = masked ? t.alloc(d.T * d.T, Tmp, "causal pattern (bool)") : 0;
   t.free(p1);
   Id pm = masked ? t.alloc(d.B * d.T * d.T, Tmp, "causal & padding mask (bool)") : 0;
   t.free(p2);
-  Id mask = masked ? t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]") : 0;
+  if (masked) mask = t.alloc(d.B * d.T * d.T * d.e_r, Category::kInputs, "causal mask [B,1,T,T]");
   t.free(pm);
   Id off = t.alloc(bt * 8, Category::kInputs, "position_ids + offset");
   // the position embedding's lookup saves its indices (position_ids + offset) for its backward

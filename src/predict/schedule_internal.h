@@ -102,6 +102,9 @@ struct Dims {
   // the rotary embedding computes cos() and sin() both, then each times attention_scaling (4.43 to
   // 4.50; from 4.51 each is scaled as it is made, as in 5.x)
   bool rope_both_first = false;
+  // OPT under transformers 4.54, 4.55, 5.0 and 5.1: its 4-D mask made as Llama's 4.4x one, a
+  // [T, T] triu expanded and cloned over the batch, then the padding's masked_fill (hf_schedule_opt.cpp)
+  bool opt_mask_4x = false;
   bool cache_layers = false;  // 4.54 and 4.55: a DynamicLayer per layer, freed last layer first, key then value
   // the 4.4x causal mask, [T, T+1] in the embeddings' dtype (4.43 to 4.52)
   bool mask_t1 = false;
