@@ -485,6 +485,32 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // the log-sum-exp (fp32 [B, heads, T]); modelled from the kernel's source
     // (aten/src/ATen/native/transformers/cuda/attention.cu, flash_api.cpp), not traced. Under
     // autocast q and k (fp32 after rope) are cast to bf16 and the casts saved.
+    // transformers 4.54 and 4.55 (Dims::sdpa_copies): sdpa_attention_forward makes query, key and
+    // value .contiguous() first (copies: the rotated q and k and the value are [B, heads, T, hd]
+    // views of [B, T, heads, hd] buffers), which the kernel (or autocast's casts) takes; the
+    // kernel's output then follows its contiguous query, so attn_output.transpose(1,2).contiguous()
+    // is a copy, which o_proj saves (their CPU traces; flash_api.cpp's empty_like(q) on CUDA). The
+    // rotated key and the value stay in the DynamicCache; the rotated q goes as the attention returns.
+    Id qc = 0, kc = 0;
+    if (d.sdpa_copies) {
+      qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
+      kc = t.alloc(d.BT * d.kvd * d.e_rope, A, "key.contiguous()");
+      Id vc = t.alloc(d.BT * d.kvd * d.e_c, A, "value.contiguous() (saved by the kernel)");
+      m.kv_cache.emplace_back(k_embed, d.e_rope);
+      m.kv_cache.emplace_back(s.v, d.e_c);
+      k_embed = 0;
+      s.v = vc;
+      q_view = s.q_embed;  // freed as LlamaAttention.forward returns (below)
+      s.q_embed = 0;
+    }
+    if (d.train_cache && !d.tf4x && !d.sdpa_copies) {
+      // 4.49 to 4.53: no copies (their traces), the cache holds the rotated key and the value:
+      // under autocast the fp32 key stays there past its cast; otherwise the kernel saved both
+      // anyway (id 0: counted once)
+      m.kv_cache.emplace_back(ac && !d.liger ? k_embed : 0, d.e_rope);
+      m.kv_cache.emplace_back(0, d.e_c);
+      if (ac && !d.liger) k_embed = 0;
+    }
     if (ac && !d.liger) {
       // autocast casts sdpa's arguments right to left (GCC): the key's cast comes first
       // (not under Liger: its RoPE leaves q and k in the projections' bf16)
@@ -492,6 +518,10 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       t.free(s.q_embed);
       t.free(k_embed);
+    } else if (d.sdpa_copies) {  // the copies are what the kernel saves
+      s.kT = kc;
+      s.q16 = qc;
+      kc = qc = 0;
     } else {
       s.kT = k_embed;
       k_embed = 0;
@@ -510,8 +540,10 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       gone(s.q16);
     }
     // flash returns a transposed view of a [B, T, heads, hd] buffer: .transpose(1,2).contiguous()
-    // is then a no-op, and o_proj saves the same storage.
-    s.ctx = 0;
+    // is then a no-op, and o_proj saves the same storage (but after 4.49-4.55's copies, above).
+    s.ctx = d.sdpa_copies ? t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()") : 0;
+    t.free(qc);  // sdpa_attention_forward returns: under autocast its fp32 copies go (their casts were saved)
+    t.free(kc);
   }
   Id ctx_unused = 0;
   Id o_out = linear_forward(t, d, m, p.o, s.ctx, d.qd, d.H, true, s.wo, ctx_unused, "o_proj output");
@@ -521,6 +553,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   if (!(d.inline_attn && ac)) t.free(k_rep_late);
   gone(s.ctx);            // attn_output is rebound to o_proj's output
   gone(s.attn_out_sdpa);
+  if (d.sdpa_copies && !drop) t.free(q_view);  // 4.49-4.55 sdpa: the rotated q, a local of this frame
   // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
   // variable order, query, key, value, as the CPU trace of Qwen2 shows).
   if (drop) {

@@ -105,6 +105,9 @@ struct Dims {
   // OPT under transformers 4.54, 4.55, 5.0 and 5.1: its 4-D mask made as Llama's 4.4x one, a
   // [T, T] triu expanded and cloned over the batch, then the padding's masked_fill (hf_schedule_opt.cpp)
   bool opt_mask_4x = false;
+  // 4.54 and 4.55 with sdpa: query/key/value .contiguous() copies for the kernel, the output's copy
+  // for o_proj (hf_schedule_llama.cpp)
+  bool sdpa_copies = false;
   bool cache_layers = false;  // 4.54 and 4.55: a DynamicLayer per layer, freed last layer first, key then value
   // the 4.4x causal mask, [T, T+1] in the embeddings' dtype (4.43 to 4.52)
   bool mask_t1 = false;

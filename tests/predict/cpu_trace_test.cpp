@@ -652,6 +652,28 @@ TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
         EXPECT_GT(crossed_total, release_total) << trace;
       }
     }
+    // sdpa from 4.54 (Qwen2; bf16 weights and bf16 autocast: the traced ones): the contiguous copies
+    if (std::string(release) == "4.54" || std::string(release) == "4.55") {
+      for (const auto& [tag, prec, mixed] : {std::tuple<const char*, const char*, const char*>{"bf16", "bf16", "bf16"},
+                                             {"bf16mixed", "fp32", "bf16"}}) {
+        const std::string name = std::string("qwen2-tiny-") + tag + "-sdpa";
+        const std::string trace = name + ".tf" + release;
+        const Case now{"", "qwen2-tiny", prec, mixed, "sdpa"};
+        Case then = now;
+        then.transformers = release;
+        ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
+        std::size_t crossed_total = 0, release_total = 0;
+        for (const char* phase : {"forward", "backward"}) {
+          // both ways here: what the trace has and the schedule lacks counts too (the copies)
+          const std::size_t own = test::match_step(name, job_of(now), phase).mismatched();
+          const std::size_t mine = test::match_step(trace, job_of(then), phase).mismatched();
+          EXPECT_LE(mine, own) << trace << " " << phase;
+          crossed_total += test::match_step(trace, job_of(now), phase).mismatched();
+          release_total += mine;
+        }
+        EXPECT_GT(crossed_total, release_total) << trace;
+      }
+    }
   }
 }
 

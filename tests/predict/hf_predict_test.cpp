@@ -611,7 +611,14 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   };
   HfJob r = j;
   r.attn = "sdpa";
-  refused(r, "eager attention only");
+  refused(r, "sdpa from 4.54");  // 4.53
+  r.versions.transformers = "4.55";
+  r.model_precision = "bf16";
+  r.mixed_precision = "bf16";
+  EXPECT_NO_THROW(validate_job(r));
+  r.model_precision = "fp32";
+  r.mixed_precision = "no";
+  refused(r, "in bf16 (weights or autocast) only");
   r = j;
   r.activation_checkpointing = true;
   refused(r, "--activation-checkpointing");
