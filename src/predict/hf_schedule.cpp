@@ -79,11 +79,9 @@ void validate_job(const HfJob& j) {
       bad(why + "Llama and Qwen2, and OPT from 4.54, only (OPT's attention under 4.49 to 4.52 differs, and 4.53 "
                 "returns its cache as a tuple, which accelerate converts under autocast; got " +
           family_name(j.model.family) + ")");
-    if (j.attn != "eager" && (j.model.family == ModelFamily::kOPT || (j.model_precision == "fp32" && j.mixed_precision == "no") ||
-                              late4_minor(j.versions.transformers) < 54))
-      bad(why + "sdpa from 4.54, for Llama and Qwen2 in bf16 (weights or autocast) only: 4.49 to 4.53 repeat k and v "
-                "for the kernel, fp32 sdpa runs the math path after its contiguous copies, and OPT's sdpa path was "
-                "not traced — use --attn eager");
+    if (j.attn != "eager" && (j.model.family == ModelFamily::kOPT || (j.model_precision == "fp32" && j.mixed_precision == "no")))
+      bad(why + "sdpa for Llama and Qwen2 in bf16 (weights or autocast) only: fp32 sdpa runs the math path after "
+                "its contiguous copies, and OPT's sdpa path was not traced — use --attn eager");
     if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
     if (records_full_slices(j.versions.torch))
@@ -219,6 +217,7 @@ Dims dims_of(const HfJob& j) {
   d.inv_freq_alias = d.tf4x || is_late4_transformers(j.versions.transformers);
   d.cache_layers = late4_minor(j.versions.transformers) >= 54;
   d.sdpa_copies = late4_minor(j.versions.transformers) >= 54 && !d.eager;
+  d.sdpa_repeat = is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 53 && !d.eager;
   d.opt_mask_4x = d.opt && (late4_minor(j.versions.transformers) >= 54 ||
                             (transformers5_minor(j.versions.transformers) >= 0 && transformers5_minor(j.versions.transformers) < 2));
   d.rope_both_first = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 50);

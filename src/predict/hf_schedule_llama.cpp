@@ -491,8 +491,22 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // kernel's output then follows its contiguous query, so attn_output.transpose(1,2).contiguous()
     // is a copy, which o_proj saves (their CPU traces; flash_api.cpp's empty_like(q) on CUDA). The
     // rotated key and the value stay in the DynamicCache; the rotated q goes as the attention returns.
+    // 4.49 to 4.53 (Dims::sdpa_repeat) repeat k and v to the query's heads first (repeat_kv: no
+    // enable_gqa there), then make the query contiguous (the repeats already are): the kernel saves
+    // the repeats, at the query's size.
     Id qc = 0, kc = 0;
-    if (d.sdpa_copies) {
+    const u64 kv_cols = d.sdpa_repeat && rep > 1 ? d.qd : d.kvd;
+    if (d.sdpa_repeat) {
+      kc = t.alloc(d.BT * kv_cols * d.e_rope, A, rep > 1 ? "repeat_kv(key)" : "key.contiguous()");
+      Id vc = t.alloc(d.BT * kv_cols * d.e_c, A, rep > 1 ? "repeat_kv(value) (saved by the kernel)" : "value.contiguous()");
+      qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
+      m.kv_cache.emplace_back(k_embed, d.e_rope);
+      m.kv_cache.emplace_back(s.v, d.e_c);
+      k_embed = 0;
+      s.v = vc;
+      q_view = s.q_embed;  // freed as LlamaAttention.forward returns (below)
+      s.q_embed = 0;
+    } else if (d.sdpa_copies) {
       qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
       kc = t.alloc(d.BT * d.kvd * d.e_rope, A, "key.contiguous()");
       Id vc = t.alloc(d.BT * d.kvd * d.e_c, A, "value.contiguous() (saved by the kernel)");
@@ -503,7 +517,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       q_view = s.q_embed;  // freed as LlamaAttention.forward returns (below)
       s.q_embed = 0;
     }
-    if (d.train_cache && !d.tf4x && !d.sdpa_copies) {
+    if (d.train_cache && !d.tf4x && !d.sdpa_copies && !d.sdpa_repeat) {
       // 4.49 to 4.53: no copies (their traces), the cache holds the rotated key and the value:
       // under autocast the fp32 key stays there past its cast; otherwise the kernel saved both
       // anyway (id 0: counted once)
@@ -514,11 +528,11 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     if (ac && !d.liger) {
       // autocast casts sdpa's arguments right to left (GCC): the key's cast comes first
       // (not under Liger: its RoPE leaves q and k in the projections' bf16)
-      s.kT = t.alloc(d.BT * d.kvd * 2, A, "autocast cast of k");
+      s.kT = t.alloc(d.BT * kv_cols * 2, A, "autocast cast of k");
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       t.free(s.q_embed);
       t.free(k_embed);
-    } else if (d.sdpa_copies) {  // the copies are what the kernel saves
+    } else if (d.sdpa_copies || d.sdpa_repeat) {  // the copies are what the kernel saves
       s.kT = kc;
       s.q16 = qc;
       kc = qc = 0;
@@ -541,7 +555,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     }
     // flash returns a transposed view of a [B, T, heads, hd] buffer: .transpose(1,2).contiguous()
     // is then a no-op, and o_proj saves the same storage (but after 4.49-4.55's copies, above).
-    s.ctx = d.sdpa_copies ? t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()") : 0;
+    s.ctx = d.sdpa_copies || d.sdpa_repeat ? t.alloc(d.BT * d.qd * d.e_c, A, "attn_output.transpose(1,2).contiguous()")
+                                           : 0;
     t.free(qc);  // sdpa_attention_forward returns: under autocast its fp32 copies go (their casts were saved)
     t.free(kc);
   }
@@ -553,7 +568,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   if (!(d.inline_attn && ac)) t.free(k_rep_late);
   gone(s.ctx);            // attn_output is rebound to o_proj's output
   gone(s.attn_out_sdpa);
-  if (d.sdpa_copies && !drop) t.free(q_view);  // 4.49-4.55 sdpa: the rotated q, a local of this frame
+  if ((d.sdpa_copies || d.sdpa_repeat) && !drop) t.free(q_view);  // 4.49-4.55 sdpa: the rotated q, a local of this frame
   // LlamaAttention.forward returns: its locals go (checkpointed: all of them, in the frame's
   // variable order, query, key, value, as the CPU trace of Qwen2 shows).
   if (drop) {
@@ -866,10 +881,14 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     // of exactly that size (101,449,984 bytes at micro-batch 6). As the node finishes: the output
     // gradient, then the saved key, query and value (the value is saved by nothing else), the
     // log-sum-exp and the output.
+    // (4.49 to 4.53: the kernel got k and v repeated, so their gradients come at the query's size
+    // and the kernel expands nothing)
+    const bool repeated = d.sdpa_repeat && rep > 1;
+    const u64 kv_cols = repeated ? d.qd : d.kvd;
     gq = t.alloc(d.BT * d.qd * d.e_c, Tmp, "grad q");
-    gk = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad k");
-    gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad v");
-    const u64 ws_bytes = d.B * d.nh * d.T * 4 + d.BT * d.qd * 4 + (rep > 1 ? 2 * d.BT * d.qd * d.e_c : 0) + 256;
+    gk = t.alloc(d.BT * kv_cols * d.e_c, Tmp, "grad k");
+    gv = t.alloc(d.BT * kv_cols * d.e_c, Tmp, "grad v");
+    const u64 ws_bytes = d.B * d.nh * d.T * 4 + d.BT * d.qd * 4 + (rep > 1 && !repeated ? 2 * d.BT * d.qd * d.e_c : 0) + 256;
     Id ws = t.alloc(ws_bytes, Tmp, "flash backward workspace (softmax_d, dq accumulator, expanded dk/dv)");
     t.free(ws);
     t.free(s.rng_seed);
@@ -885,9 +904,17 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
       Id q32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad q to fp32");
       t.free(gq);
       gq = q32;
-      Id k32 = t.alloc(d.BT * d.kvd * 4, Tmp, "grad k to fp32");
+      Id k32 = t.alloc(d.BT * kv_cols * 4, Tmp, "grad k to fp32");
       t.free(gk);
       gk = k32;
+    }
+    if (repeated) {  // repeat_kv's backward (ExpandBackward: a sum over the groups), v's first
+      Id v1 = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");
+      t.free(gv);
+      gv = v1;
+      Id k1 = t.alloc(d.BT * d.kvd * (ac && !d.liger ? 4 : d.e_c), Tmp, "repeat_kv backward (k)");
+      t.free(gk);
+      gk = k1;
     }
   }
   Id gq2 = 0, gk2 = 0;
@@ -903,7 +930,8 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
   }
   if (d.liger) gq = gk = 0;
   // v_proj, k_proj, q_proj backward (reverse creation order).
-  if (ac && !d.liger && (d.eager || d.e_c == 4)) {  // eager's v gradient is in [B, heads, T, hd] order
+  // eager's v gradient is in [B, heads, T, hd] order, and so is the repeat sum's (4.49 to 4.53 sdpa)
+  if ((ac && !d.liger && (d.eager || d.e_c == 4)) || d.sdpa_repeat) {
     Id c = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad contiguous");
     t.free(gv);
     gv = c;

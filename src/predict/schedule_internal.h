@@ -108,6 +108,9 @@ struct Dims {
   // 4.54 and 4.55 with sdpa: query/key/value .contiguous() copies for the kernel, the output's copy
   // for o_proj (hf_schedule_llama.cpp)
   bool sdpa_copies = false;
+  // 4.49 to 4.53 with sdpa: k and v repeated for the kernel (repeat_kv), q made contiguous, the
+  // output's copy for o_proj; in backward the repeat sums and v's gradient made contiguous
+  bool sdpa_repeat = false;
   bool cache_layers = false;  // 4.54 and 4.55: a DynamicLayer per layer, freed last layer first, key then value
   // the 4.4x causal mask, [T, T+1] in the embeddings' dtype (4.43 to 4.52)
   bool mask_t1 = false;

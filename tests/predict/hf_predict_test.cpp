@@ -611,8 +611,6 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   };
   HfJob r = j;
   r.attn = "sdpa";
-  refused(r, "sdpa from 4.54");  // 4.53
-  r.versions.transformers = "4.55";
   r.model_precision = "bf16";
   r.mixed_precision = "bf16";
   EXPECT_NO_THROW(validate_job(r));
