@@ -82,7 +82,9 @@ void validate_job(const HfJob& j) {
     if (j.attn != "eager" && (j.model.family == ModelFamily::kOPT || (j.model_precision == "fp32" && j.mixed_precision == "no")))
       bad(why + "sdpa for Llama and Qwen2 in bf16 (weights or autocast) only: fp32 sdpa runs the math path after "
                 "its contiguous copies, and OPT's sdpa path was not traced — use --attn eager");
-    if (j.activation_checkpointing) bad(why + "runs without --activation-checkpointing only");
+    if (j.activation_checkpointing && (j.attn != "eager" || j.model.family == ModelFamily::kOPT))
+      bad(why + "runs --activation-checkpointing with eager attention, for Llama and Qwen2, only (sdpa's copies "
+                "and OPT's mask under the recompute were not traced)");
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
     if (records_full_slices(j.versions.torch))
       bad(why + "torch 2.9 to 2.11 only (traced under 2.11; 2.4 to 2.8 record the full slices)");
@@ -213,7 +215,8 @@ Dims dims_of(const HfJob& j) {
   d.tf4x = is_older_transformers(j.versions.transformers);
   d.tf4_minor = d.tf4x ? static_cast<u64>(std::stoi(j.versions.transformers.substr(2))) : 0;
   d.inline_attn = d.tf4x && d.tf4_minor <= 47;
-  d.train_cache = (d.tf4x && d.tf4_minor >= 45) || is_late4_transformers(j.versions.transformers);
+  // (gradient checkpointing turns the cache off: use_cache=False)
+  d.train_cache = (d.tf4x && d.tf4_minor >= 45) || (is_late4_transformers(j.versions.transformers) && !j.activation_checkpointing);
   d.inv_freq_alias = d.tf4x || is_late4_transformers(j.versions.transformers);
   d.cache_layers = late4_minor(j.versions.transformers) >= 54;
   d.sdpa_copies = late4_minor(j.versions.transformers) >= 54 && !d.eager;

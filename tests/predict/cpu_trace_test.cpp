@@ -652,6 +652,28 @@ TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
         EXPECT_GT(crossed_total, release_total) << trace;
       }
     }
+    // gradient checkpointing (Qwen2 fp32, traced): use_cache=False, so no cache
+    if (std::string(release) == "4.49" || std::string(release) == "4.51" || std::string(release) == "4.53" ||
+        std::string(release) == "4.55") {
+      for (const auto& pr : kTinyPrecisions) {
+        const bool traced = std::string(pr[0]) == "fp32-eager" || std::string(release) == "4.53" ||
+                            std::string(release) == "4.55";
+        if (!traced) continue;
+        const std::string name = std::string("qwen2-tiny-") + pr[0] + "-ckpt", trace = name + ".tf" + release;
+        const Case now{"", "qwen2-tiny", pr[1], pr[2], "eager", true};
+        Case then = now;
+        then.transformers = release;
+        ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
+        // over the whole step: under bf16 autocast with checkpointing a few frees move between
+        // forward and backward from one run to the next (two runs of 5.17 itself differ so)
+        std::size_t own = 0, mine = 0;
+        for (const char* phase : {"forward", "backward"}) {
+          own += test::match_step(name, job_of(now), phase).unmatched_generated();
+          mine += test::match_step(trace, job_of(then), phase).unmatched_generated();
+        }
+        EXPECT_LE(mine, own) << trace;
+      }
+    }
     // sdpa (Qwen2; bf16 weights and bf16 autocast: the traced ones): the contiguous copies, and to
     // 4.53 the repeats
     if (std::string(release) != "4.50" && std::string(release) != "4.52") {

@@ -586,8 +586,9 @@ TEST(HfPredict, TransformersFiveReleasesTakeTheSchedule) {
   EXPECT_NO_THROW(validate_job(old_torch));
 }
 
-// transformers 4.49 to 4.55 (cpu_trace_test.cpp, CpuTraceLate4): Llama and Qwen2, eager, without
-// checkpointing or Liger, under torch 2.9 or later; the table says what the schedule adds.
+// transformers 4.49 to 4.55 (cpu_trace_test.cpp, CpuTraceLate4): Llama and Qwen2 (OPT from 4.54),
+// eager or sdpa in bf16, checkpointing with eager, no Liger, under torch 2.9 or later; the table
+// says what the schedule adds.
 TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   HfPredictOptions o;
   o.device_memory = 80 * GiB;
@@ -618,8 +619,12 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   r.mixed_precision = "no";
   refused(r, "in bf16 (weights or autocast) only");
   r = j;
-  r.activation_checkpointing = true;
-  refused(r, "--activation-checkpointing");
+  r.activation_checkpointing = true;  // eager: use_cache=False, 5.17's checkpointing (traced for Qwen2)
+  EXPECT_NO_THROW(validate_job(r));
+  r.attn = "sdpa";
+  r.model_precision = "bf16";
+  r.mixed_precision = "bf16";
+  refused(r, "--activation-checkpointing with eager attention, for Llama and Qwen2, only");
   r = j;
   r.model = preset_config("opt-1.3b");
   refused(r, "OPT from 4.54");  // 4.53 returns OPT's cache as a tuple
