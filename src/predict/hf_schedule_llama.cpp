@@ -496,20 +496,15 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // the repeats, at the query's size.
     Id qc = 0, kc = 0;
     const u64 kv_cols = d.sdpa_repeat && rep > 1 ? d.qd : d.kvd;
-    if (d.sdpa_repeat) {
-      kc = t.alloc(d.BT * kv_cols * d.e_rope, A, rep > 1 ? "repeat_kv(key)" : "key.contiguous()");
-      Id vc = t.alloc(d.BT * kv_cols * d.e_c, A, rep > 1 ? "repeat_kv(value) (saved by the kernel)" : "value.contiguous()");
-      qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
-      m.kv_cache.emplace_back(k_embed, d.e_rope);
-      m.kv_cache.emplace_back(s.v, d.e_c);
-      k_embed = 0;
-      s.v = vc;
-      q_view = s.q_embed;  // freed as LlamaAttention.forward returns (below)
-      s.q_embed = 0;
-    } else if (d.sdpa_copies) {
-      qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
-      kc = t.alloc(d.BT * d.kvd * d.e_rope, A, "key.contiguous()");
-      Id vc = t.alloc(d.BT * d.kvd * d.e_c, A, "value.contiguous() (saved by the kernel)");
+    if (d.sdpa_repeat || d.sdpa_copies) {
+      // in the function's order: 4.49 to 4.53 repeat k and v before q's copy, 4.54 and 4.55 copy
+      // q, k, v in turn
+      if (d.sdpa_copies) qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
+      const bool repeats = d.sdpa_repeat && rep > 1;
+      kc = t.alloc(d.BT * kv_cols * d.e_rope, A, repeats ? "repeat_kv(key)" : "key.contiguous()");
+      Id vc = t.alloc(d.BT * kv_cols * d.e_c, A, repeats ? "repeat_kv(value) (saved by the kernel)"
+                                                          : "value.contiguous() (saved by the kernel)");
+      if (d.sdpa_repeat) qc = t.alloc(d.BT * d.qd * d.e_rope, A, "query.contiguous()");
       m.kv_cache.emplace_back(k_embed, d.e_rope);
       m.kv_cache.emplace_back(s.v, d.e_c);
       k_embed = 0;

@@ -586,6 +586,21 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
 
 namespace {
 
+// The LM head's forward and backward over the final LayerNorm's output (or the last layer's,
+// without one), then that norm's backward: the residual stream's gradient into the last layer.
+// `cached`: autocast's cache, cleared as the forward's autocast exits.
+Id opt_head(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached, LnSaved& fln, Id& final_out, Id& last_out) {
+  Param& head = m.tied ? m.embed : m.lm_head;
+  Dims dh = d;
+  dh.head_in_fp32 = d.ln_upcast && m.final_ln;  // the final LayerNorm's fp32 output
+  Head hd = head_forward(t, dh, m, cached, final_out);
+  Id gh = head_backward(t, dh, m, head, hd, final_out);
+  if (!m.final_ln) return gh;
+  Id g_res = 0;
+  ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, last_out);
+  return g_res;
+}
+
 // The embeddings' backward: positions, then tokens (dense gradients; sort buffers above 3072
 // indices); the token embedding's gradient summed with the tied LM head's. `off`: the position
 // lookup's saved indices, released with its node.
@@ -657,17 +672,7 @@ void opt_forward_backward_tf4x(Tape& t, const Dims& d, Model& m, Id x_tok) {
   t.free(x_pos);
   std::vector<Id> cached = m.bias_casts;  // autocast's cache: cleared when the forward's autocast exits
   m.bias_casts.clear();
-  Param& head = m.tied ? m.embed : m.lm_head;
-  Dims dh = d;
-  dh.head_in_fp32 = d.ln_upcast && m.final_ln;
-  Head hd = head_forward(t, dh, m, cached, final_out);
-  Id gh = head_backward(t, dh, m, head, hd, final_out);
-  Id g_res = 0;
-  if (m.final_ln) {
-    ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, saved[d.L - 1].out);
-  } else {
-    g_res = gh;
-  }
+  Id g_res = opt_head(t, d, m, cached, fln, final_out, saved[d.L - 1].out);
   for (u64 l = d.L; l-- > 0;)
     opt_layer_backward(t, d, m, m.opt_layers[l], saved[l], g_res, l > 0 ? saved[l - 1].out : x);
   opt_embeddings_backward(t, d, m, off, g_res);
@@ -764,17 +769,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   std::vector<Id> cached = m.bias_casts;  // autocast's cache: cleared when the forward's autocast exits
   m.bias_casts.clear();
   cached.insert(cached.end(), ckpt_casts.begin(), ckpt_casts.end());
-  Param& head = m.tied ? m.embed : m.lm_head;
-  Dims dh = d;
-  dh.head_in_fp32 = d.ln_upcast && m.final_ln;  // the final LayerNorm's fp32 output
-  Head hd = head_forward(t, dh, m, cached, final_out);
-  Id gh = head_backward(t, dh, m, head, hd, final_out);
-  Id g_res = 0;
-  if (m.final_ln) {
-    ln_backward(t, d, fln, m.flnw, m.flnb, gh, g_res, saved[d.L - 1].out);
-  } else {
-    g_res = gh;
-  }
+  Id g_res = opt_head(t, d, m, cached, fln, final_out, saved[d.L - 1].out);
   for (u64 l = d.L; l-- > 0;) {
     if (ckpt) {
       // recomputed before its backward (under the recorded autocast state); early stop: the

@@ -627,74 +627,66 @@ TEST(CpuTraceTransformersReleases, EachFiveReleaseMatchesAsFiveSeventeenDoes) {
 // against 5.17's own trace (the trace's CPU-only temporaries aside, such as the mask's float
 // temporary of 4.4x), and 5.17's schedule against the release's trace leaves more (the traces tell
 // them apart).
+// What the schedule of job `c` leaves of `trace`'s phase unmatched: its own requests and frees
+// (one way) or those of both (both ways).
+std::size_t misses(const std::string& trace, const Case& c, const char* phase, bool both_ways = false) {
+  const test::StepMatch m = test::match_step(trace, job_of(c), phase);
+  return both_ways ? m.mismatched() : m.unmatched_generated();
+}
+
+// The release's trace against its schedule and 5.17's, per phase: the release's no worse than
+// 5.17's on 5.17's own trace; 5.17's worse on the release's trace, over the step (when `distinct`).
+// `whole_step`: compare the step's total only (see the checkpointing case).
+void expect_release_matches(const std::string& name, const Case& now, const char* release, bool both_ways,
+                            bool distinct, bool whole_step = false) {
+  const std::string trace = name + ".tf" + release;
+  Case then = now;
+  then.transformers = release;
+  ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
+  std::size_t own_total = 0, mine_total = 0, crossed_total = 0;
+  for (const char* phase : {"forward", "backward"}) {
+    const std::size_t own = misses(name, now, phase, both_ways), mine = misses(trace, then, phase, both_ways);
+    if (!whole_step) {
+      EXPECT_LE(mine, own) << trace << " " << phase;
+    }
+    own_total += own;
+    mine_total += mine;
+    crossed_total += misses(trace, now, phase, both_ways);
+  }
+  EXPECT_LE(mine_total, own_total) << trace;
+  if (distinct) {
+    EXPECT_GT(crossed_total, mine_total) << trace;
+  }
+}
+
 TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
   for (const char* release : {"4.49", "4.50", "4.51", "4.52", "4.53", "4.54", "4.55"}) {
+    const std::string r = release;
     for (const char* family : {"llama", "qwen2", "opt"}) {
       for (const auto& pr : kTinyPrecisions) {
         // OPT from 4.54 (its cache; its 4-D mask made as Llama's 4.4x one), fp32 weights (as traced)
-        if (family == std::string("opt") && (std::string(release) < "4.54" || std::string(pr[1]) != "fp32")) continue;
+        if (family == std::string("opt") && (r < "4.54" || std::string(pr[1]) != "fp32")) continue;
         const std::string preset = std::string(family) + "-tiny";
-        const std::string name = preset + "-" + pr[0];
-        const std::string trace = name + ".tf" + release;
-        const Case now{"", preset.c_str(), pr[1], pr[2]};
-        Case then = now;
-        then.transformers = release;
-        ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
-        std::size_t crossed_total = 0, release_total = 0;
-        for (const char* phase : {"forward", "backward"}) {
-          const std::size_t own = test::match_step(name, job_of(now), phase).unmatched_generated();
-          const std::size_t mine = test::match_step(trace, job_of(then), phase).unmatched_generated();
-          const std::size_t crossed = test::match_step(trace, job_of(now), phase).unmatched_generated();
-          EXPECT_LE(mine, own) << trace << " " << phase;
-          crossed_total += crossed;
-          release_total += mine;
-        }
-        EXPECT_GT(crossed_total, release_total) << trace;
+        expect_release_matches(preset + "-" + pr[0], Case{"", preset.c_str(), pr[1], pr[2]}, release, false, true);
       }
     }
-    // gradient checkpointing (Qwen2 fp32, traced): use_cache=False, so no cache
-    if (std::string(release) == "4.49" || std::string(release) == "4.51" || std::string(release) == "4.53" ||
-        std::string(release) == "4.55") {
+    // gradient checkpointing (Qwen2, traced): use_cache=False, so no cache. Over the whole step:
+    // under bf16 autocast with checkpointing a few frees move between forward and backward from one
+    // run to the next (two runs of 5.17 itself differ so)
+    if (r == "4.49" || r == "4.51" || r == "4.53" || r == "4.55") {
       for (const auto& pr : kTinyPrecisions) {
-        const bool traced = std::string(pr[0]) == "fp32-eager" || std::string(release) == "4.53" ||
-                            std::string(release) == "4.55";
-        if (!traced) continue;
-        const std::string name = std::string("qwen2-tiny-") + pr[0] + "-ckpt", trace = name + ".tf" + release;
-        const Case now{"", "qwen2-tiny", pr[1], pr[2], "eager", true};
-        Case then = now;
-        then.transformers = release;
-        ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
-        // over the whole step: under bf16 autocast with checkpointing a few frees move between
-        // forward and backward from one run to the next (two runs of 5.17 itself differ so)
-        std::size_t own = 0, mine = 0;
-        for (const char* phase : {"forward", "backward"}) {
-          own += test::match_step(name, job_of(now), phase).unmatched_generated();
-          mine += test::match_step(trace, job_of(then), phase).unmatched_generated();
-        }
-        EXPECT_LE(mine, own) << trace;
+        if (std::string(pr[0]) != "fp32-eager" && r != "4.53" && r != "4.55") continue;  // (not traced)
+        expect_release_matches(std::string("qwen2-tiny-") + pr[0] + "-ckpt",
+                               Case{"", "qwen2-tiny", pr[1], pr[2], "eager", true}, release, false, false, true);
       }
     }
     // sdpa (Qwen2; bf16 weights and bf16 autocast: the traced ones): the contiguous copies, and to
-    // 4.53 the repeats
-    if (std::string(release) != "4.50" && std::string(release) != "4.52") {
+    // 4.53 the repeats, counted both ways (what the trace has and the schedule lacks counts too)
+    if (r != "4.50" && r != "4.52") {
       for (const auto& [tag, prec, mixed] : {std::tuple<const char*, const char*, const char*>{"bf16", "bf16", "bf16"},
                                              {"bf16mixed", "fp32", "bf16"}}) {
-        const std::string name = std::string("qwen2-tiny-") + tag + "-sdpa";
-        const std::string trace = name + ".tf" + release;
-        const Case now{"", "qwen2-tiny", prec, mixed, "sdpa"};
-        Case then = now;
-        then.transformers = release;
-        ASSERT_NO_THROW(validate_job(job_of(then))) << trace;
-        std::size_t crossed_total = 0, release_total = 0;
-        for (const char* phase : {"forward", "backward"}) {
-          // both ways here: what the trace has and the schedule lacks counts too (the copies)
-          const std::size_t own = test::match_step(name, job_of(now), phase).mismatched();
-          const std::size_t mine = test::match_step(trace, job_of(then), phase).mismatched();
-          EXPECT_LE(mine, own) << trace << " " << phase;
-          crossed_total += test::match_step(trace, job_of(now), phase).mismatched();
-          release_total += mine;
-        }
-        EXPECT_GT(crossed_total, release_total) << trace;
+        expect_release_matches(std::string("qwen2-tiny-") + tag + "-sdpa", Case{"", "qwen2-tiny", prec, mixed, "sdpa"},
+                               release, true, true);
       }
     }
   }

@@ -79,8 +79,9 @@ bool small_k_gemm_applies(bool trans_a, std::int64_t m, std::int64_t n, std::int
 void small_k_gemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   // B' = op(B) as rows of n: B itself, or Bᵀ copied once (k·n floats, at most kSmallK rows: host
-  // scratch like OpenBLAS's packing buffers, outside the device allocator).
-  std::vector<float> transposed;
+  // scratch like OpenBLAS's packing buffers, outside the device allocator; per calling thread and
+  // kept, so a training step's products do not allocate).
+  thread_local std::vector<float> transposed;
   const float* bt = b;
   std::int64_t ldbt = ldb;
   if (trans_b) {
