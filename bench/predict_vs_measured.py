@@ -81,6 +81,9 @@ def measured(results):
                 r = json.loads(line)
                 if r.get("status") in ("ok", "oom") and r.get("max_reserved_bytes"):
                     r["source"] = os.path.basename(os.path.dirname(path))
+                    tf = (r.get("versions") or {}).get("transformers", "")
+                    if tf and not tf.startswith("5.17"):  # an older release (bench/gpu/run.sh versions)
+                        r["name"] = f"{r['name']} (transformers {tf})"
                     rows.append(r)
     return rows
 

@@ -167,7 +167,18 @@ def save_trace(torch, markers, path):
     return len(ev)
 
 
+def hide_packages():
+    """HF_MEMORY_HIDE=peft,...: make those packages unimportable in this process (sys.modules[name] =
+    None, which importlib.util.find_spec answers with None, so transformers' is_X_available() says no).
+    A carried older transformers release is trimmed to the families measured (pack_transformers.py),
+    and the machine's newer peft imports other families' modelling classes when the Trainer loads it;
+    the rows here never use peft."""
+    for name in filter(None, os.environ.get("HF_MEMORY_HIDE", "").split(",")):
+        sys.modules[name.strip()] = None
+
+
 def worker(cfg, device, tiny, steps, trace_path=None):
+    hide_packages()
     import torch
     rec = dict(cfg)
     rec.update(status="error", device=device, tiny=tiny, steps=steps, error=None, versions=versions())

@@ -29,6 +29,10 @@
 #                                          # the HF memory rows whose prediction is not yet exact, each
 #                                          # with its allocator trace (fp32 sdpa, Liger under autocast
 #                                          # with eager and with sdpa, Qwen2 + Liger, Liger at mb 16)
+#   bench/gpu/run.sh versions              # the HF memory rows under older transformers releases
+#                                          # (plan --transformers-version 4.44 / 4.45 / 4.55 / 5.0),
+#                                          # each release carried as .hfv/tfNNN.tar.xz (made by
+#                                          # bench/gpu/pack_transformers.py), then check
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
 #
 # scalelab comes prebuilt in $SCALELAB_DEVICE_DIR (default .device/: bin/scalelab or scalelab,
@@ -49,7 +53,7 @@ set -uo pipefail
 mode="${1:-all}"
 [ $# -gt 0 ] && shift
 case "$mode" in
-  check|profile|bench|methods|kernels-ab|eager-ab|next|all) ;;
+  check|profile|bench|methods|kernels-ab|eager-ab|next|versions|all) ;;
   -h|--help|help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
   *) echo "run.sh: unknown mode '$mode' (check | profile | bench [compare args] | methods | all [compare args])" >&2; exit 2 ;;
 esac
@@ -537,7 +541,7 @@ run_hf_memory_rows() {
   add "hf_memory: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory.txt") rows measured (hf_memory.txt, hfm/)"
 }
 
-# Older transformers (plan --transformers-version 4.43 to 4.48, CPU-traced only): the published
+# Older transformers (plan --transformers-version 4.43 to 4.48; `versions` below carries them smaller): the published
 # point's job, Llama-3.2-1B fp32 eager micro-batch 6, with its allocator trace, under each release
 # carried as wheels in $WHEELS_DIR/tf4*/ (e.g. tf445/: transformers 4.45.2, tokenizers 0.20.3,
 # huggingface_hub 0.26.2, accelerate 1.0.1; tf444/: transformers 4.44.2, tokenizers 0.19.1,
@@ -571,6 +575,46 @@ run_hf_memory_older() {
   done
 }
 
+# The HF Trainer memory rows under older transformers releases, each carried as $HFV_DIR/tfNNN.tar.xz
+# (bench/gpu/pack_transformers.py: the release trimmed to the families measured, the huggingface_hub
+# and accelerate it was used with, and a version stub for tokenizers, which these rows never run),
+# unpacked to /tmp/tfNNN and put first on PYTHONPATH; the machine's peft is hidden (HF_MEMORY_HIDE:
+# it imports families the trimmed release leaves out, and these rows never use it). Make one here:
+#   pip install --no-deps --target /tmp/tf445 transformers==4.45.2 accelerate==1.0.1 huggingface_hub==0.36.0
+#   python3 bench/gpu/pack_transformers.py /tmp/tf445 .hfv/tf445.tar.xz --pack huggingface_hub=/tmp/tf445 \
+#       --pack accelerate=/tmp/tf445 --tokenizers-version 0.20.3
+# (about 1.7 MiB each; carry ".hfv" with the call; HFV_ORDER picks the releases, VERSIONS_CHECK=0 skips check) Rows per release (most important first; the
+# first of each is traced); predictions: `scalelab plan --stack hf-trainer --transformers-version V`.
+versions_rows() {
+  case "$1" in
+    tf445) echo "llama-fp32-eager-mb6-torchrun1,llama-fp32-eager-mb7-64GiB-torchrun1,opt-fp32-eager-mb4,opt-bf16mixed-eager-mb4,llama-fp32-eager-mb6" ;;
+    tf4554) echo "llama-fp32-eager-mb6,opt-fp32-eager-mb4,llama-bf16-sdpa-mb6,llama-bf16mixed-eager-mb6,llama-fp32-eager-mb6-ckpt" ;;
+    tf500) echo "llama-fp32-eager-mb6,opt-fp32-eager-mb4" ;;
+    tf4442) echo "llama-fp32-eager-mb6-torchrun1,opt-fp32-eager-mb4" ;;
+    *) echo "llama-fp32-eager-mb6" ;;
+  esac
+}
+
+run_versions() {
+  local dir="${HFV_DIR:-.hfv}" order="${HFV_ORDER:-tf445 tf4554 tf500 tf4442}" name tarball rows budget rc
+  for name in $order; do
+    tarball="$dir/$name.tar.xz"
+    [ -f "$tarball" ] || { add "versions $name: no $tarball"; continue; }
+    rows=$(versions_rows "$name")
+    budget=$(( $(left) - ${HFV_RESERVE_S:-60} ))
+    [ "$budget" -lt 45 ] && { add "versions $name: skipped (${budget}s left)"; continue; }
+    section "hf_memory.py under $name: $rows (budget ${budget}s)"
+    rm -rf "/tmp/$name" && mkdir -p "/tmp/$name" && tar xJf "$tarball" -C "/tmp/$name" \
+      || { add "versions $name: unpack failed"; continue; }
+    HF_MEMORY_HIDE=peft PYTHONPATH="/tmp/$name${PYTHONPATH:+:$PYTHONPATH}" timeout $(( budget + 10 )) "$PY" bench/gpu/hf_memory.py --out "$OUT/hfm-$name" \
+      --budget-s "$budget" --trace "$rows" --only "$rows" >"$OUT/hf_memory_$name.txt" 2>&1
+    rc=$?
+    grep -E "HF_MEMORY_HEADER" "$OUT/hf_memory_$name.txt" | cut -c1-200
+    grep -E "^\| " "$OUT/hf_memory_$name.txt"
+    add "versions $name: exit $rc, $(grep -c '| ok |' "$OUT/hf_memory_$name.txt") ok, $(grep -c '| oom |' "$OUT/hf_memory_$name.txt") oom (hf_memory_$name.txt, hfm-$name/)"
+  done
+}
+
 main() {
   say "run.sh $mode $* (budget ${BUDGET}s, OUT=$OUT, $(date -u +%Y-%m-%dT%H:%M:%SZ), git $(git rev-parse --short HEAD 2>/dev/null || echo '?'))"
   device_info
@@ -589,6 +633,7 @@ main() {
       run_in_backward_timing
       run_hf_memory_rows
       ;;
+    versions) run_versions; [ "${VERSIONS_CHECK:-1}" = 1 ] && run_checks ;;
     all) run_checks; run_profile; run_bench "$@" ;;
   esac
   section "summary"
