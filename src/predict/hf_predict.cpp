@@ -180,16 +180,23 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
                 job.fused_kernels ? ", Liger kernels" : "",
                 job.activation_checkpointing ? ", gradient checkpointing" : "", job.optimizer.c_str());
   s += buf;
+  // which releases an H200 measured (bench/README.md, "Older transformers releases"; the traces in
+  // tests/golden/predict/*.tf4.45.events and *.tf4.55.events)
+  const bool measured = job.versions.transformers == "4.45" || job.versions.transformers == "4.55";
+  const std::string gpu = measured ? ", and measured to the byte on an H200 under " + job.versions.transformers +
+                                         (job.versions.transformers == "4.45" ? ".2 with torch 2.11 (Llama fp32 eager by python and torchrun; OPT fp32 and bf16 autocast)"
+                                                                              : ".4 with torch 2.11 (Llama fp32 eager and bf16 sdpa; OPT fp32 eager)")
+                                   : std::string(", not measured on a GPU");
   if (is_older_transformers(job.versions.transformers)) {
     s += "  transformers " + job.versions.transformers +
          ": its schedule is checked against CPU traces of transformers 4.43.4 to 4.48.3" +
-         (records_full_slices(job.versions.torch) ? std::string(" under torch 2.4.0 to 2.8.0") : std::string()) +
-         ", not measured on a GPU (docs/predict.md)\n";
+         (records_full_slices(job.versions.torch) ? std::string(" under torch 2.4.0 to 2.8.0") : std::string()) + gpu +
+         " (docs/predict.md)\n";
   }
   if (is_late4_transformers(job.versions.transformers)) {
     s += "  transformers " + job.versions.transformers +
          ": 5.17's schedule with its training DynamicCache (and, to 4.52, its [T, T+1] mask), checked against CPU "
-         "traces of 4.49.0 to 4.55.4 only, not measured on a GPU (docs/predict.md)\n";
+         "traces of 4.49.0 to 4.55.4" + gpu + " (docs/predict.md)\n";
   }
   if (is_current_transformers(job.versions.transformers) && job.versions.transformers != kSupportedTransformers) {
     s += "  transformers " + job.versions.transformers + ": 5.17's schedule (its CPU traces equal 5.17's); the GPU "

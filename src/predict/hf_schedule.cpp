@@ -72,7 +72,8 @@ void validate_job(const HfJob& j) {
         kLate4TransformersList + " (Llama, Qwen2, OPT from 4.54; eager attention), " + kOlderTransformersList +
         " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
   if (is_late4_transformers(j.versions.transformers)) {
-    // traced on the CPU under torch 2.11 (4.49.0, 4.51.3, 4.52.4, 4.53.3, 4.54.1, 4.55.4), never on a GPU
+    // traced on the CPU under torch 2.11 (4.49.0, 4.51.3, 4.52.4, 4.53.3, 4.54.1, 4.55.4); measured on an
+    // H200 under 4.55.4 (Llama fp32 eager and bf16 sdpa, OPT fp32 eager: tests/golden/predict/*.tf4.55.events)
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
     if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
         !(j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) >= 54))
@@ -99,7 +100,8 @@ void validate_job(const HfJob& j) {
     bad("--transformers-version " + j.versions.transformers + " with OPT is modelled for eager attention without "
         "--activation-checkpointing only (5.0 and 5.1 build OPT's 4-D mask their own way; traced that way)");
   if (is_older_transformers(j.versions.transformers)) {
-    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3), never on a GPU
+    // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3); measured on an H200
+    // under 4.45.2 (Llama fp32 eager by python and torchrun, OPT fp32 and bf16 autocast: *.tf4.45.events)
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
     if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
         j.model.family != ModelFamily::kOPT)
@@ -227,6 +229,7 @@ Dims dims_of(const HfJob& j) {
   d.late4_minor = late4_minor(j.versions.transformers) >= 0 ? static_cast<u64>(late4_minor(j.versions.transformers)) : 0;
   d.mask_t1 = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 52);
   d.slice_copies = records_full_slices(j.versions.torch);
+  d.cpu_kernels = j.cpu_kernels;
   return d;
 }
 
@@ -267,9 +270,22 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   const u64 shifted_e = d.opt ? d.e_c : 4;
   Id shifted = t.alloc(rows * d.V * shifted_e, Category::kLogitsLoss, "shift_logits (contiguous copy)");
   h.shift = t.alloc(rows * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
-  Id up = shifted_e != 4 ? t.alloc(rows * d.V * 4, Category::kLogitsLoss, "cross_entropy: autocast .to(fp32)") : 0;
-  h.ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
-  t.free(up);
+  if (shifted_e != 4 && d.cpu_kernels) {
+    // (the CPU's autocast: cross_entropy's input cast to fp32 first, log_softmax in fp32, the cast
+    // gone at once: the CPU traces of 4.43 to 4.47)
+    Id up = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "cross_entropy: autocast .to(fp32) (CPU)");
+    h.ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+    t.free(up);
+  } else if (shifted_e != 4) {
+    // OPT under CUDA autocast: cross_entropy calls log_softmax with the input's own dtype, so
+    // autocast's fp32_set_opt_dtype leaves it in the compute dtype (saved: its output); nll_loss,
+    // on autocast's fp32 list, casts those log-probs to fp32 and saves the cast (the H200 trace of
+    // 4.45.2 under bf16 autocast; the CPU's autocast casts the input first and runs log_softmax in fp32)
+    h.ls = t.alloc(rows * d.V * shifted_e, Category::kLogitsLoss, "log_softmax (compute dtype, saved)");
+    h.ls32 = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "nll_loss: autocast .to(fp32) (saved)");
+  } else {
+    h.ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax (saved)");
+  }
   h.scalars[0] = t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight");
   h.scalars[1] = t.alloc(4, Category::kLogitsLoss, "loss");
   if (d.tf4_minor >= 46 && !d.opt) {  // (OPTForCausalLM keeps CrossEntropyLoss's mean up to 4.47)
@@ -385,9 +401,14 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   Id* sc = h.scalars;
   // (4.50 to 4.55 keep num_items_in_batch on the host: their CPU traces have no such tensor)
   const bool items_on_device = !(d.train_cache && !d.tf4x && d.late4_minor >= 50);
+  // (with the count on the host, 4.50 to 4.55: nll_loss's summed output, its total weight, then the
+  // quotient by the count, and the sum goes: three 0-d tensors at once at the end of the forward,
+  // where OPT-1.3B peaks; the H200 trace of 4.55.4)
+  Id sum = items_on_device ? 0 : t.alloc(4, Category::kLogitsLoss, "nll_loss output (the sum)");
   Id init[3] = {t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight"),
                    t.alloc(4, Category::kLogitsLoss, "loss"),
                    items_on_device ? t.alloc(8, Category::kInputs, "num_items_in_batch (device)") : 0};
+  t.free(sum);
   for (int i = 0; i < 3; ++i) sc[i] = init[i];
   t.free(lf);
   t.free(pad);
@@ -435,6 +456,11 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
 
 void begin_backward(Tape& t, const Dims& d, Model& m) {
   t.phase("backward");
+  // 4.50 to 4.55 (the count on the host): the backward's start leaves one more 0-d tensor alive to
+  // its end than the loss's scalars account for (the H200 traces of 4.55.4 hold two small blocks
+  // made there to the end of backward, as 5.17's do, whose device count is the other)
+  if (d.train_cache && !d.tf4x && d.late4_minor >= 50)
+    m.backward_seed = t.alloc(4, Category::kLogitsLoss, "backward seed (alive to the end of backward)");
   if (!d.grad_scaler) return;
   // scale(): _lazy_init_scale_growth_tracker at the first call (torch.full((), init_scale) fp32,
   // torch.full((), 0) int32), then `outputs * scale`; backward's seed (ones_like of the scaled
@@ -464,24 +490,38 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   Id& inl = h.inl;
   // nll_loss backward, log_softmax backward (over B·(T−1) rows under transformers 4.45's shifted copy)
   const u64 rows = d.tf4x ? d.B * (d.T - 1) : d.BT;
+  // the slice's backward below: a zero-filled [B, T, V] with the rows copied in, fp32 (Llama, Qwen2:
+  // their logits were upcast before the slice) or, for OPT, in the compute dtype
+  const u64 slice_e = d.tf4x && d.opt ? d.e_c : 4;
   Id g_nll = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
-  t.free(h.shift);  // nll_loss's saved target, released as its node finishes (the H200 trace)
-  Id g_ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
-  t.free(g_nll);
-  t.free(h.ls);
+  Id g_ls = 0;
+  if (h.ls32 != 0) {
+    // OPT under CUDA autocast (head_forward_tf4x): nll_loss's node releases its fp32 cast, target and
+    // total weight; the cast's backward takes the gradient to the compute dtype, then log_softmax's
+    // backward runs in it and its saved output goes (the H200 trace of 4.45.2 under bf16 autocast)
+    t.free(h.ls32);
+    t.free(h.shift);
+    t.free(h.scalars[0]);
+    Id g16 = t.alloc(rows * d.V * slice_e, Category::kLogitsLoss, "grad log-probs (cast backward)");
+    t.free(g_nll);
+    g_ls = t.alloc(rows * d.V * slice_e, Category::kLogitsLoss, "log_softmax backward (compute dtype)");
+    t.free(g16);
+    t.free(h.ls);
+  } else {
+    t.free(h.shift);  // nll_loss's saved target, released as its node finishes (the H200 trace)
+    g_ls = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "log_softmax backward");
+    t.free(g_nll);
+    t.free(h.ls);
+  }
   m.kept_loss = h.scalars[1];  // the loss compute_loss returned: the Trainer keeps it
   h.scalars[1] = 0;
   for (Id& sc : h.scalars) t.free(sc);
-  Id g_logits = g_ls;
-  // the slice's backward: a zero-filled [B, T, V] with the rows copied in, fp32 (Llama, Qwen2: their
-  // logits were upcast before the slice) or, for OPT, in the compute dtype after the fp32 cast's
-  // backward takes the rows' gradient back to it
-  const u64 slice_e = d.tf4x && d.opt ? d.e_c : 4;
-  if (d.tf4x && slice_e != 4) {
-    Id g16 = t.alloc(rows * d.V * slice_e, Category::kLogitsLoss, "grad shift_logits (cast backward)");
+  if (d.tf4x && slice_e != 4 && d.cpu_kernels) {  // (CPU: the fp32 cast's backward, after log_softmax's)
+    Id g16 = t.alloc(rows * d.V * slice_e, Category::kLogitsLoss, "grad shift_logits (cast backward, CPU)");
     t.free(g_ls);
-    g_logits = g_ls = g16;
+    g_ls = g16;
   }
+  Id g_logits = g_ls;
   if (d.tf4x) {
     Id rows_grad = g_ls;
     if (d.slice_copies) {  // torch 2.4-2.8: first the last dimension's full slice `:`, a zero-filled copy
@@ -673,7 +713,9 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
       fetched.push_back(t.alloc(static_cast<u64>(d.BT) * 8, Category::kInputs, "input_ids"));
       fetched.push_back(t.alloc(static_cast<u64>(d.BT) * 8, Category::kInputs, "labels"));
     }
-    fetched.push_back(t.alloc(8, Category::kInputs, "num_items_in_batch"));
+    // (transformers 4.43 to 4.45 count no items: num_items_in_batch came with 4.46's
+    // get_batch_samples; the H200 traces of 4.45.2 have no such tensor)
+    if (!(d.tf4x && d.tf4_minor <= 45)) fetched.push_back(t.alloc(8, Category::kInputs, "num_items_in_batch"));
     for (Id& h : held) t.free(h);
     held = fetched;
     for (std::int64_t micro = 0; micro < job.grad_accum_steps; ++micro) {
@@ -684,6 +726,7 @@ std::vector<ScheduleEvent> hf_trainer_schedule(const HfJob& job) {
         llama_forward_backward(t, d, job, model);
       }
       t.free(model.scaled_loss);  // backward returned: the scaled loss goes (fp16)
+      t.free(model.backward_seed);
       // training_step returned: the loop rebinds tr_loss_step, the previous micro-step's loss goes
       t.free(kept_loss);
       kept_loss = model.kept_loss;

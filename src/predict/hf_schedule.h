@@ -142,6 +142,12 @@ struct HfJob {
   bool ddp() const { return ranks > 1 || launcher == "torchrun"; }
   std::int64_t ddp_bucket_cap_mb = 0;     // TrainingArguments.ddp_bucket_cap_mb; 0: DDP's default (25, first 1 MiB)
   StackVersions versions;
+  // Model the CPU kernels where they allocate otherwise than CUDA's, for the tests that compare the
+  // schedule with CPU traces of the real Trainer (tests/predict/cpu_trace_test.cpp); never set by
+  // `plan`. So far OPT under transformers 4.43 to 4.47: CPU autocast casts cross_entropy's input to
+  // fp32 before log_softmax (CUDA runs log_softmax in the compute dtype and nll_loss casts its
+  // output), and the CPU softmax backward makes no grad*out transient.
+  bool cpu_kernels = false;
 };
 
 // Checks what the schedule models; throws InvalidInput naming the flag and what is supported.

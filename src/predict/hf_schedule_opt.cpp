@@ -402,7 +402,13 @@ Id opt_attention_backward_tf4x(Tape& t, const Dims& d, Model& m, Model::OptLayer
     t.free(gp);
     gp = g32;
   }
+  // CUDA's softmax backward makes a grad*out transient of the output's size and frees it before
+  // the node's inputs go (the H200 traces of 4.45.2, fp32 and bf16 autocast; the CPU kernel has none)
   Id gsm = t.alloc(bhtt * e_s, Tmp, "softmax backward");
+  if (!d.cpu_kernels) {
+    Id tmp = t.alloc(bhtt * e_s, Tmp, "softmax backward grad*out");
+    t.free(tmp);
+  }
   t.free(gp);
   t.free(s.probs);
   Id half = t.alloc(bhtt * e_s, Tmp, "maximum backward: grad / 2");
@@ -413,8 +419,8 @@ Id opt_attention_backward_tf4x(Tape& t, const Dims& d, Model& m, Model::OptLayer
   t.free(eq);
   t.free(half);
   t.free(gsm);
+  t.free(s.fmin);  // the node's saved 0-d minimum before the masked scores (the H200 traces)
   t.free(s.masked);
-  t.free(s.fmin);
   if (e_s != d.e_c) {  // the sum's backward to the bf16 scores (the mask needs no gradient)
     Id g16 = t.alloc(bhtt * d.e_c, Tmp, "grad scores .to(bf16)");
     t.free(gmax);

@@ -84,6 +84,7 @@ struct Dims {
   // 4.45 the forward fills a DynamicCache with every layer's rotated key and value (held until
   // compute_loss returns; hf_schedule.cpp head_forward_tf4x).
   bool tf4x = false;
+  bool cpu_kernels = false;  // HfJob::cpu_kernels
   u64 tf4_minor = 0;  // 43 to 48 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
   // 4.43 to 4.47 (not 4.48): the eager attention inline in LlamaAttention.forward, q/k/v viewed
   // only after all three projections, and every LlamaAttention with its own rotary embedding.
@@ -183,6 +184,7 @@ struct Model {
   // tracker (made at the first scale(), kept), the scaled loss backward runs on (until backward
   // returns), found_inf (unscale_ to update()).
   Id scaler_scale = 0, scaler_growth = 0, scaled_loss = 0, found_inf = 0;
+  Id backward_seed = 0;  // 4.50 to 4.55: a 0-d tensor the backward makes at its start and keeps to its end
   // The Trainer's training loop keeps the last micro-step's loss (tr_loss_step, a 0-d tensor) until
   // the next training_step returns, and the last clip's total norm (grad_norm, for logging) until
   // the next clipping starts (the H200 traces): handed from the head / clip_grad_norm to the driver.
@@ -332,6 +334,7 @@ void add_param(Model& m, Param& p, u64 bytes, const char* name);
 // precision; compute_loss returns and the outputs go. Ends at the backward marker.
 struct Head {
   Id wl = 0, inl = 0, shift = 0, ls = 0;
+  Id ls32 = 0;  // OPT under transformers 4.4x and CUDA autocast: nll_loss's fp32 cast of the log-probs (saved)
   Id scalars[5] = {};
 };
 Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out);

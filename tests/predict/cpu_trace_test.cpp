@@ -122,6 +122,7 @@ HfJob job_of(const Case& c) {
   j.activation_checkpointing = c.ckpt;
   j.steps = 2;
   j.versions.transformers = c.transformers;
+  j.cpu_kernels = true;  // compared with CPU traces
   j.versions.torch = c.torch;
   return j;
 }

@@ -118,6 +118,7 @@ HfJob job_of(const Case& c) {
   j.ranks = c.ranks;
   j.launcher = "torchrun";
   j.versions.transformers = c.transformers;
+  j.cpu_kernels = true;  // compared with CPU traces
   j.versions.torch = c.torch;
   j.ddp_bucket_cap_mb = c.bucket_cap_mb;
   j.grad_accum_steps = c.grad_accum;
