@@ -87,6 +87,17 @@ void validate_job(const HfJob& j) {
       bad(why + "runs --activation-checkpointing with eager attention, for Llama and Qwen2, only (sdpa's copies "
                 "and OPT's mask under the recompute were not traced)");
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
+    if (late4_minor(j.versions.transformers) >= 56) {
+      // traced on the CPU under 4.56.2 and 4.57.6: Llama in fp32 and full bf16, eager
+      if (j.model.family == ModelFamily::kOPT)
+        bad(why + "Llama and Qwen2 only under 4.56 and 4.57 (OPT's cache there was not traced)");
+      if (j.model_precision == "fp32" && j.mixed_precision != "no")
+        bad(why + "no autocast over fp32 weights under 4.56 and 4.57 (4.56 keeps the cached value in fp32 "
+                  "there; not modelled) — use --mixed-precision no, or --model-precision bf16");
+      if (j.attn != "eager") bad(why + "eager attention only under 4.56 and 4.57 (their sdpa path was not traced)");
+      if (j.activation_checkpointing)
+        bad(why + "no --activation-checkpointing under 4.56 and 4.57 (not traced)");
+    }
     if (records_full_slices(j.versions.torch))
       bad(why + "torch 2.9 to 2.11 only (traced under 2.11; 2.4 to 2.8 record the full slices)");
   }
@@ -230,6 +241,7 @@ Dims dims_of(const HfJob& j) {
   d.mask_t1 = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 52);
   d.slice_copies = records_full_slices(j.versions.torch);
   d.cpu_kernels = j.cpu_kernels;
+  d.cache_cat = late4_minor(j.versions.transformers) >= 56;
   return d;
 }
 
@@ -399,9 +411,10 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   // other 8-byte tensors live at backward are eager attention's wrapped `* scaling` scalars, one
   // per layer, which stay on the host under CUDA (the Qwen2 sdpa traces, which have none, show it).
   Id* sc = h.scalars;
-  // (4.50 to 4.55 keep num_items_in_batch on the host: their CPU traces have no such tensor)
-  const bool items_on_device = !(d.train_cache && !d.tf4x && d.late4_minor >= 50);
-  // (with the count on the host, 4.50 to 4.55: nll_loss's summed output, its total weight, then the
+  // (4.50 to 4.56 keep num_items_in_batch on the host: their CPU traces have no such tensor; 4.57's
+  // has it again)
+  const bool items_on_device = !(d.train_cache && !d.tf4x && d.late4_minor >= 50 && d.late4_minor <= 56);
+  // (with the count on the host, 4.50 to 4.56: nll_loss's summed output, its total weight, then the
   // quotient by the count, and the sum goes: three 0-d tensors at once at the end of the forward,
   // where OPT-1.3B peaks; the H200 trace of 4.55.4)
   Id sum = items_on_device ? 0 : t.alloc(4, Category::kLogitsLoss, "nll_loss output (the sum)");
@@ -456,10 +469,10 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
 
 void begin_backward(Tape& t, const Dims& d, Model& m) {
   t.phase("backward");
-  // 4.50 to 4.55 (the count on the host): the backward's start leaves one more 0-d tensor alive to
+  // 4.50 to 4.56 (the count on the host): the backward's start leaves one more 0-d tensor alive to
   // its end than the loss's scalars account for (the H200 traces of 4.55.4 hold two small blocks
   // made there to the end of backward, as 5.17's do, whose device count is the other)
-  if (d.train_cache && !d.tf4x && d.late4_minor >= 50)
+  if (d.train_cache && !d.tf4x && d.late4_minor >= 50 && d.late4_minor <= 56)
     m.backward_seed = t.alloc(4, Category::kLogitsLoss, "backward seed (alive to the end of backward)");
   if (!d.grad_scaler) return;
   // scale(): _lazy_init_scale_growth_tracker at the first call (torch.full((), init_scale) fp32,

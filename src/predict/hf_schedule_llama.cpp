@@ -389,6 +389,17 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   }
   t.free(q);
   t.free(k);
+  if (d.cache_cat && d.train_cache && !drop) {
+    // transformers 4.56 and 4.57: DynamicLayer.update concatenates onto the empty tensors it was
+    // made with, so the cache holds copies of the rotated key and of the value, and the attention
+    // runs on those; the originals go at once (their CPU traces, fp32 and full bf16)
+    Id kc = t.alloc(d.BT * d.kvd * d.e_rope, A, "DynamicLayer torch.cat copy of the rotated key");
+    Id vc = t.alloc(d.BT * d.kvd * d.e_c, A, "DynamicLayer torch.cat copy of the value");
+    t.free(k_embed);
+    t.free(s.v);
+    k_embed = kc;
+    s.v = vc;
+  }
   const u64 rep = d.nh / d.nkv;
   const u64 bhtt = d.B * d.nh * d.T * d.T;
   Id q_view = 0;  // Liger + eager: the rotated q, once bmm has its copy

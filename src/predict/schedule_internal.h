@@ -85,6 +85,7 @@ struct Dims {
   // compute_loss returns; hf_schedule.cpp head_forward_tf4x).
   bool tf4x = false;
   bool cpu_kernels = false;  // HfJob::cpu_kernels
+  bool cache_cat = false;    // transformers 4.56, 4.57: the training cache holds torch.cat copies of k and v
   u64 tf4_minor = 0;  // 43 to 48 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
   // 4.43 to 4.47 (not 4.48): the eager attention inline in LlamaAttention.forward, q/k/v viewed
   // only after all three projections, and every LlamaAttention with its own rotary embedding.
@@ -184,7 +185,7 @@ struct Model {
   // tracker (made at the first scale(), kept), the scaled loss backward runs on (until backward
   // returns), found_inf (unscale_ to update()).
   Id scaler_scale = 0, scaler_growth = 0, scaled_loss = 0, found_inf = 0;
-  Id backward_seed = 0;  // 4.50 to 4.55: a 0-d tensor the backward makes at its start and keeps to its end
+  Id backward_seed = 0;  // 4.50 to 4.56: a 0-d tensor the backward makes at its start and keeps to its end
   // The Trainer's training loop keeps the last micro-step's loss (tr_loss_step, a 0-d tensor) until
   // the next training_step returns, and the last clip's total norm (grad_norm, for logging) until
   // the next clipping starts (the H200 traces): handed from the head / clip_grad_norm to the driver.

@@ -269,6 +269,18 @@ std::vector<Case> all_cases() {
       }
     }
   }
+  // Llama and Qwen2 under 4.56 and 4.57 (fp32 and full bf16: the cache's torch.cat copies)
+  for (const char* release : {"4.56", "4.57"}) {
+    for (const char* family : {"llama", "qwen2"}) {
+      for (const auto& p : kTinyPrecisions) {
+        if (std::string(p[1]) == "fp32" && std::string(p[2]) != "no") continue;  // (autocast over fp32: refused)
+        names.push_back(std::string(family) + "-tiny-" + p[0] + ".tf" + release);
+        names_preset.push_back(std::string(family) + "-tiny");
+        cases.push_back(Case{names.back().c_str(), names_preset.back().c_str(), p[1], p[2], "eager", false, false,
+                             std::string(family) == "qwen2", release});
+      }
+    }
+  }
   // OPT 4.43 to 4.47 (fp32 weights: fp32 and bf16 autocast), and 4.45 under torch 2.4
   for (const char* release : kOptOlderReleases) {
     for (const auto& p : kTinyPrecisions) {
@@ -688,6 +700,34 @@ TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
                                              {"bf16mixed", "fp32", "bf16"}}) {
         expect_release_matches(std::string("qwen2-tiny-") + tag + "-sdpa", Case{"", "qwen2-tiny", prec, mixed, "sdpa"},
                                release, true, true);
+      }
+    }
+  }
+}
+
+// 4.56 and 4.57 (fp32 and full bf16, eager): DynamicLayer.update's torch.cat copies of the rotated
+// key and the value, which the attention then runs on. Every request and free of 4 KiB and more in
+// forward and backward, both ways: the release's schedule matches its trace as well as 4.55's
+// schedule matches 4.55's trace, and 4.55's schedule leaves the copies unmatched on this trace.
+TEST(CpuTraceLate4, TheCacheCopiesOf456And457) {
+  for (const char* release : {"4.56", "4.57"}) {
+    for (const char* family : {"llama", "qwen2"}) {
+      for (const auto& pr : kTinyPrecisions) {
+        if (std::string(pr[1]) == "fp32" && std::string(pr[2]) != "no") continue;
+        const std::string preset = std::string(family) + "-tiny", name = preset + "-" + pr[0];
+        Case c{"", preset.c_str(), pr[1], pr[2]};
+        Case prev = c;
+        prev.transformers = "4.55";
+        c.transformers = release;
+        ASSERT_NO_THROW(validate_job(job_of(c))) << name << " " << release;
+        std::size_t mine = 0, own = 0, crossed = 0;
+        for (const char* phase : {"forward", "backward"}) {
+          mine += misses(name + ".tf" + release, c, phase, true);
+          own += misses(name + ".tf4.55", prev, phase, true);
+          crossed += misses(name + ".tf" + release, prev, phase, true);
+        }
+        EXPECT_LE(mine, own) << name << " " << release;
+        EXPECT_GT(crossed, mine) << name << " " << release;
       }
     }
   }

@@ -511,8 +511,13 @@ TEST(HfPredict, Fp32MicroBatch1GrowsBySegmentInStep2AsMeasured) {
 
 TEST(HfPredict, RefusesWhatItDoesNotModel) {
   HfJob j = job(1);
-  j.versions.transformers = "4.57";  // 4.43 to 4.55 and 5.0 to 5.24 are modelled
+  j.versions.transformers = "4.58";  // 4.43 to 4.57 and 5.0 to 5.24 are modelled
   EXPECT_THROW(validate_job(j), InvalidInput);
+  j.versions.transformers = "4.57";  // but 4.56 and 4.57 with eager attention and no autocast over fp32 only
+  EXPECT_NO_THROW(validate_job(j));
+  j.mixed_precision = "bf16";
+  EXPECT_THROW(validate_job(j), InvalidInput);
+  j = job(1);
   j.versions.transformers = "4.42";  // before Llama 3.2's rope_type "llama3"
   EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(0);
@@ -565,7 +570,7 @@ TEST(HfPredict, TransformersFiveReleasesTakeTheSchedule) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  for (const char* v : {"5.25", "4.56", "4.57", "4.42", "5", "5.x", "6.0"}) {
+  for (const char* v : {"5.25", "4.58", "4.42", "5", "5.x", "6.0"}) {
     HfJob j = pinned;
     j.versions.transformers = v;
     refused(j, "5.0 to 5.24 take its schedule");
