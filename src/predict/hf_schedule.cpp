@@ -88,12 +88,14 @@ void validate_job(const HfJob& j) {
                 "and OPT's mask under the recompute were not traced)");
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
     if (late4_minor(j.versions.transformers) >= 56) {
-      // traced on the CPU under 4.56.2 and 4.57.6: Llama in fp32 and full bf16, eager
+      // traced on the CPU under 4.56.2 and 4.57.6: Llama and Qwen2 in fp32, bf16 autocast and full bf16, eager
       if (j.model.family == ModelFamily::kOPT)
         bad(why + "Llama and Qwen2 only under 4.56 and 4.57 (OPT's cache there was not traced)");
-      if (j.model_precision == "fp32" && j.mixed_precision != "no")
-        bad(why + "no autocast over fp32 weights under 4.56 and 4.57 (4.56 keeps the cached value in fp32 "
-                  "there; not modelled) — use --mixed-precision no, or --model-precision bf16");
+      if (j.model_precision == "fp32" && j.mixed_precision != "no" &&
+          j.model.num_attention_heads == j.model.num_key_value_heads)
+        bad(why + "autocast over fp32 weights under 4.56 and 4.57 for grouped-query attention only (the "
+                  "cache's fp32 value was traced through repeat_kv; this model has as many key/value heads as "
+                  "query heads)");
       if (j.attn != "eager") bad(why + "eager attention only under 4.56 and 4.57 (their sdpa path was not traced)");
       if (j.activation_checkpointing)
         bad(why + "no --activation-checkpointing under 4.56 and 4.57 (not traced)");

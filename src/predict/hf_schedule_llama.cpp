@@ -389,12 +389,18 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
   }
   t.free(q);
   t.free(k);
+  // 4.56 and 4.57 under autocast over fp32 weights: the layer's empty tensors take the rotated
+  // key's dtype, fp32, so torch.cat promotes the bf16 value: the cache and the attention hold an
+  // fp32 value (their CPU traces)
+  const bool v32 = d.cache_cat && d.train_cache && !drop && ac;
   if (d.cache_cat && d.train_cache && !drop) {
     // transformers 4.56 and 4.57: DynamicLayer.update concatenates onto the empty tensors it was
     // made with, so the cache holds copies of the rotated key and of the value, and the attention
-    // runs on those; the originals go at once (their CPU traces, fp32 and full bf16)
+    // runs on those; the originals go at once (their CPU traces)
     Id kc = t.alloc(d.BT * d.kvd * d.e_rope, A, "DynamicLayer torch.cat copy of the rotated key");
-    Id vc = t.alloc(d.BT * d.kvd * d.e_c, A, "DynamicLayer torch.cat copy of the value");
+    Id vcast = v32 ? t.alloc(d.BT * d.kvd * 4, Tmp, "value .to(fp32) (torch.cat's type promotion)") : 0;
+    Id vc = t.alloc(d.BT * d.kvd * (v32 ? 4 : d.e_c), A, "DynamicLayer torch.cat copy of the value");
+    t.free(vcast);
     t.free(k_embed);
     t.free(s.v);
     k_embed = kc;
@@ -414,7 +420,9 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     // cache holding the originals: the rotated key and the value go as each repeat is made
     const bool rebound = d.tf4x && d.tf4_minor < 45 && rep > 1 && !drop;
     if (rebound) t.free(k_embed);
-    s.v_rep = rep > 1 ? t.alloc(d.BT * d.qd * d.e_c, A, "repeat_kv(value)") : 0;
+    // (v32: the repeat is fp32 and only autocast's bf16 cast of it, below, is saved)
+    Id v_rep32 = v32 && rep > 1 ? t.alloc(d.BT * d.qd * 4, Tmp, "repeat_kv(value) (fp32)") : 0;
+    s.v_rep = rep > 1 && !v32 ? t.alloc(d.BT * d.qd * d.e_c, A, "repeat_kv(value)") : 0;
     if (rebound) t.free(s.v);
     // torch.matmul(q, k^T): under autocast both operands are cast (q's cast saved); bmm takes the
     // transposed key made contiguous (saved).
@@ -477,6 +485,8 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(masked);  // attn_weights is rebound
     // autocast casts the probabilities for the matmul with v, after the rebinding (the H200 trace
     // of bf16 autocast, micro-batch 6)
+    // (v32: matmul's arguments cast right to left, the fp32 repeated value first)
+    if (v32) s.v_rep = t.alloc(d.BT * d.qd * 2, A, "autocast cast of v (the fp32 cache's repeat)");
     if (ac) s.probs16 = t.alloc(bhtt * 2, A, "autocast cast of probs");
     Id o = t.alloc(d.BT * d.qd * d.e_c, Tmp, "probs @ v");
     if (ac) gone(s.probs16);  // autocast's cast of the probabilities for the matmul
@@ -489,6 +499,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       k_rep = 0;
     }
     t.free(k_rep);
+    t.free(v_rep32);
     if (!kt_copy && rep > 1) gone(s.kT);  // the repeated key, when bmm saved it
     gone(s.v_rep);  // eager_attention_forward returns: its repeated key and value go
   } else {
@@ -597,7 +608,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       // value themselves: the cache holds them too (id 0 here: counted once), and what copies the
       // cache's tensors (accelerate's fp32 conversion, DDP's _DDPSink) copies them all the same.
       m.kv_cache.emplace_back(k_embed, d.e_rope);
-      m.kv_cache.emplace_back(rep > 1 ? s.v : 0, d.e_c);
+      m.kv_cache.emplace_back(rep > 1 ? s.v : 0, v32 ? 4 : d.e_c);
       k_embed = 0;
       if (rep > 1) s.v = 0;
     }
@@ -838,6 +849,14 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
         t.free(gp);
       }
     }
+    // 4.56 and 4.57 under autocast (the cache's fp32 value, layer_forward): the repeated value's
+    // cast goes back to fp32 after the probabilities' (their CPU traces)
+    const bool v32 = d.cache_cat && d.train_cache && ac;
+    if (v32) {
+      Id g32 = t.alloc(d.BT * d.qd * 4, Tmp, "grad v (repeated) to fp32");
+      t.free(gv_rep);
+      gv_rep = g32;
+    }
     // softmax backward with its grad*out transient, freed first, then the node's inputs (the
     // H200 trace of bf16 autocast: the three are the same size, their addresses tell the order)
     Id gsm = t.alloc(bhtt * 4, Tmp, "softmax backward");
@@ -870,7 +889,7 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     }
     // repeat_kv backward: sum over the groups
     if (rep > 1) {
-      gv = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");
+      gv = t.alloc(d.BT * d.kvd * (v32 ? 4 : d.e_c), Tmp, "repeat_kv backward (v)");
       t.free(gv_rep);
       if (d.slice_copies) full_slices_backward(t, gv, d.BT * d.kvd * d.e_c, 4, kRepeatKvSlices);
       gk = t.alloc(d.BT * d.kvd * d.e_rope, Tmp, "repeat_kv backward (k)");
@@ -879,6 +898,11 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
     } else {
       gk = gkT;
       gv = gv_rep;
+    }
+    if (v32) {  // torch.cat's promotion of the value, backward: the gradient back to bf16
+      Id g16 = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad v to bf16 (torch.cat's promotion)");
+      t.free(gv);
+      gv = g16;
     }
   } else {
     // flash backward: dq, dk, dv, then one workspace holding what flash_api.cpp's mha_bwd

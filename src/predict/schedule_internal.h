@@ -86,6 +86,7 @@ struct Dims {
   bool tf4x = false;
   bool cpu_kernels = false;  // HfJob::cpu_kernels
   bool cache_cat = false;    // transformers 4.56, 4.57: the training cache holds torch.cat copies of k and v
+                             // (under autocast over fp32 weights an fp32 value: layer_forward)
   u64 tf4_minor = 0;  // 43 to 48 under tf4x (the cache from 45, the loss's scalars and upcast from 46)
   // 4.43 to 4.47 (not 4.48): the eager attention inline in LlamaAttention.forward, q/k/v viewed
   // only after all three projections, and every LlamaAttention with its own rotary embedding.

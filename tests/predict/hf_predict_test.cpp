@@ -513,9 +513,15 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   HfJob j = job(1);
   j.versions.transformers = "4.58";  // 4.43 to 4.57 and 5.0 to 5.24 are modelled
   EXPECT_THROW(validate_job(j), InvalidInput);
-  j.versions.transformers = "4.57";  // but 4.56 and 4.57 with eager attention and no autocast over fp32 only
+  j.versions.transformers = "4.57";  // but 4.56 and 4.57 with eager attention only
   EXPECT_NO_THROW(validate_job(j));
-  j.mixed_precision = "bf16";
+  j.mixed_precision = "bf16";  // autocast over fp32 weights: for grouped-query attention (Llama-3.2-1B's)
+  EXPECT_NO_THROW(validate_job(j));
+  j.model.num_key_value_heads = j.model.num_attention_heads;
+  EXPECT_THROW(validate_job(j), InvalidInput);
+  j = job(1);
+  j.versions.transformers = "4.56";
+  j.attn = "sdpa";
   EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(1);
   j.versions.transformers = "4.42";  // before Llama 3.2's rope_type "llama3"
