@@ -89,7 +89,7 @@ void validate_job(const HfJob& j) {
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
     if (late4_minor(j.versions.transformers) >= 56) {
       // traced on the CPU under 4.56.2 and 4.57.6: Llama and Qwen2 in fp32, bf16 autocast and full bf16, eager;
-      // Qwen2 with checkpointing (no cache then: 4.55's schedule)
+      // Qwen2 with checkpointing (no cache then: 4.55's schedule) and with sdpa in bf16 (no copies: 5.17's path)
       if (j.model.family == ModelFamily::kOPT)
         bad(why + "Llama and Qwen2 only under 4.56 and 4.57 (OPT's cache there was not traced)");
       if (j.model_precision == "fp32" && j.mixed_precision != "no" &&
@@ -97,7 +97,6 @@ void validate_job(const HfJob& j) {
         bad(why + "autocast over fp32 weights under 4.56 and 4.57 for grouped-query attention only (the "
                   "cache's fp32 value was traced through repeat_kv; this model has as many key/value heads as "
                   "query heads)");
-      if (j.attn != "eager") bad(why + "eager attention only under 4.56 and 4.57 (their sdpa path was not traced)");
     }
     if (records_full_slices(j.versions.torch))
       bad(why + "torch 2.9 to 2.11 only (traced under 2.11; 2.4 to 2.8 record the full slices)");
@@ -233,7 +232,8 @@ Dims dims_of(const HfJob& j) {
   d.train_cache = (d.tf4x && d.tf4_minor >= 45) || (is_late4_transformers(j.versions.transformers) && !j.activation_checkpointing);
   d.inv_freq_alias = d.tf4x || is_late4_transformers(j.versions.transformers);
   d.cache_layers = late4_minor(j.versions.transformers) >= 54;
-  d.sdpa_copies = late4_minor(j.versions.transformers) >= 54 && !d.eager;
+  // (4.56 dropped sdpa_attention_forward's .contiguous() copies: their CPU traces)
+  d.sdpa_copies = late4_minor(j.versions.transformers) >= 54 && late4_minor(j.versions.transformers) <= 55 && !d.eager;
   d.sdpa_repeat = is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 53 && !d.eager;
   d.opt_mask_4x = d.opt && (late4_minor(j.versions.transformers) >= 54 ||
                             (transformers5_minor(j.versions.transformers) >= 0 && transformers5_minor(j.versions.transformers) < 2));

@@ -85,7 +85,8 @@ inline bool is_current_transformers(const std::string& v) { return transformers5
 // a DynamicCache with every layer's rotated key and value, held until compute_loss returns (freed
 // after the logits: to 4.53 keys then values, as 4.48's; from 4.54 layer by layer), and 4.49 to 4.52
 // build the 4.4x [T, T+1] mask. 4.56 and 4.57 update the cache by torch.cat, so it holds copies
-// of the rotated key and the value (fp32 under autocast over fp32 weights; Llama and Qwen2, eager).
+// of the rotated key and the value (fp32 under autocast over fp32 weights; Llama and Qwen2), and
+// their sdpa makes no copies.
 inline const char* kLate4TransformersList = "4.49 to 4.57";
 inline int late4_minor(const std::string& v) {
   if (v.size() != 4 || v.compare(0, 2, "4.") != 0 || v[2] < '0' || v[2] > '9' || v[3] < '0' || v[3] > '9') return -1;

@@ -539,12 +539,16 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
       // under autocast the fp32 key stays there past its cast; otherwise the kernel saved both
       // anyway (id 0: counted once)
       m.kv_cache.emplace_back(ac && !d.liger ? k_embed : 0, d.e_rope);
-      m.kv_cache.emplace_back(0, d.e_c);
+      // (4.56, 4.57 under autocast: the cache's fp32 value, which the kernel gets cast, below)
+      m.kv_cache.emplace_back(v32 ? s.v : 0, v32 ? 4 : d.e_c);
       if (ac && !d.liger) k_embed = 0;
+      if (v32) s.v = 0;
     }
     if (ac && !d.liger) {
       // autocast casts sdpa's arguments right to left (GCC): the key's cast comes first
-      // (not under Liger: its RoPE leaves q and k in the projections' bf16)
+      // (not under Liger: its RoPE leaves q and k in the projections' bf16); 4.56 and 4.57's fp32
+      // value before it (their CPU traces), saved by the kernel in the value's place
+      if (v32) s.v = t.alloc(d.BT * d.kvd * 2, A, "autocast cast of v (the cache's fp32 value)");
       s.kT = t.alloc(d.BT * kv_cols * 2, A, "autocast cast of k");
       s.q16 = t.alloc(d.BT * d.qd * 2, A, "autocast cast of q");
       t.free(s.q_embed);
@@ -937,6 +941,14 @@ void layer_backward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved
       Id k32 = t.alloc(d.BT * kv_cols * 4, Tmp, "grad k to fp32");
       t.free(gk);
       gk = k32;
+    }
+    if (d.cache_cat && d.train_cache && ac) {
+      // 4.56 and 4.57: the value's cast, then torch.cat's promotion, backward (their CPU traces)
+      Id v32g = t.alloc(d.BT * d.kvd * 4, Tmp, "grad v to fp32");
+      t.free(gv);
+      Id v16g = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "grad v to bf16 (torch.cat's promotion)");
+      t.free(v32g);
+      gv = v16g;
     }
     if (repeated) {  // repeat_kv's backward (ExpandBackward: a sum over the groups), v's first
       Id v1 = t.alloc(d.BT * d.kvd * d.e_c, Tmp, "repeat_kv backward (v)");

@@ -729,6 +729,13 @@ TEST(CpuTraceLate4, TheCacheCopiesOf456And457) {
         EXPECT_GT(crossed, mine) << name << " " << release;
       }
     }
+    // sdpa in bf16 (Qwen2; bf16 weights and bf16 autocast): no copies any more, and under autocast
+    // the kernel gets the cache's fp32 value cast; counted both ways, as 4.49 to 4.55's sdpa
+    for (const auto& [tag, prec, mixed] : {std::tuple<const char*, const char*, const char*>{"bf16", "bf16", "bf16"},
+                                           {"bf16mixed", "fp32", "bf16"}}) {
+      expect_release_matches(std::string("qwen2-tiny-") + tag + "-sdpa", Case{"", "qwen2-tiny", prec, mixed, "sdpa"},
+                             release, true, true);
+    }
     // with checkpointing the Trainer turns the cache off: 4.55's schedule, over the whole step (a
     // few frees under autocast move between forward and backward from run to run)
     for (const auto& pr : kTinyPrecisions) {
