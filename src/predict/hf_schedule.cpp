@@ -89,10 +89,11 @@ void validate_job(const HfJob& j) {
     if (j.fused_kernels) bad(why + "runs without --fused-kernels (Liger) only");
     if (late4_minor(j.versions.transformers) >= 56) {
       // traced on the CPU under 4.56.2 and 4.57.6: Llama and Qwen2 in fp32, bf16 autocast and full bf16, eager;
-      // Qwen2 with checkpointing (no cache then: 4.55's schedule) and with sdpa in bf16 (no copies: 5.17's path)
-      if (j.model.family == ModelFamily::kOPT)
-        bad(why + "Llama and Qwen2 only under 4.56 and 4.57 (OPT's cache there was not traced)");
-      if (j.model_precision == "fp32" && j.mixed_precision != "no" &&
+      // Qwen2 with checkpointing (no cache then: 4.55's schedule) and with sdpa in bf16 (no copies: 5.17's path);
+      // OPT eager in fp32 and bf16 autocast
+      if (j.model.family == ModelFamily::kOPT && j.attn != "eager")
+        bad(why + "OPT with eager attention only under 4.56 and 4.57 (its sdpa path was not traced)");
+      if (j.model_precision == "fp32" && j.mixed_precision != "no" && j.model.family != ModelFamily::kOPT &&
           j.model.num_attention_heads == j.model.num_key_value_heads)
         bad(why + "autocast over fp32 weights under 4.56 and 4.57 for grouped-query attention only (the "
                   "cache's fp32 value was traced through repeat_kv; this model has as many key/value heads as "

@@ -223,10 +223,28 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
     gone(s.in_k);
     s.v = opt_linear(t, d, m, s, d.H, d.H, false, &s.in_v, "v_proj output");
     gone(s.in_v);
+    // transformers 4.56 and 4.57: DynamicLayer.update concatenates onto empty tensors, so the cache
+    // holds contiguous [B, heads, T, hd] copies of k and v (the projections' dtype: no promotion,
+    // unlike Llama's fp32 rotated key) and the originals go; bmm then takes the copies as they are,
+    // with no contiguous copy of k^T or v, and saves them (their CPU traces)
+    const bool cat = d.cache_cat && d.train_cache && !drop && (d.eager || d.e_c == 4);
+    if (cat) {
+      Id kc = t.alloc(nq * d.e_c, A, "DynamicLayer torch.cat copy of k");
+      Id vc = t.alloc(nq * d.e_c, A, "DynamicLayer torch.cat copy of v");
+      t.free(s.k);
+      t.free(s.v);
+      s.k = kc;
+      s.v = vc;
+    }
     if (d.eager || d.e_c == 4) {
       // [B, heads, T, hd] views of [B, T, H] buffers: bmm needs copies of q and k^T (saved)
       s.qc = t.alloc(nq * d.e_c, A, "q contiguous for bmm");
-      s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
+      if (cat) {
+        s.kT = s.k;  // saved by bmm; the cache's entry counts it once (below)
+        s.k = 0;
+      } else {
+        s.kT = t.alloc(nq * d.e_c, A, "k^T contiguous for bmm");
+      }
       Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
       gone(s.qc);
       gone(s.kT);
@@ -243,7 +261,12 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
         gone(s.probs32);  // attn_weights is rebound
       }
       t.free(masked);
-      s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
+      if (cat) {
+        s.vc = s.v;
+        s.v = 0;
+      } else {
+        s.vc = t.alloc(nq * d.e_c, A, "v contiguous for bmm");
+      }
       Id o = t.alloc(nq * d.e_c, Tmp, "probs @ v");
       gone(s.vc);
       s.ctx = t.alloc(nq * d.e_c, A, "attn_output.transpose(1,2).contiguous()");
@@ -265,7 +288,8 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
     t.free(s.q_s);
     if (d.train_cache && !d.tf4x && !drop) {
       // 4.54 and 4.55: past_key_value.update() put k and v (the projections' outputs, viewed) in
-      // the forward's DynamicCache, which holds them until compute_loss returns (head_forward)
+      // the forward's DynamicCache, which holds them until compute_loss returns (head_forward);
+      // 4.56 and 4.57: its copies, which bmm saved (id 0: counted once, freed with bmm's backward)
       m.kv_cache.emplace_back(s.k, d.e_c);
       m.kv_cache.emplace_back(s.v, d.e_c);
       s.k = 0;

@@ -269,14 +269,15 @@ std::vector<Case> all_cases() {
       }
     }
   }
-  // Llama and Qwen2 under 4.56 and 4.57 (the cache's torch.cat copies)
+  // Llama, Qwen2 and OPT (fp32 weights) under 4.56 and 4.57 (the cache's torch.cat copies)
   for (const char* release : {"4.56", "4.57"}) {
-    for (const char* family : {"llama", "qwen2"}) {
+    for (const char* family : {"llama", "qwen2", "opt"}) {
       for (const auto& p : kTinyPrecisions) {
+        if (std::string(family) == "opt" && std::string(p[1]) != "fp32") continue;
         names.push_back(std::string(family) + "-tiny-" + p[0] + ".tf" + release);
         names_preset.push_back(std::string(family) + "-tiny");
         cases.push_back(Case{names.back().c_str(), names_preset.back().c_str(), p[1], p[2], "eager", false, false,
-                             std::string(family) == "qwen2", release});
+                             std::string(family) != "llama", release});
       }
     }
   }
@@ -711,8 +712,9 @@ TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
 // schedule matches 4.55's trace, and 4.55's schedule leaves the copies unmatched on this trace.
 TEST(CpuTraceLate4, TheCacheCopiesOf456And457) {
   for (const char* release : {"4.56", "4.57"}) {
-    for (const char* family : {"llama", "qwen2"}) {
+    for (const char* family : {"llama", "qwen2", "opt"}) {
       for (const auto& pr : kTinyPrecisions) {
+        if (std::string(family) == "opt" && std::string(pr[1]) != "fp32") continue;  // (as 4.54's, traced)
         const std::string preset = std::string(family) + "-tiny", name = preset + "-" + pr[0];
         Case c{"", preset.c_str(), pr[1], pr[2]};
         Case prev = c;
