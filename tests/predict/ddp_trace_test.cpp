@@ -198,7 +198,7 @@ TEST_P(DdpTrace, BuffersAreBroadcastBeforeTheForwardsThatFollowASynchronizedOne)
 constexpr const char* kTorchrunPrecisions[][3] = {{"fp32", "fp32", "no"}, {"bf16mixed", "fp32", "bf16"},
                                                   {"bf16", "bf16", "bf16"}};
 constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47", "4.48"};
-constexpr const char* kLate4Releases[] = {"4.49", "4.53", "4.55"};  // traced of 4.49 to 4.55 (fp32, bf16 autocast, full bf16)
+constexpr const char* kLate4Releases[] = {"4.49", "4.53", "4.55", "4.56", "4.57"};  // traced of 4.49 to 4.57 (fp32, bf16 autocast, full bf16)
 
 Case torchrun1(const char* const (&p)[3], const std::string& transformers, const std::string& torch) {
   Case c{std::string("llama-ddp-") + p[0] + "-eager-torchrun1", p[1], p[2]};
@@ -239,8 +239,8 @@ std::vector<Case> all_cases() {
     cases.push_back(f);
   }
   // OPT under one torchrun process with the older releases that write its attention inline, and
-  // with 4.55 (its DynamicCache object, which _DDPSink does not enter)
-  for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.55"}) {
+  // with 4.55 to 4.57 (their DynamicCache object, which _DDPSink does not enter)
+  for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.55", "4.56", "4.57"}) {
     for (const auto& [prec, mixed, tag] : {std::tuple<const char*, const char*, const char*>{"fp32", "no", "fp32"},
                                            {"fp32", "bf16", "bf16mixed"}}) {
       Case f{std::string("opt-tiny-") + tag + "-eager-torchrun1.tf" + release, prec, mixed};
@@ -250,7 +250,7 @@ std::vector<Case> all_cases() {
       cases.push_back(f);
     }
   }
-  // 4.49, 4.53 and 4.55 (their DynamicCache object, which _DDPSink does not enter), and 4.50 in bf16 autocast
+  // 4.49, 4.53, 4.55, 4.56 and 4.57 (their DynamicCache object, which _DDPSink does not enter), and 4.50 in bf16 autocast
   for (const auto& p : kTorchrunPrecisions)
     for (const char* release : kLate4Releases) cases.push_back(torchrun1(p, release, kSupportedTorch));
   cases.push_back(torchrun1(kTorchrunPrecisions[1], "4.50", kSupportedTorch));
