@@ -30,7 +30,7 @@
 #                                          # with its allocator trace (fp32 sdpa, Liger under autocast
 #                                          # with eager and with sdpa, Qwen2 + Liger, Liger at mb 16)
 #   bench/gpu/run.sh versions              # the HF memory rows under older transformers releases
-#                                          # (plan --transformers-version 4.44 / 4.45 / 4.55 / 5.0),
+#                                          # (plan --transformers-version 4.44 / 4.45 / 4.55 / 4.56 / 5.0),
 #                                          # each release carried as .hfv/tfNNN.tar.xz (made by
 #                                          # bench/gpu/pack_transformers.py), then check
 #   bench/gpu/run.sh all   [compare args]  # check, profile, then bench
@@ -583,12 +583,16 @@ run_hf_memory_older() {
 #   pip install --no-deps --target /tmp/tf445 transformers==4.45.2 accelerate==1.0.1 huggingface_hub==0.36.0
 #   python3 bench/gpu/pack_transformers.py /tmp/tf445 .hfv/tf445.tar.xz --pack huggingface_hub=/tmp/tf445 \
 #       --pack accelerate=/tmp/tf445 --tokenizers-version 0.20.3
+#   (4.55: --tokenizers-version 0.21.4; 4.56 and 4.57: 0.22.2 with huggingface_hub 0.36; 5.0: 0.22.2 alone)
 # (about 1.7 MiB each; carry ".hfv" with the call; HFV_ORDER picks the releases, VERSIONS_CHECK=0 skips check) Rows per release (most important first; the
 # first of each is traced); predictions: `scalelab plan --stack hf-trainer --transformers-version V`.
 versions_rows() {
   case "$1" in
-    tf445) echo "llama-fp32-eager-mb6-torchrun1,llama-fp32-eager-mb7-64GiB-torchrun1,opt-fp32-eager-mb4,opt-bf16mixed-eager-mb4,llama-fp32-eager-mb6" ;;
+    # (2026-11-27 measured the first five of tf445 and the first three of tf4554; the published
+    # 64 GiB row, llama-fp32-eager-mb6-64GiB-torchrun1, is the one left there)
+    tf445) echo "llama-fp32-eager-mb6-64GiB-torchrun1,llama-fp32-eager-mb6-torchrun1,llama-fp32-eager-mb7-64GiB-torchrun1,opt-fp32-eager-mb4,opt-bf16mixed-eager-mb4,llama-fp32-eager-mb6" ;;
     tf4554) echo "llama-fp32-eager-mb6,opt-fp32-eager-mb4,llama-bf16-sdpa-mb6,llama-bf16mixed-eager-mb6,llama-fp32-eager-mb6-ckpt" ;;
+    tf4562|tf4576) echo "llama-bf16mixed-eager-mb6,llama-fp32-eager-mb6,llama-bf16-sdpa-mb6,opt-fp32-eager-mb4,opt-bf16mixed-eager-mb4" ;;
     tf500) echo "llama-fp32-eager-mb6,opt-fp32-eager-mb4" ;;
     tf4442) echo "llama-fp32-eager-mb6-torchrun1,opt-fp32-eager-mb4" ;;
     *) echo "llama-fp32-eager-mb6" ;;
@@ -596,7 +600,7 @@ versions_rows() {
 }
 
 run_versions() {
-  local dir="${HFV_DIR:-.hfv}" order="${HFV_ORDER:-tf445 tf4554 tf500 tf4442}" name tarball rows budget rc
+  local dir="${HFV_DIR:-.hfv}" order="${HFV_ORDER:-tf445 tf4562 tf4554 tf500 tf4442}" name tarball rows budget rc
   for name in $order; do
     tarball="$dir/$name.tar.xz"
     [ -f "$tarball" ] || { add "versions $name: no $tarball"; continue; }
