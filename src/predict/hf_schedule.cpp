@@ -69,17 +69,19 @@ void validate_job(const HfJob& j) {
       !is_late4_transformers(j.versions.transformers))
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default; " + kCurrentTransformersList + " take its schedule), " +
-        kLate4TransformersList + " (Llama, Qwen2, OPT from 4.54; eager attention), " + kOlderTransformersList +
+        kLate4TransformersList + " (Llama, Qwen2, OPT with fp32 weights; eager attention), " + kOlderTransformersList +
         " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
   if (is_late4_transformers(j.versions.transformers)) {
     // traced on the CPU under torch 2.11 (4.49.0, 4.51.3, 4.52.4, 4.53.3, 4.54.1, 4.55.4); measured on an
     // H200 under 4.55.4 (Llama fp32 eager and bf16 sdpa, OPT fp32 eager: tests/golden/predict/*.tf4.55.events)
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
     if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
-        !(j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) >= 54))
-      bad(why + "Llama and Qwen2, and OPT from 4.54, only (OPT's attention under 4.49 to 4.52 differs, and 4.53 "
-                "returns its cache as a tuple, which accelerate converts under autocast; got " +
-          family_name(j.model.family) + ")");
+        j.model.family != ModelFamily::kOPT)
+      bad(why + "Llama, Qwen2 and OPT only (got " + family_name(j.model.family) + ")");
+    if (j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) <= 53 &&
+        (j.ranks > 1 || j.launcher == "torchrun" || j.model_precision != "fp32"))
+      bad(why + "OPT under 4.49 to 4.53 with fp32 weights (with or without bf16 autocast) started by python only "
+                "(its cache is a legacy tuple there, which DDP's _DDPSink would clone: not traced)");
     if (j.attn != "eager" && (j.model.family == ModelFamily::kOPT || (j.model_precision == "fp32" && j.mixed_precision == "no")))
       bad(why + "sdpa for Llama and Qwen2 in bf16 (weights or autocast) only: fp32 sdpa runs the math path after "
                 "its contiguous copies, and OPT's sdpa path was not traced — use --attn eager");
@@ -236,7 +238,7 @@ Dims dims_of(const HfJob& j) {
   // (4.56 dropped sdpa_attention_forward's .contiguous() copies: their CPU traces)
   d.sdpa_copies = late4_minor(j.versions.transformers) >= 54 && late4_minor(j.versions.transformers) <= 55 && !d.eager;
   d.sdpa_repeat = is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 53 && !d.eager;
-  d.opt_mask_4x = d.opt && (late4_minor(j.versions.transformers) >= 54 ||
+  d.opt_mask_4x = d.opt && (late4_minor(j.versions.transformers) >= 49 ||
                             (transformers5_minor(j.versions.transformers) >= 0 && transformers5_minor(j.versions.transformers) < 2));
   d.rope_both_first = d.tf4x || (is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 50);
   d.late4_minor = late4_minor(j.versions.transformers) >= 0 ? static_cast<u64>(late4_minor(j.versions.transformers)) : 0;
@@ -244,6 +246,8 @@ Dims dims_of(const HfJob& j) {
   d.slice_copies = records_full_slices(j.versions.torch);
   d.cpu_kernels = j.cpu_kernels;
   d.cache_cat = late4_minor(j.versions.transformers) >= 56;
+  d.opt_unscaled = d.opt && is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 51;
+  d.opt_cache_tuple = d.opt && is_late4_transformers(j.versions.transformers) && late4_minor(j.versions.transformers) <= 53;
   return d;
 }
 
@@ -435,7 +439,19 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   // accelerate's convert_outputs_to_fp32 (mixed precision): the model's outputs cast to fp32.
   Id out32 = d.mixed && d.e_c != 4 ? t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "outputs to fp32 (accelerate)")
                                    : 0;
+  // OPT under 4.49 to 4.53 returns its cache as a legacy tuple, which the conversion enters: each
+  // layer's 16-bit key and value copied to fp32 in order, the originals gone after the logits, the
+  // last entry first (their CPU traces, bf16 autocast; as 4.4x's, head_forward_tf4x)
+  const bool tuple32 = d.opt_cache_tuple && out32 != 0 && d.train_cache;
+  std::vector<Id> fp32(tuple32 ? m.kv_cache.size() : 0, 0);
+  for (std::size_t i = 0; i < fp32.size(); ++i)
+    if (m.kv_cache[i].second != 4) fp32[i] = t.alloc(d.BT * d.kvd * 4, A, "legacy cache key/value to fp32 (accelerate)");
   if (out32 != 0) t.free(logits);
+  for (std::size_t i = fp32.size(); i-- > 0;) {
+    if (fp32[i] == 0) continue;
+    t.free(m.kv_cache[i].first);
+    m.kv_cache[i] = {fp32[i], 4};
+  }
   if (d.ddp && d.ddp_find_unused) {
     // DDP's _post_forward with find_unused_parameters: _DDPSink clones the outputs (the loss, then
     // the logits the inner forward returned); the originals go.
@@ -458,6 +474,8 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
       t.free(m.kv_cache[2 * l].first);
       t.free(m.kv_cache[2 * l + 1].first);
     }
+  } else if (tuple32) {  // the converted tuple of (key, value) tuples: CPython releases the last item first
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;) t.free(m.kv_cache[i].first);
   } else {
     for (std::size_t i = m.kv_cache.size(); i-- > 0;)
       if (i % 2 == 0) t.free(m.kv_cache[i].first);

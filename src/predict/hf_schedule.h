@@ -80,7 +80,7 @@ inline int transformers5_minor(const std::string& v) {
   return n <= 24 ? n : -1;
 }
 inline bool is_current_transformers(const std::string& v) { return transformers5_minor(v) >= 0; }
-// 4.49 to 4.55, Llama and Qwen2 (OPT from 4.54) with eager attention (no checkpointing, no Liger): 5.17's schedule
+// 4.49 to 4.55, Llama and Qwen2 (OPT with fp32 weights) with eager attention (no checkpointing, no Liger): 5.17's schedule
 // with what their CPU traces add (docs/predict.md "Versions modelled"): the training forward fills
 // a DynamicCache with every layer's rotated key and value, held until compute_loss returns (freed
 // after the logits: to 4.53 keys then values, as 4.48's; from 4.54 layer by layer), and 4.49 to 4.52

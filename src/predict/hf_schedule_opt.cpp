@@ -248,8 +248,9 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
       Id scores = t.alloc(bhtt * d.e_c, Tmp, "attention scores");
       gone(s.qc);
       gone(s.kT);
-      Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
-      t.free(scores);
+      // (4.49 to 4.51: no `* 1.0`, the scores go straight into the sum with the mask)
+      Id scaled = d.opt_unscaled ? scores : t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
+      if (!d.opt_unscaled) t.free(scores);
       const u64 e_masked = std::max(d.e_c, d.e_r);
       Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
       t.free(scaled);
@@ -569,8 +570,8 @@ void opt_layer_backward(Tape& t, const Dims& d, Model& m, Model::OptLayer& p, Op
       t.free(gsm);
       gsm = g16;
     }
-    Id gsc = t.alloc(bhtt * d.e_c, Tmp, "scaling (1.0) backward");
-    t.free(gsm);
+    Id gsc = d.opt_unscaled ? gsm : t.alloc(bhtt * d.e_c, Tmp, "scaling (1.0) backward");
+    if (!d.opt_unscaled) t.free(gsm);
     gk = t.alloc(nq * d.e_c, Tmp, "grad k");
     gq = t.alloc(nq * d.e_c, Tmp, "grad q");
     t.free(gsc);

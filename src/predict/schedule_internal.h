@@ -105,9 +105,15 @@ struct Dims {
   // the rotary embedding computes cos() and sin() both, then each times attention_scaling (4.43 to
   // 4.50; from 4.51 each is scaled as it is made, as in 5.x)
   bool rope_both_first = false;
-  // OPT under transformers 4.54, 4.55, 5.0 and 5.1: its 4-D mask made as Llama's 4.4x one, a
+  // OPT under transformers 4.49 to 4.55, 5.0 and 5.1: its 4-D mask made as Llama's 4.4x one, a
   // [T, T] triu expanded and cloned over the batch, then the padding's masked_fill (hf_schedule_opt.cpp)
   bool opt_mask_4x = false;
+  // OPT under 4.49 to 4.51: its attention is inline again, without eager_attention_forward's
+  // `* scaling` (1.0) of the scores (their CPU traces)
+  bool opt_unscaled = false;
+  // OPT under 4.49 to 4.53: the forward returns its cache as a legacy tuple (accelerate's fp32
+  // conversion enters it under mixed precision: head_forward)
+  bool opt_cache_tuple = false;
   // 4.54 and 4.55 with sdpa: query/key/value .contiguous() copies for the kernel, the output's copy
   // for o_proj (hf_schedule_llama.cpp)
   bool sdpa_copies = false;

@@ -175,8 +175,10 @@ TEST_P(CpuTrace, SavedForBackwardMatchesTheRealTrainer) {
   // scalar (8-byte 0-d tensor) that MulBackward saves, per layer; a host tensor under CUDA, so
   // not in the schedule
   const HfJob j = job_of(c);
-  // (OPT under 4.43 to 4.47 scales only q: its attention has no second scalar)
-  const bool opt = j.model.family == ModelFamily::kOPT, opt4x = opt && is_older_transformers(c.transformers);
+  // (OPT under 4.43 to 4.47, and 4.49 to 4.51, scales only q: its attention has no second scalar)
+  const bool opt = j.model.family == ModelFamily::kOPT,
+             opt4x = opt && (is_older_transformers(c.transformers) ||
+                             (is_late4_transformers(c.transformers) && late4_minor(c.transformers) <= 51));
   const int per_layer = (std::string(c.attn) == "eager" && !opt4x ? 1 : 0) + (opt ? 1 : 0);
   for (int k = 0; k < per_layer; ++k) {
     for (std::int64_t l = 0; l < j.model.num_hidden_layers; ++l) {
@@ -258,14 +260,16 @@ std::vector<Case> all_cases() {
       cases.push_back(Case{names.back().c_str(), "qwen2-tiny", p[1], p[2], "eager", false, false, true, release});
     }
   }
-  // Llama and Qwen2 under 4.49 to 4.55 (eager; the DynamicCache held through the forward)
+  // Llama and Qwen2 under 4.49 to 4.55 (eager; the DynamicCache held through the forward), and OPT
+  // with fp32 weights
   for (const char* release : {"4.49", "4.50", "4.51", "4.52", "4.53", "4.54", "4.55"}) {
-    for (const char* family : {"llama", "qwen2"}) {
+    for (const char* family : {"llama", "qwen2", "opt"}) {
       for (const auto& p : kTinyPrecisions) {
+        if (std::string(family) == "opt" && std::string(p[1]) != "fp32") continue;
         names.push_back(std::string(family) + "-tiny-" + p[0] + ".tf" + release);
         names_preset.push_back(std::string(family) + "-tiny");
         cases.push_back(Case{names.back().c_str(), names_preset.back().c_str(), p[1], p[2], "eager", false, false,
-                             std::string(family) == "qwen2", release});
+                             std::string(family) != "llama", release});
       }
     }
   }
@@ -677,8 +681,9 @@ TEST(CpuTraceLate4, TheStepMatchesEachRelease) {
     const std::string r = release;
     for (const char* family : {"llama", "qwen2", "opt"}) {
       for (const auto& pr : kTinyPrecisions) {
-        // OPT from 4.54 (its cache; its 4-D mask made as Llama's 4.4x one), fp32 weights (as traced)
-        if (family == std::string("opt") && (r < "4.54" || std::string(pr[1]) != "fp32")) continue;
+        // OPT (its cache; its 4-D mask made as Llama's 4.4x one; to 4.51 no `* 1.0`; to 4.53 the
+        // legacy cache tuple accelerate converts under autocast), fp32 weights (as traced)
+        if (family == std::string("opt") && std::string(pr[1]) != "fp32") continue;
         const std::string preset = std::string(family) + "-tiny";
         expect_release_matches(preset + "-" + pr[0], Case{"", preset.c_str(), pr[1], pr[2]}, release, false, true);
       }

@@ -639,7 +639,9 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   refused(r, "--activation-checkpointing with eager attention, for Llama and Qwen2, only");
   r = j;
   r.model = preset_config("opt-1.3b");
-  refused(r, "OPT from 4.54");  // 4.53 returns OPT's cache as a tuple
+  EXPECT_NO_THROW(validate_job(r));  // 4.53: OPT started by python
+  r.launcher = "torchrun";           // its cache a legacy tuple, which _DDPSink would clone: not traced
+  refused(r, "started by python only");
   r.versions.transformers = "4.55";
   EXPECT_NO_THROW(validate_job(r));
   r = j;
