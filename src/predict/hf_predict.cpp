@@ -196,7 +196,7 @@ std::string prediction_table(const HfJob& job, const HfPredictOptions& o, const 
   if (is_late4_transformers(job.versions.transformers)) {
     const bool d56 = late4_minor(job.versions.transformers) >= 56;
     s += "  transformers " + job.versions.transformers +
-         ": 5.17's schedule with its training DynamicCache (and, to 4.52, its [T, T+1] mask), checked against CPU "
+         ": 5.17's schedule with its training DynamicCache (and, to 4.52, Llama's and Qwen2's [T, T+1] mask; OPT: docs/predict.md), checked against CPU "
          "traces of 4.49.0 to 4.55.4, 4.56.2 and 4.57.6" + (d56 ? std::string(" (4.56 and 4.57: the cache holds torch.cat copies of the key and value)") : std::string()) + gpu + " (docs/predict.md)\n";
   }
   if (is_current_transformers(job.versions.transformers) && job.versions.transformers != kSupportedTransformers) {
