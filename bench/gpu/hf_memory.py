@@ -26,6 +26,10 @@ that way on a larger GPU (docs/predict.md "The published point").
     python3 bench/gpu/hf_memory.py --out DIR --only llama-fp32-eager-mb6      # one configuration
     python3 bench/gpu/hf_memory.py --out DIR --trace all     # + the allocator's event history
 
+HF_MEMORY_HIDE=peft,...: those packages are made unimportable in the workers (an older transformers
+carried by bench/gpu/run.sh versions is trimmed, and the machine's newer peft imports families it
+leaves out; these rows never use peft).
+
 --trace NAMES|all: torch.cuda.memory._record_memory_history without stacks, saved as
 DIR/NAME.trace.json.gz (every alloc / free / segment event with its size and address) with phase
 markers (forward, backward, optimizer_step, step_end) in the same clock: the GPU allocation
