@@ -393,6 +393,24 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
 
 }  // namespace
 
+// The training DynamicCache going (4.49 to 4.57): to 4.53 its key list, then its value list, each
+// last item first (as 4.48's, head_forward_tf4x); from 4.54 its list of DynamicLayer objects, the
+// last layer first, each its key, then its value (the CPU traces of 4.53.3 and 4.55.4).
+void free_cache(Tape& t, const Dims& d, Model& m) {
+  if (d.cache_layers) {
+    for (std::size_t l = m.kv_cache.size() / 2; l-- > 0;) {
+      t.free(m.kv_cache[2 * l].first);
+      t.free(m.kv_cache[2 * l + 1].first);
+    }
+  } else {
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
+      if (i % 2 == 0) t.free(m.kv_cache[i].first);
+    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
+      if (i % 2 == 1) t.free(m.kv_cache[i].first);
+  }
+  m.kv_cache.clear();
+}
+
 Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_casts, Id& final_out) {
   Head h;
   Id& wl = h.wl;
@@ -459,30 +477,39 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
     const u64 out_bytes = out32 != 0 ? d.BT * d.V * 4 : d.BT * d.V * d.e_c;
     Id loss = t.alloc(4, Category::kLogitsLoss, "DDPSink clone of loss");
     Id clone = t.alloc(out_bytes, Category::kLogitsLoss, "DDPSink clone of logits");
+    // 4.50 to 4.55 register DynamicCache as a pytree node (cache_utils.py), so _DDPSink's
+    // tree_flatten enters it and clones every key, then every value, layer by layer; the original
+    // cache then goes as compute_loss's would (below), the clones live until compute_loss returns
+    // (the CPU traces of 4.50.3 to 4.55.4 under torchrun; 4.49, 4.56 and 4.57 register none)
+    std::vector<std::pair<Id, u64>> cache_clones;
+    if (d.train_cache && !d.tf4x && d.late4_minor >= 50 && d.late4_minor <= 55) {
+      for (int part = 0; part < 2; ++part)
+        for (std::size_t i = static_cast<std::size_t>(part); i < m.kv_cache.size(); i += 2)
+          cache_clones.emplace_back(t.alloc(d.BT * d.kvd * m.kv_cache[i].second, A, "DDPSink clone of DynamicCache key/value"),
+                                    m.kv_cache[i].second);
+    }
     t.free(sc[1]);
     sc[1] = loss;
     t.free(out);
     out = clone;
+    if (!cache_clones.empty()) {
+      free_cache(t, d, m);
+      const std::size_t layers = cache_clones.size() / 2;
+      for (std::size_t l = 0; l < layers; ++l) {
+        m.kv_cache.push_back(cache_clones[l]);
+        m.kv_cache.push_back(cache_clones[layers + l]);
+      }
+    }
   }
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
-  // 4.49 to 4.55: the DynamicCache object goes with them: to 4.53 its key list, then its value list,
-  // each last item first (as 4.48's, head_forward_tf4x); from 4.54 its list of DynamicLayer objects,
-  // the last layer first, each its key, then its value (the CPU traces of 4.53.3 and 4.55.4)
-  if (d.cache_layers) {
-    for (std::size_t l = m.kv_cache.size() / 2; l-- > 0;) {
-      t.free(m.kv_cache[2 * l].first);
-      t.free(m.kv_cache[2 * l + 1].first);
-    }
-  } else if (tuple32) {  // the converted tuple of (key, value) tuples: CPython releases the last item first
+  // 4.49 to 4.57: the DynamicCache object (or _DDPSink's clone of it) goes with them (free_cache)
+  if (tuple32) {  // the converted tuple of (key, value) tuples: CPython releases the last item first
     for (std::size_t i = m.kv_cache.size(); i-- > 0;) t.free(m.kv_cache[i].first);
+    m.kv_cache.clear();
   } else {
-    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
-      if (i % 2 == 0) t.free(m.kv_cache[i].first);
-    for (std::size_t i = m.kv_cache.size(); i-- > 0;)
-      if (i % 2 == 1) t.free(m.kv_cache[i].first);
+    free_cache(t, d, m);
   }
-  m.kv_cache.clear();
   begin_backward(t, d, m);
   return h;
 }

@@ -239,7 +239,7 @@ std::vector<Case> all_cases() {
     cases.push_back(f);
   }
   // OPT under one torchrun process with the older releases that write its attention inline, and
-  // with 4.55 to 4.57 (their DynamicCache object, which _DDPSink does not enter)
+  // with 4.55 to 4.57 (their DynamicCache object: a pytree node, which _DDPSink clones, to 4.55)
   for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.55", "4.56", "4.57"}) {
     for (const auto& [prec, mixed, tag] : {std::tuple<const char*, const char*, const char*>{"fp32", "no", "fp32"},
                                            {"fp32", "bf16", "bf16mixed"}}) {
@@ -250,7 +250,7 @@ std::vector<Case> all_cases() {
       cases.push_back(f);
     }
   }
-  // 4.49, 4.53, 4.55, 4.56 and 4.57 (their DynamicCache object, which _DDPSink does not enter), and 4.50 in bf16 autocast
+  // 4.49, 4.53, 4.55, 4.56 and 4.57 (their DynamicCache object, a pytree node from 4.50 to 4.55), and 4.50 in bf16 autocast
   for (const auto& p : kTorchrunPrecisions)
     for (const char* release : kLate4Releases) cases.push_back(torchrun1(p, release, kSupportedTorch));
   cases.push_back(torchrun1(kTorchrunPrecisions[1], "4.50", kSupportedTorch));
@@ -283,11 +283,18 @@ std::size_t unmatched(const Case& c, const std::string& phase) {
 // under 4.45 to 4.47 _DDPSink clones the logits and then every cached key and value (the legacy
 // cache tuple), the originals go (logits first, the cache last entry first), and the clones go when
 // compute_loss returns; with 4.43 and 4.44 (no cache) and 4.48 (a DynamicCache object, which it
-// does not flatten) only the logits are cloned.
+// does not flatten) only the logits are cloned. 4.50 to 4.55 register DynamicCache as a pytree
+// node, so _DDPSink's tree_flatten enters it and clones every key, then every value; 4.49, 4.56 and
+// 4.57 register none (torch 2.11 only).
 TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
+  std::vector<std::pair<std::string, std::string>> runs;
+  for (const char* release : kOlderReleases)
+    for (const char* torch : {kSupportedTorch, kOlderTorch}) runs.emplace_back(release, torch);
+  for (const char* release : kLate4Releases) runs.emplace_back(release, kSupportedTorch);
   for (const auto& p : kTorchrunPrecisions)
-    for (const char* release : kOlderReleases)
-      for (const char* torch : {kSupportedTorch, kOlderTorch}) {
+    for (const auto& [release_s, torch_s] : runs) {
+        const char* release = release_s.c_str();
+        const char* torch = torch_s.c_str();
         const Case c = torchrun1(p, release, torch);
         const HfJob j = job_of(c);
         const std::size_t e = c.prec == std::string("bf16") ? 2 : 4;
@@ -323,7 +330,8 @@ TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
         const std::size_t kv = static_cast<std::size_t>(j.micro_batch * j.seq_len * j.model.num_key_value_heads *
                                                         j.model.head_dim);
         // 4.48 returns the DynamicCache object, which _DDPSink does not flatten: no clones
-        const bool cache = std::string(release) >= "4.45" && std::string(release) <= "4.47";
+        const bool cache = (std::string(release) >= "4.45" && std::string(release) <= "4.47") ||
+                           (std::string(release) >= "4.50" && std::string(release) <= "4.55");
         // the clones of the cache: one per key and value of each layer, of some dtype
         std::size_t kv_clones = 0;
         for (const std::string& ev : traced)
@@ -378,3 +386,4 @@ TEST(DdpTraceTorchrun, EveryReleaseMatchesItsTraceAsTheCurrentOneDoes) {
 
 }  // namespace
 }  // namespace scalelab::predict
+
