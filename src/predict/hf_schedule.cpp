@@ -78,10 +78,9 @@ void validate_job(const HfJob& j) {
     if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
         j.model.family != ModelFamily::kOPT)
       bad(why + "Llama, Qwen2 and OPT only (got " + family_name(j.model.family) + ")");
-    if (j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) <= 53 &&
-        (j.ranks > 1 || j.launcher == "torchrun" || j.model_precision != "fp32"))
-      bad(why + "OPT under 4.49 to 4.53 with fp32 weights (with or without bf16 autocast) started by python only "
-                "(its cache is a legacy tuple there, which DDP's _DDPSink would clone: not traced)");
+    if (j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) <= 53 && j.model_precision != "fp32")
+      bad(why + "OPT under 4.49 to 4.53 with fp32 weights (with or without bf16 autocast) only (bf16 weights were "
+                "not traced)");
     if (j.attn != "eager" && (j.model.family == ModelFamily::kOPT || (j.model_precision == "fp32" && j.mixed_precision == "no")))
       bad(why + "sdpa for Llama and Qwen2 in bf16 (weights or autocast) only: fp32 sdpa runs the math path after "
                 "its contiguous copies, and OPT's sdpa path was not traced — use --attn eager");
@@ -482,7 +481,13 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
     // cache then goes as compute_loss's would (below), the clones live until compute_loss returns
     // (the CPU traces of 4.50.3 to 4.55.4 under torchrun; 4.49, 4.56 and 4.57 register none)
     std::vector<std::pair<Id, u64>> cache_clones;
-    if (d.train_cache && !d.tf4x && d.late4_minor >= 50 && d.late4_minor <= 55) {
+    const bool tuple = d.opt_cache_tuple && d.train_cache;
+    if (tuple) {
+      // OPT under 4.49 to 4.53: the legacy cache tuple, which tree_flatten always enters: each
+      // layer's key and value in order, the originals then going last item first (their CPU traces)
+      for (const auto& [id, e] : m.kv_cache)
+        cache_clones.emplace_back(t.alloc(d.BT * d.kvd * e, A, "DDPSink clone of the legacy cache key/value"), e);
+    } else if (d.train_cache && !d.tf4x && d.late4_minor >= 50 && d.late4_minor <= 55) {
       for (int part = 0; part < 2; ++part)
         for (std::size_t i = static_cast<std::size_t>(part); i < m.kv_cache.size(); i += 2)
           cache_clones.emplace_back(t.alloc(d.BT * d.kvd * m.kv_cache[i].second, A, "DDPSink clone of DynamicCache key/value"),
@@ -492,7 +497,10 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
     sc[1] = loss;
     t.free(out);
     out = clone;
-    if (!cache_clones.empty()) {
+    if (tuple) {
+      for (std::size_t i = m.kv_cache.size(); i-- > 0;) t.free(m.kv_cache[i].first);
+      m.kv_cache = cache_clones;
+    } else if (!cache_clones.empty()) {
       free_cache(t, d, m);
       const std::size_t layers = cache_clones.size() / 2;
       for (std::size_t l = 0; l < layers; ++l) {
@@ -504,7 +512,7 @@ Head head_forward(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached_cast
   t.free(logits);
   t.free(out32);  // compute_loss returns: the outputs go
   // 4.49 to 4.57: the DynamicCache object (or _DDPSink's clone of it) goes with them (free_cache)
-  if (tuple32) {  // the converted tuple of (key, value) tuples: CPython releases the last item first
+  if (d.opt_cache_tuple && d.train_cache) {  // the legacy tuple (or a copy of it): CPython releases the last item first
     for (std::size_t i = m.kv_cache.size(); i-- > 0;) t.free(m.kv_cache[i].first);
     m.kv_cache.clear();
   } else {

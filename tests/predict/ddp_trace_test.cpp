@@ -240,7 +240,7 @@ std::vector<Case> all_cases() {
   }
   // OPT under one torchrun process with the older releases that write its attention inline, and
   // with 4.55 to 4.57 (their DynamicCache object: a pytree node, which _DDPSink clones, to 4.55)
-  for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.55", "4.56", "4.57"}) {
+  for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.49", "4.50", "4.52", "4.53", "4.55", "4.56", "4.57"}) {
     for (const auto& [prec, mixed, tag] : {std::tuple<const char*, const char*, const char*>{"fp32", "no", "fp32"},
                                            {"fp32", "bf16", "bf16mixed"}}) {
       Case f{std::string("opt-tiny-") + tag + "-eager-torchrun1.tf" + release, prec, mixed};
@@ -339,6 +339,37 @@ TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
         EXPECT_GE(kv_clones, cache ? 2 * static_cast<std::size_t>(j.model.num_hidden_layers) : 0) << c.golden;
         EXPECT_EQ(generated, traced) << c.golden;
       }
+}
+
+// OPT under one torchrun process, the forward's end event for event (4 KiB and more) from the
+// logits' clone on: under 4.49 to 4.53 _DDPSink clones its legacy cache tuple item by item (under
+// autocast accelerate's fp32 copies of it), under 4.55 its DynamicCache (a pytree node) keys
+// first, under 4.56 and 4.57 nothing but the logits.
+TEST(DdpTraceTorchrun, OptClonesItsCacheAsEachReleaseReturnsIt) {
+  for (const char* release : {"4.49", "4.50", "4.52", "4.53", "4.55", "4.56", "4.57"}) {
+    for (const auto& [prec, mixed, tag] : {std::tuple<const char*, const char*, const char*>{"fp32", "no", "fp32"},
+                                           {"fp32", "bf16", "bf16mixed"}}) {
+      Case c{std::string("opt-tiny-") + tag + "-eager-torchrun1.tf" + release, prec, mixed};
+      c.ranks = 1;
+      c.preset = "opt-tiny";
+      c.transformers = release;
+      const HfJob j = job_of(c);
+      const std::string clone = "a " + std::to_string(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
+      auto tail = [&](std::istream& in) {
+        const std::vector<std::string> ev = test::phase_events(in, "forward", 2, 4096, {"backward"}, {}, false);
+        std::size_t at = ev.size();
+        for (std::size_t i = 0; i < ev.size(); ++i)
+          if (ev[i] == clone) at = i;  // the last allocation of the fp32 logits' size: the clone
+        return std::vector<std::string>(ev.begin() + static_cast<std::ptrdiff_t>(std::min(at, ev.size())), ev.end());
+      };
+      std::ifstream in = golden(c);
+      ASSERT_TRUE(in.good()) << c.golden;
+      std::istringstream gen(schedule_text(hf_trainer_schedule(j)));
+      const std::vector<std::string> traced = tail(in), generated = tail(gen);
+      EXPECT_GT(traced.size(), 2u) << c.golden;
+      EXPECT_EQ(generated, traced) << c.golden;
+    }
+  }
 }
 
 // Qwen2 (eager and sdpa) and OPT under one torchrun process: step 2's forward and backward leave no

@@ -639,9 +639,15 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   refused(r, "--activation-checkpointing with eager attention, for Llama and Qwen2, only");
   r = j;
   r.model = preset_config("opt-1.3b");
-  EXPECT_NO_THROW(validate_job(r));  // 4.53: OPT started by python
-  r.launcher = "torchrun";           // its cache a legacy tuple, which _DDPSink would clone: not traced
-  refused(r, "started by python only");
+  EXPECT_NO_THROW(validate_job(r));  // 4.53: OPT, python or torchrun (its legacy cache tuple cloned)
+  r.launcher = "torchrun";
+  EXPECT_NO_THROW(validate_job(r));
+  r.model_precision = "bf16";
+  r.mixed_precision = "bf16";
+  refused(r, "bf16 weights were not traced");
+  r.model_precision = "fp32";
+  r.mixed_precision = "no";
+  r.launcher = "python";
   r.versions.transformers = "4.55";
   EXPECT_NO_THROW(validate_job(r));
   r = j;
