@@ -210,6 +210,16 @@ Case torchrun1(const char* const (&p)[3], const std::string& transformers, const
   return c;
 }
 
+// OPT (fp32 weights, with or without bf16 autocast) under one torchrun process and an older release.
+Case opt_torchrun1(bool autocast, const std::string& release) {
+  Case c{std::string("opt-tiny-") + (autocast ? "bf16mixed" : "fp32") + "-eager-torchrun1.tf" + release, "fp32",
+         autocast ? "bf16" : "no"};
+  c.ranks = 1;
+  c.preset = "opt-tiny";
+  c.transformers = release;
+  return c;
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases = {Case{"llama-ddp-fp32-eager-ddp2", "fp32", "no"},
                              Case{"llama-ddp-bf16-eager-ddp2", "bf16", "bf16"},
@@ -241,14 +251,7 @@ std::vector<Case> all_cases() {
   // OPT under one torchrun process with the older releases that write its attention inline, and
   // with 4.55 to 4.57 (their DynamicCache object: a pytree node, which _DDPSink clones, to 4.55)
   for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.49", "4.50", "4.52", "4.53", "4.55", "4.56", "4.57"}) {
-    for (const auto& [prec, mixed, tag] : {std::tuple<const char*, const char*, const char*>{"fp32", "no", "fp32"},
-                                           {"fp32", "bf16", "bf16mixed"}}) {
-      Case f{std::string("opt-tiny-") + tag + "-eager-torchrun1.tf" + release, prec, mixed};
-      f.ranks = 1;
-      f.preset = "opt-tiny";
-      f.transformers = release;
-      cases.push_back(f);
-    }
+    for (bool autocast : {false, true}) cases.push_back(opt_torchrun1(autocast, release));
   }
   // 4.49, 4.53, 4.55, 4.56 and 4.57 (their DynamicCache object, a pytree node from 4.50 to 4.55), and 4.50 in bf16 autocast
   for (const auto& p : kTorchrunPrecisions)
@@ -347,12 +350,8 @@ TEST(DdpTraceTorchrun, DdpClonesTheCacheWithTheLogits) {
 // first, under 4.56 and 4.57 nothing but the logits.
 TEST(DdpTraceTorchrun, OptClonesItsCacheAsEachReleaseReturnsIt) {
   for (const char* release : {"4.49", "4.50", "4.52", "4.53", "4.55", "4.56", "4.57"}) {
-    for (const auto& [prec, mixed, tag] : {std::tuple<const char*, const char*, const char*>{"fp32", "no", "fp32"},
-                                           {"fp32", "bf16", "bf16mixed"}}) {
-      Case c{std::string("opt-tiny-") + tag + "-eager-torchrun1.tf" + release, prec, mixed};
-      c.ranks = 1;
-      c.preset = "opt-tiny";
-      c.transformers = release;
+    for (bool autocast : {false, true}) {
+      const Case c = opt_torchrun1(autocast, release);
       const HfJob j = job_of(c);
       const std::string clone = "a " + std::to_string(j.micro_batch * j.seq_len * j.model.vocab_size * 4);
       auto tail = [&](std::istream& in) {
