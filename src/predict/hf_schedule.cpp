@@ -72,18 +72,15 @@ void validate_job(const HfJob& j) {
         kLate4TransformersList + " (Llama, Qwen2, OPT with fp32 weights; eager attention), " + kOlderTransformersList +
         " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
   if (is_late4_transformers(j.versions.transformers)) {
-    // traced on the CPU under torch 2.11 (4.49.0, 4.51.3, 4.52.4, 4.53.3, 4.54.1, 4.55.4); measured on an
+    // traced on the CPU under torch 2.11 (4.49.0 to 4.57.6); measured on an
     // H200 under 4.55.4 (Llama fp32 eager and bf16 sdpa, OPT fp32 eager: tests/golden/predict/*.tf4.55.events)
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
-    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
-        j.model.family != ModelFamily::kOPT)
-      bad(why + "Llama, Qwen2 and OPT only (got " + family_name(j.model.family) + ")");
     if (j.model.family == ModelFamily::kOPT && late4_minor(j.versions.transformers) <= 53 && j.model_precision != "fp32")
       bad(why + "OPT under 4.49 to 4.53 with fp32 weights (with or without bf16 autocast) only (bf16 weights were "
-                "not traced)");
+                "not traced) — use --model-precision fp32");
     if (j.attn != "eager" && (j.model.family == ModelFamily::kOPT || (j.model_precision == "fp32" && j.mixed_precision == "no")))
-      bad(why + "sdpa for Llama and Qwen2 in bf16 (weights or autocast) only: fp32 sdpa runs the math path after "
-                "its contiguous copies, and OPT's sdpa path was not traced — use --attn eager");
+      bad(why + "sdpa for Llama and Qwen2 in bf16 (weights or autocast) only: fp32 sdpa runs PyTorch's math "
+                "path, which a CPU trace cannot show, and OPT's sdpa path was not traced — use --attn eager");
     if (j.activation_checkpointing && (j.attn != "eager" || j.model.family == ModelFamily::kOPT))
       bad(why + "runs --activation-checkpointing with eager attention, for Llama and Qwen2, only (sdpa's copies "
                 "and OPT's mask under the recompute were not traced)");
@@ -92,13 +89,11 @@ void validate_job(const HfJob& j) {
       // traced on the CPU under 4.56.2 and 4.57.6: Llama and Qwen2 in fp32, bf16 autocast and full bf16, eager;
       // Qwen2 with checkpointing (no cache then: 4.55's schedule) and with sdpa in bf16 (no copies: 5.17's path);
       // OPT eager in fp32 and bf16 autocast
-      if (j.model.family == ModelFamily::kOPT && j.attn != "eager")
-        bad(why + "OPT with eager attention only under 4.56 and 4.57 (its sdpa path was not traced)");
       if (j.model_precision == "fp32" && j.mixed_precision != "no" && j.model.family != ModelFamily::kOPT &&
           j.model.num_attention_heads == j.model.num_key_value_heads)
         bad(why + "autocast over fp32 weights under 4.56 and 4.57 for grouped-query attention only (the "
                   "cache's fp32 value was traced through repeat_kv; this model has as many key/value heads as "
-                  "query heads)");
+                  "query heads) — use --mixed-precision no, --model-precision bf16, or --transformers-version 4.55");
     }
     if (records_full_slices(j.versions.torch))
       bad(why + "torch 2.9 to 2.11 only (traced under 2.11; 2.4 to 2.8 record the full slices)");
@@ -116,9 +111,6 @@ void validate_job(const HfJob& j) {
     // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3); measured on an H200
     // under 4.45.2 (Llama fp32 eager by python and torchrun, OPT fp32 and bf16 autocast: *.tf4.45.events)
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
-    if (j.model.family != ModelFamily::kLlama && j.model.family != ModelFamily::kQwen2 &&
-        j.model.family != ModelFamily::kOPT)
-      bad(why + "Llama, Qwen2 and OPT only (got " + family_name(j.model.family) + ")");
     // OPT: 4.43 to 4.47 share OPTAttention's inline eager code (hf_schedule_opt.cpp,
     // opt_attention_forward_tf4x); 4.48 rewrote it, and bf16 weights were not traced
     if (j.model.family == ModelFamily::kOPT && j.versions.transformers == "4.48")
@@ -542,6 +534,21 @@ void begin_backward(Tape& t, const Dims& d, Model& m) {
   Id g = t.alloc(4, Category::kLogitsLoss, "GradScaler MulBackward0 grad * scale");
   t.free(seed);
   t.free(g);
+}
+
+Id eager_scores_to_softmax(Tape& t, const Dims& d, Id scores, Id& probs32, const char* scale_label, bool unscaled) {
+  const u64 bhtt = d.B * d.nh * d.T * d.T;
+  Id scaled = unscaled ? scores : t.alloc(bhtt * d.e_c, Category::kTemporaries, scale_label);
+  if (!unscaled) t.free(scores);
+  // + causal mask, which is in the embeddings' dtype (fp32 under autocast: the sum is fp32)
+  const u64 e_masked = std::max(d.e_c, d.e_r);
+  Id masked = t.alloc(bhtt * e_masked, Category::kTemporaries, "scores + mask");
+  t.free(scaled);
+  // softmax(dtype=fp32) converts a bf16 input to fp32 first (a transient copy)
+  Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Category::kTemporaries, "softmax input .to(fp32)") : 0;
+  probs32 = t.alloc(bhtt * 4, Category::kActivations, "softmax(dtype=fp32)");
+  t.free(conv);
+  return masked;
 }
 
 void full_slices_backward(Tape& t, Id& g, u64 bytes, int slices, const char* label) {

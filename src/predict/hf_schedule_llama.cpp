@@ -467,16 +467,7 @@ void layer_forward(Tape& t, const Dims& d, Model& m, LayerParams& p, LayerSaved&
     t.free(kcast);
     if (kt_copy) gone(s.kT);  // the matmul's operands: the contiguous copy and autocast's cast of q
     gone(s.q16);
-    Id scaled = t.alloc(bhtt * d.e_c, Tmp, "scores * scaling");
-    t.free(scores);
-    // + causal mask, which is in the embeddings' dtype (fp32 under autocast: the sum is fp32)
-    const u64 e_masked = std::max(d.e_c, d.e_r);
-    Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
-    t.free(scaled);
-    // softmax(dtype=fp32) converts a bf16 input to fp32 first (a transient copy)
-    Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
-    s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
-    t.free(conv);
+    Id masked = eager_scores_to_softmax(t, d, scores, s.probs32, "scores * scaling");
     // .to(query.dtype) is a cast when q is bf16 (bf16 weights); autocast's matmul casts it too.
     if (d.e_rope == 2 && !ac) {
       s.probs16 = t.alloc(bhtt * 2, A, "probs.to(bf16)");

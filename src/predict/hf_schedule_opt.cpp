@@ -249,14 +249,7 @@ void opt_layer_forward(Tape& t, const Dims& d, Model& m, OptSaved& s, Id mask, I
       gone(s.qc);
       gone(s.kT);
       // (4.49 to 4.51: no `* 1.0`, the scores go straight into the sum with the mask)
-      Id scaled = d.opt_unscaled ? scores : t.alloc(bhtt * d.e_c, Tmp, "scores * 1.0");
-      if (!d.opt_unscaled) t.free(scores);
-      const u64 e_masked = std::max(d.e_c, d.e_r);
-      Id masked = t.alloc(bhtt * e_masked, Tmp, "scores + mask");
-      t.free(scaled);
-      Id conv = e_masked != 4 ? t.alloc(bhtt * 4, Tmp, "softmax input .to(fp32)") : 0;
-      s.probs32 = t.alloc(bhtt * 4, A, "softmax(dtype=fp32)");
-      t.free(conv);
+      Id masked = eager_scores_to_softmax(t, d, scores, s.probs32, "scores * 1.0", d.opt_unscaled);
       if (d.e_c == 2) {
         s.probs16 = t.alloc(bhtt * 2, A, "probs.to(query dtype)");
         gone(s.probs32);  // attn_weights is rebound
@@ -720,7 +713,7 @@ void opt_forward_backward(Tape& t, const Dims& d, const HfJob& j, Model& m) {
   const u64 bt = d.BT;
   Id x_tok = t.alloc(bt * d.H * d.e_r, A, "embed_tokens output");
   if (d.tf4x) return opt_forward_backward_tf4x(t, d, m, x_tok);
-  // transformers 4.54, 4.55, 5.0 and 5.1 (eager): _prepare_4d_causal_attention_mask_with_cache_position,
+  // transformers 4.49 to 4.57, 5.0 and 5.1 (eager): _prepare_4d_causal_attention_mask_with_cache_position,
   // before the positions (their CPU traces): a [T, T] full() of finfo.min and its triu, the
   // `arange > cache_position` pattern (a bool [T, T]; the CPU's float temporary for the in-place
   // product is TensorIterator's CPU path, not CUDA's), the triu expanded over the batch and cloned

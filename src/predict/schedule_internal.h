@@ -355,6 +355,11 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
 // the last: each a zero-filled copy of the gradient `g`, which then goes (alloc before free, as the
 // CPU traces show). `g` becomes the last copy.
 void full_slices_backward(Tape& t, Id& g, u64 bytes, int slices, const char* label);
+// eager_attention_forward from the scores to the fp32 softmax (Llama, Qwen2, OPT): `* scaling`
+// (`scale_label`; none when `unscaled`: OPT under 4.49 to 4.51), + the causal mask, softmax in fp32
+// (saved: `probs32`). Returns the masked scores, which go when attn_weights is rebound.
+Id eager_scores_to_softmax(Tape& t, const Dims& d, Id scores, Id& probs32, const char* scale_label,
+                           bool unscaled = false);
 
 // The families (hf_schedule_llama.cpp, hf_schedule_opt.cpp): the model's move to the GPU, and
 // one micro-step's forward and backward.

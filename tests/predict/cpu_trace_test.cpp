@@ -260,21 +260,9 @@ std::vector<Case> all_cases() {
       cases.push_back(Case{names.back().c_str(), "qwen2-tiny", p[1], p[2], "eager", false, false, true, release});
     }
   }
-  // Llama and Qwen2 under 4.49 to 4.55 (eager; the DynamicCache held through the forward), and OPT
-  // with fp32 weights
-  for (const char* release : {"4.49", "4.50", "4.51", "4.52", "4.53", "4.54", "4.55"}) {
-    for (const char* family : {"llama", "qwen2", "opt"}) {
-      for (const auto& p : kTinyPrecisions) {
-        if (std::string(family) == "opt" && std::string(p[1]) != "fp32") continue;
-        names.push_back(std::string(family) + "-tiny-" + p[0] + ".tf" + release);
-        names_preset.push_back(std::string(family) + "-tiny");
-        cases.push_back(Case{names.back().c_str(), names_preset.back().c_str(), p[1], p[2], "eager", false, false,
-                             std::string(family) != "llama", release});
-      }
-    }
-  }
-  // Llama, Qwen2 and OPT (fp32 weights) under 4.56 and 4.57 (the cache's torch.cat copies)
-  for (const char* release : {"4.56", "4.57"}) {
+  // Llama, Qwen2 and OPT (fp32 weights) under 4.49 to 4.57 (eager; the DynamicCache held through
+  // the forward; from 4.56 its torch.cat copies)
+  for (const char* release : {"4.49", "4.50", "4.51", "4.52", "4.53", "4.54", "4.55", "4.56", "4.57"}) {
     for (const char* family : {"llama", "qwen2", "opt"}) {
       for (const auto& p : kTinyPrecisions) {
         if (std::string(family) == "opt" && std::string(p[1]) != "fp32") continue;

@@ -36,6 +36,16 @@ HfJob job(std::int64_t mb, const char* prec = "fp32", const char* mixed = "no", 
   return j;
 }
 
+// validate_job refuses `j` with a message that contains `why`.
+void expect_refused(const HfJob& j, const char* why) {
+  try {
+    validate_job(j);
+    ADD_FAILURE() << "not refused: " << why;
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
 HfPredictOptions h200() {
   HfPredictOptions o;
   o.device_memory = 150109880320;  // torch.cuda.mem_get_info()[1] on the H200
@@ -568,31 +578,23 @@ TEST(HfPredict, TransformersFiveReleasesTakeTheSchedule) {
     EXPECT_NE(prediction_table(j, o, got, 0).find("5.17's schedule"), std::string::npos) << v;
   }
   EXPECT_EQ(prediction_table(pinned, o, want, 0).find("5.17's schedule"), std::string::npos);
-  auto refused = [](HfJob j, const char* why) {
-    try {
-      validate_job(j);
-      ADD_FAILURE() << "not refused: " << why;
-    } catch (const InvalidInput& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
-  };
   for (const char* v : {"5.25", "4.58", "4.42", "5", "5.x", "6.0"}) {
     HfJob j = pinned;
     j.versions.transformers = v;
-    refused(j, "5.0 to 5.24 take its schedule");
+    expect_refused(j, "5.0 to 5.24 take its schedule");
   }
   HfJob opt = pinned;
   opt.model = preset_config("opt-1.3b");
   opt.versions.transformers = "5.1";
   EXPECT_NO_THROW(validate_job(opt));  // eager: its own 4-D mask (Dims::opt_mask_4x)
   opt.attn = "sdpa";
-  refused(opt, "eager attention without");
+  expect_refused(opt, "eager attention without");
   opt.versions.transformers = "5.2";
   EXPECT_NO_THROW(validate_job(opt));
   HfJob old_torch = pinned;
   old_torch.versions.transformers = "5.24";
   old_torch.versions.torch = "2.8";
-  refused(old_torch, "traced under torch 2.11 only");
+  expect_refused(old_torch, "traced under torch 2.11 only");
   old_torch.versions.torch = "2.9";
   EXPECT_NO_THROW(validate_job(old_torch));
 }
@@ -614,14 +616,6 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   // counterpart in the 0-d tensor the backward keeps (the H200 traces of 4.55.4)
   const HfPrediction now = predict_hf(job(8), o);
   EXPECT_EQ(late.max_allocated + 512, now.max_allocated);
-  auto refused = [](HfJob r, const char* why) {
-    try {
-      validate_job(r);
-      ADD_FAILURE() << "not refused: " << why;
-    } catch (const InvalidInput& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
-  };
   HfJob r = j;
   r.attn = "sdpa";
   r.model_precision = "bf16";
@@ -629,14 +623,14 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   EXPECT_NO_THROW(validate_job(r));
   r.model_precision = "fp32";
   r.mixed_precision = "no";
-  refused(r, "in bf16 (weights or autocast) only");
+  expect_refused(r, "in bf16 (weights or autocast) only");
   r = j;
   r.activation_checkpointing = true;  // eager: use_cache=False, 5.17's checkpointing (traced for Qwen2)
   EXPECT_NO_THROW(validate_job(r));
   r.attn = "sdpa";
   r.model_precision = "bf16";
   r.mixed_precision = "bf16";
-  refused(r, "--activation-checkpointing with eager attention, for Llama and Qwen2, only");
+  expect_refused(r, "--activation-checkpointing with eager attention, for Llama and Qwen2, only");
   r = j;
   r.model = preset_config("opt-1.3b");
   EXPECT_NO_THROW(validate_job(r));  // 4.53: OPT, python or torchrun (its legacy cache tuple cloned)
@@ -644,7 +638,7 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   EXPECT_NO_THROW(validate_job(r));
   r.model_precision = "bf16";
   r.mixed_precision = "bf16";
-  refused(r, "bf16 weights were not traced");
+  expect_refused(r, "bf16 weights were not traced");
   r.model_precision = "fp32";
   r.mixed_precision = "no";
   r.launcher = "python";
@@ -652,7 +646,7 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   EXPECT_NO_THROW(validate_job(r));
   r = j;
   r.versions.torch = "2.8";
-  refused(r, "torch 2.9 to 2.11 only");
+  expect_refused(r, "torch 2.9 to 2.11 only");
   r = j;
   r.model = preset_config("qwen2-tiny");
   r.seq_len = 64;
@@ -662,12 +656,7 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
 TEST(HfPredict, Transformers445IsEagerOnly) {
   auto refused = [](HfJob j, const char* why) {
     j.versions.transformers = kOlderTransformers;
-    try {
-      validate_job(j);
-      ADD_FAILURE() << "not refused: " << why;
-    } catch (const InvalidInput& e) {
-      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-    }
+    expect_refused(j, why);
   };
   HfJob ok = job(6);
   ok.versions.transformers = kOlderTransformers;
