@@ -8,6 +8,7 @@
 
 #include "core/parallel.h"
 #include "kernels/cpu/backend.h"
+#include "kernels/cpu/skinny_gemm.h"
 #include "kernels/cpu/small_k_gemm.h"
 #include "kernels/cpu/stage.h"
 
@@ -33,6 +34,10 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   }
   if (cpu::small_k_gemm_applies(trans_a, m, n, k)) {  // rank-r products that stream C (LoRA): see there
     cpu::small_k_gemm(trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  if (cpu::skinny_gemm_applies(trans_a, trans_b, m, n, k)) {  // rank-r products that reduce (LoRA): see there
+    cpu::skinny_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,

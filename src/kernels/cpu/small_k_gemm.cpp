@@ -72,25 +72,23 @@ constexpr std::int64_t kRows = 4;
 
 }  // namespace
 
+const float* transposed_scratch(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ldb) {
+  thread_local std::vector<float> t;
+  t.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (std::int64_t j = 0; j < cols; ++j) t[static_cast<std::size_t>(j * rows + i)] = b[i * ldb + j];
+  return t.data();
+}
+
 bool small_k_gemm_applies(bool trans_a, std::int64_t m, std::int64_t n, std::int64_t k) {
   return !trans_a && k >= 1 && k <= kSmallK && m >= 16 && n >= 16;
 }
 
 void small_k_gemm(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
                   std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
-  // B' = op(B) as rows of n: B itself, or Bᵀ copied once (k·n floats, at most kSmallK rows: host
-  // scratch like OpenBLAS's packing buffers, outside the device allocator; per calling thread and
-  // kept, so a training step's products do not allocate).
-  thread_local std::vector<float> transposed;
-  const float* bt = b;
-  std::int64_t ldbt = ldb;
-  if (trans_b) {
-    transposed.resize(static_cast<std::size_t>(k * n));
-    for (std::int64_t j = 0; j < n; ++j)
-      for (std::int64_t q = 0; q < k; ++q) transposed[static_cast<std::size_t>(q * n + j)] = b[j * ldb + q];
-    bt = transposed.data();
-    ldbt = n;
-  }
+  // B' = op(B) as rows of n: B itself, or Bᵀ copied once (k·n floats, at most kSmallK rows).
+  const float* bt = trans_b ? transposed_scratch(b, n, k, ldb) : b;
+  const std::int64_t ldbt = trans_b ? n : ldb;
   const std::int64_t blocks = (m + kRows - 1) / kRows;
   parallel_for(blocks, row_grain(kRows * n * k), [&](std::int64_t b0, std::int64_t b1) {
     for (std::int64_t blk = b0; blk < b1; ++blk) {

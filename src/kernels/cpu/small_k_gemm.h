@@ -19,6 +19,12 @@ namespace scalelab::kernels::cpu {
 
 inline constexpr std::int64_t kSmallK = 32;
 
+// The transpose of B [rows, cols] (leading dimension ldb) as [cols, rows], in host scratch of the
+// calling thread (like OpenBLAS's packing buffers, outside the device allocator, and kept, so a
+// training step's products do not allocate): valid until the thread's next call. For the small-k
+// and skinny kernels, whose B has at most 32 rows or columns.
+const float* transposed_scratch(const float* b, std::int64_t rows, std::int64_t cols, std::int64_t ldb);
+
 // Whether small_k_gemm takes this product (trans_a false, 1 <= k <= kSmallK, enough rows).
 bool small_k_gemm_applies(bool trans_a, std::int64_t m, std::int64_t n, std::int64_t k);
 
