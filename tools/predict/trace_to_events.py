@@ -8,8 +8,9 @@ new segment (the base address the driver gave it); the trace's phase markers (hf
 they fell, so that the requests can be compared phase by phase with the generated schedule
 (`scalelab plan --stack hf-trainer ... --schedule-out`); all after a header with the measured
 torch.cuda.max_memory_reserved of that run (from hf_memory.jsonl beside the trace). The first
-request is the 4-byte torch.empty(1) that created the CUDA context before the recording started
-(it is never freed).
+request and free (`a 4`, `f 0`) are the 4-byte torch.empty(1) that created the CUDA context
+before the recording started: a temporary, freed at once, so the recording starts with that 2 MiB
+small-pool segment cached and empty (the GPU's first small blocks sit at its offset 0).
 
     python3 tools/predict/trace_to_events.py TRACE.json.gz OUT.events
 """
@@ -28,7 +29,7 @@ def main():
         r = json.loads(line)
         if r["name"] == name:
             measured = r["max_reserved_bytes"]
-    live, n, out = {}, 1, ["a 4"]
+    live, n, out = {}, 1, ["a 4", "f 0"]
     reserved = allocated = peak_r = peak_a = 0
     sizes = {}
     markers = sorted(d.get("markers", []))
