@@ -8,15 +8,17 @@
 // Row-major, leading dimensions as kernels::gemm. small_k_gemm.h has the other two (k small).
 //
 // Why by hand beside OpenBLAS: OpenBLAS 0.3.21 runs these shapes far below the machine's peak.
-// Measured on the 2-core EPYC (bench/lora_layer.cpp, SmolLM2-135M's shapes, T = 1024): on one
-// thread z and dz at about 50 GFLOP/s and dB at about 32; on two threads its split makes z, dz
-// and dB slower than on one (13–28 GFLOP/s). Here a product's rows (or its long output
-// dimension) are split over the threads, each element computed by one thread.
+// Measured on the 2-core EPYC (build/bench/bench_lora_products, SmolLM2-135M's shapes, T = 1024):
+// on one thread OpenBLAS runs z and dz at about 50 GFLOP/s and dB at about 32; on two threads
+// anywhere from 13 to 140 from one run to the next (its split of these shapes is erratic), where
+// this kernel runs them at 100–180. Here a product's rows (or its long output dimension) are split
+// over the threads, each element computed by one thread. Long k with n = 32 (a QLoRA tile of a
+// 8192-wide weight) is the one shape where OpenBLAS at its best is faster (~15 %).
 //
 // Every element is computed in one fixed order whatever the split and the thread count: the
-// no-trans_a form accumulates 8 partial sums (q mod 8, fused multiply-adds in q order) and adds
-// them as ((p0 + p4) + (p2 + p6)) + ((p1 + p5) + (p3 + p7)); the trans_a forms sum over the rows
-// in order with fused multiply-adds. Then times alpha, plus beta·C when beta ≠ 0 (C is not read
+// no-trans_a form accumulates 8 partial sums (q mod 8, fused multiply-adds in q order, k taken in
+// chunks that keep each term's lane) and adds them as ((p0 + p4) + (p2 + p6)) + ((p1 + p5) +
+// (p3 + p7)); the trans_a forms sum over the rows in order with fused multiply-adds. Then times alpha, plus beta·C when beta ≠ 0 (C is not read
 // when beta = 0, as BLAS).
 #include <cstdint>
 
