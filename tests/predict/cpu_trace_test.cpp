@@ -254,6 +254,17 @@ std::vector<Case> all_cases() {
       Case{"opt-tiny-bf16mixed-eager-ckpt", "opt-tiny", "fp32", "bf16", "eager", true, false, true}};
   static std::deque<std::string> names;  // the older goldens' names, alive for the whole run
   static std::deque<std::string> names_preset;
+  // fp32 sdpa as CUDA runs it, PyTorch's math path (traced with the CPU's fp32 flash kernel off):
+  // the pinned release, 4.56 and 4.57
+  for (const char* release : {kSupportedTransformers, "4.56", "4.57"}) {
+    for (const char* family : {"llama", "qwen2"}) {
+      const bool pinned = std::string(release) == kSupportedTransformers;
+      names.push_back(std::string(family) + "-tiny-fp32-sdpa-math" + (pinned ? "" : std::string(".tf") + release));
+      names_preset.push_back(std::string(family) + "-tiny");
+      cases.push_back(Case{names.back().c_str(), names_preset.back().c_str(), "fp32", "no", "sdpa", false, false,
+                           std::string(family) != "llama", release});
+    }
+  }
   for (const char* release : kQwen2OlderReleases) {
     for (const auto& p : kTinyPrecisions) {
       names.push_back(std::string("qwen2-tiny-") + p[0] + ".tf" + release);

@@ -531,8 +531,10 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   EXPECT_THROW(validate_job(j), InvalidInput);
   j = job(1);
   j.versions.transformers = "4.56";
-  j.attn = "sdpa";
-  EXPECT_THROW(validate_job(j), InvalidInput);
+  j.attn = "sdpa";  // fp32 sdpa: PyTorch's math path, eager's sequence (CPU-traced with it forced)
+  EXPECT_NO_THROW(validate_job(j));
+  j.versions.transformers = "4.55";  // but not after 4.55's copies of q, k and v
+  expect_refused(j, "sdpa in fp32 under 4.56 and 4.57 only");
   j = job(1);
   j.versions.transformers = "4.42";  // before Llama 3.2's rope_type "llama3"
   EXPECT_THROW(validate_job(j), InvalidInput);
@@ -623,7 +625,7 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   EXPECT_NO_THROW(validate_job(r));
   r.model_precision = "fp32";
   r.mixed_precision = "no";
-  expect_refused(r, "in bf16 (weights or autocast) only");
+  expect_refused(r, "sdpa in fp32 under 4.56 and 4.57 only");
   r = j;
   r.activation_checkpointing = true;  // eager: use_cache=False, 5.17's checkpointing (traced for Qwen2)
   EXPECT_NO_THROW(validate_job(r));

@@ -47,10 +47,17 @@ QWEN2_TINY = dict(model_type="qwen2", hidden_size=64, intermediate_size=128, num
 for _prec, _mixed, _tag in (("fp32", "no", "fp32"), ("fp32", "bf16", "bf16mixed"), ("bf16", "bf16", "bf16")):
     for _attn in ("eager", "sdpa"):
         if _attn == "sdpa" and _prec == "fp32" and _mixed == "no":
-            continue  # the CPU has an fp32 flash kernel; CUDA runs eager's math fallback: nothing to compare
+            continue  # the CPU has an fp32 flash kernel; CUDA runs the math path: the "-math" configurations below
         for _ckpt in (False, True):
             CONFIGS[f"qwen2-tiny-{_tag}-{_attn}" + ("-ckpt" if _ckpt else "")] = dict(
                 family="qwen2", model_precision=_prec, mixed_precision=_mixed, attn=_attn, ckpt=_ckpt)
+# fp32 sdpa as CUDA runs it: no flash or cuDNN kernel takes fp32 and the memory-efficient one no
+# grouped heads (enable_gqa), so CUDA falls back to PyTorch's math path, a composite of ATen ops
+# that allocates the same on the CPU. The CPU's own fp32 flash kernel is turned off for these
+# ("-math": torch.nn.attention.sdpa_kernel(SDPBackend.MATH) around the training).
+CONFIGS["llama-tiny-fp32-sdpa-math"] = dict(model_precision="fp32", mixed_precision="no", attn="sdpa", math_sdpa=True)
+CONFIGS["qwen2-tiny-fp32-sdpa-math"] = dict(family="qwen2", model_precision="fp32", mixed_precision="no", attn="sdpa",
+                                            math_sdpa=True)
 # OPT: scalelab's opt-tiny (bench/gpu/hf_benchmark.py TINY["opt"], residual dropout 0).
 CONFIGS["opt-tiny-fp32-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="no", attn="eager")
 CONFIGS["opt-tiny-bf16mixed-eager"] = dict(family="opt", model_precision="fp32", mixed_precision="bf16", attn="eager")
@@ -230,7 +237,12 @@ def run(name, cfg, out_dir):
         torch.nn.parallel.DistributedDataParallel.__init__ = init
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     register_optimizer_step_pre_hook(lambda *a: mark("optimizer_step"))
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    import contextlib
+    math_only = contextlib.nullcontext()
+    if cfg.get("math_sdpa"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        math_only = sdpa_kernel(SDPBackend.MATH)
+    with math_only, profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         trainer.train()
     evs = []
 
