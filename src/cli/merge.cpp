@@ -13,6 +13,7 @@
 #include "model/adapter.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/quantize.h"
 #include "train/train_checkpoint.h"
 
 namespace scalelab::cli {
@@ -70,6 +71,12 @@ Subcommand add_merge_command(CLI::App& root) {
             so.dtype = dtype;
             save_checkpoint(f->into, config, plain, merged, so);
             copy_model_side_files(base, f->into);
+            // QAT + LoRA: the merged weights are what quantize converts, at the training's group size
+            if (read_qat_group_size(f->adapter) > 0) {
+              std::filesystem::copy_file(std::filesystem::path(f->adapter) / kQatRecordFile,
+                                         std::filesystem::path(f->into) / kQatRecordFile,
+                                         std::filesystem::copy_options::overwrite_existing);
+            }
             std::printf("Merged %s (r %lld, scale %.6g, %lld adapter parameters) into %s: %s\n", f->adapter.c_str(),
                         static_cast<long long>(lora.rank), lora.scale(), static_cast<long long>(with.trainable_numel()),
                         base.c_str(), f->into.c_str());

@@ -97,6 +97,33 @@ void write_raw_safetensors(const std::string& path, const std::vector<RawTensor>
 
 }  // namespace
 
+void write_qat_record(const std::string& dir, const std::string& scheme, std::int64_t group_size) {
+  const std::filesystem::path p = std::filesystem::path(dir) / kQatRecordFile;
+  const std::string tmp = p.string() + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << nlohmann::json{{"scheme", scheme}, {"group_size", group_size}}.dump(2) << "\n";
+    if (!f) throw InvalidInput("[qat] cannot write " + tmp + " — check that " + dir + " is writable");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, p, ec);
+  if (ec) throw InvalidInput("[qat] cannot write " + p.string() + " (" + ec.message() + ")");
+}
+
+std::int64_t read_qat_group_size(const std::string& dir) {
+  const std::filesystem::path p = std::filesystem::path(dir) / kQatRecordFile;
+  std::error_code ec;
+  if (!std::filesystem::exists(p, ec)) return 0;
+  std::ifstream f(p);
+  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("group_size") || !j["group_size"].is_number_integer() ||
+      j["group_size"].get<std::int64_t>() <= 1) {
+    throw InvalidInput("[qat] " + p.string() + " is not a QAT record (a JSON object with an integer group_size > 1) "
+                       "— remove it, or give --group-size");
+  }
+  return j["group_size"].get<std::int64_t>();
+}
+
 QuantizeReport quantize_checkpoint(const std::string& dir, const std::string& out, const QuantizeOptions& o) {
   if (o.to != "int4" && o.to != "int8") {
     throw InvalidInput("[--to] must be int4 (packed, two per byte) or int8 (torchao's layout), got '" + o.to + "'");

@@ -24,6 +24,7 @@
 #include "model/init.h"
 #include "model/adapter.h"
 #include "model/nf4.h"
+#include "model/quantize.h"
 #include "scalelab/version.h"
 #include "distributed/config_check.h"
 #include "train/data.h"
@@ -1209,10 +1210,12 @@ void TrainSession::finish_ok() {
       const std::string base = std::filesystem::is_directory(o.model, ec) ? std::filesystem::absolute(o.model).string()
                                                                           : o.model;
       save_adapter(o.save, layout_, host_view_of(bufs_.params, dev_), so.dtype, base);
+      if (!o.qat.empty()) write_qat_record(o.save, o.qat, o.qat_group_size);  // QAT + LoRA: merge carries it
       if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the LoRA adapter to %s\n", o.save.c_str());
     } else {
       save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
       copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
+      if (!o.qat.empty()) write_qat_record(o.save, o.qat, o.qat_group_size);  // for scalelab quantize
       if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
     }
   }

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "cli/cli_run.h"
@@ -126,12 +127,31 @@ TEST(QatLoraCli, MergedResultQuantizesToInt4) {
   auto r = run("train --model " + kGolden + " --data " + kGolden + "/tokens.bin" + flags(e) + qat_flags(e) +
                " --max-steps 2 --save " + out);
   ASSERT_EQ(r.code, 0) << r.output;
+  // the adapter directory records the QAT scheme, and merge carries the record to the merged model
+  EXPECT_EQ(read_json(out + "/qat_config.json")["group_size"], 32);
   r = run("merge " + out + " --into " + out + "_merged --model " + kGolden);
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run("quantize " + out + "_merged --to int4 --group-size 32 --out " + out + "_int4");
+  EXPECT_EQ(read_json(out + "_merged/qat_config.json")["group_size"], 32);
+  // so quantize converts at the trained group size unasked (its default, 256, divides none of the
+  // tiny model's 64 input features: without the record this exits 2)
+  r = run("quantize " + out + "_merged --to int4 --out " + out + "_int4");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("Quantized 14 linear modules"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(group size 32)"), std::string::npos) << r.output;
   EXPECT_TRUE(std::filesystem::is_regular_file(out + "_int4/model.safetensors"));
+  // asked for another group size, it converts with that one and says the training used 32
+  std::filesystem::remove_all(out + "_int4");
+  r = run("quantize " + out + "_merged --to int4 --group-size 16 --out " + out + "_int4");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("was trained with --qat-group-size 32"), std::string::npos) << r.output;
+  // a record that is not one: exit 2 naming the file
+  {
+    std::ofstream bad(out + "_merged/qat_config.json");
+    bad << "{\"group_size\": \"thirty-two\"}\n";
+  }
+  r = run("quantize " + out + "_merged --to int4 --out " + out + "_int4b");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("qat_config.json is not a QAT record"), std::string::npos) << r.output;
 }
 
 TEST(QatLoraCli, QatOverAnNf4BaseIsRefused) {

@@ -53,6 +53,10 @@ void expect_torchaos_trajectory(const std::string& extra, const std::string& tag
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json rec = read_json(out + ".json");
   EXPECT_EQ(rec["config"]["qat"], "8da4w");
+  // the saved model records its scheme, for scalelab quantize's default group size
+  const nlohmann::json qat = read_json(out + "/qat_config.json");
+  EXPECT_EQ(qat["scheme"], "8da4w");
+  EXPECT_EQ(qat["group_size"], e["qat"]["group_size"]);
   const auto& want = e["losses"];
   const auto& got = rec["losses"];
   ASSERT_EQ(got.size(), want.size());
