@@ -79,17 +79,19 @@ void validate_job(const HfJob& j) {
       bad(why + "OPT under 4.49 to 4.53 with fp32 weights (with or without bf16 autocast) only (bf16 weights were "
                 "not traced) — use --model-precision fp32");
     // fp32 sdpa: CUDA runs PyTorch's math path (no fp32 flash kernel; the memory-efficient one takes
-    // no grouped heads), which allocates as eager (measured under 5.17 on the H200; the CPU traces
-    // with the math path forced, tools/predict/trace_hf.py "-math", show the same saved tensors
-    // under 5.17, 4.56 and 4.57). 4.49 to 4.55 first repeat k and v or copy q, k and v, which the
-    // math path then takes: not modelled.
+    // no grouped heads, enable_gqa from 4.54 on), which allocates as eager (measured under 5.17 on
+    // the H200; the CPU traces with the math path forced, tools/predict/trace_hf.py "-math", show the
+    // same saved tensors under 5.17 and 4.54 to 4.57; 4.54's and 4.55's .contiguous() copies of q, k
+    // and v are forward transients, gone as the attention returns, not modelled). 4.49 to 4.53
+    // repeat k and v instead (no enable_gqa), which the memory-efficient kernel takes in fp32:
+    // neither traceable on the CPU nor measured.
     if (j.attn != "eager" && j.model.family == ModelFamily::kOPT)
       bad(why + "sdpa for Llama and Qwen2 only (OPT's sdpa path was not traced) — use --attn eager");
     if (j.attn != "eager" && j.model_precision == "fp32" && j.mixed_precision == "no" &&
-        late4_minor(j.versions.transformers) <= 55)
-      bad(why + "sdpa in fp32 under 4.56 and 4.57 only: under 4.49 to 4.55 sdpa_attention_forward repeats or "
-                "copies q, k and v before PyTorch's math path, which is not modelled — use --attn eager, bf16, "
-                "or --transformers-version 4.56");
+        late4_minor(j.versions.transformers) <= 53)
+      bad(why + "sdpa in fp32 from 4.54 only: under 4.49 to 4.53 sdpa_attention_forward repeats k and v, and "
+                "CUDA then runs its memory-efficient kernel in fp32, which is not modelled — use --attn eager, "
+                "bf16, or --transformers-version 4.54 or later");
     if (j.activation_checkpointing && (j.attn != "eager" || j.model.family == ModelFamily::kOPT))
       bad(why + "runs --activation-checkpointing with eager attention, for Llama and Qwen2, only (sdpa's copies "
                 "and OPT's mask under the recompute were not traced)");

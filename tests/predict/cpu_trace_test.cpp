@@ -255,8 +255,8 @@ std::vector<Case> all_cases() {
   static std::deque<std::string> names;  // the older goldens' names, alive for the whole run
   static std::deque<std::string> names_preset;
   // fp32 sdpa as CUDA runs it, PyTorch's math path (traced with the CPU's fp32 flash kernel off):
-  // the pinned release, 4.56 and 4.57
-  for (const char* release : {kSupportedTransformers, "4.56", "4.57"}) {
+  // the pinned release and 4.54 to 4.57
+  for (const char* release : {kSupportedTransformers, "4.54", "4.55", "4.56", "4.57"}) {
     for (const char* family : {"llama", "qwen2"}) {
       const bool pinned = std::string(release) == kSupportedTransformers;
       names.push_back(std::string(family) + "-tiny-fp32-sdpa-math" + (pinned ? "" : std::string(".tf") + release));

@@ -533,8 +533,10 @@ TEST(HfPredict, RefusesWhatItDoesNotModel) {
   j.versions.transformers = "4.56";
   j.attn = "sdpa";  // fp32 sdpa: PyTorch's math path, eager's sequence (CPU-traced with it forced)
   EXPECT_NO_THROW(validate_job(j));
-  j.versions.transformers = "4.55";  // but not after 4.55's copies of q, k and v
-  expect_refused(j, "sdpa in fp32 under 4.56 and 4.57 only");
+  j.versions.transformers = "4.54";  // and 4.54's, whose copies of q, k and v are forward transients
+  EXPECT_NO_THROW(validate_job(j));
+  j.versions.transformers = "4.53";  // but not after 4.53's repeats (CUDA's memory-efficient kernel then)
+  expect_refused(j, "sdpa in fp32 from 4.54 only");
   j = job(1);
   j.versions.transformers = "4.42";  // before Llama 3.2's rope_type "llama3"
   EXPECT_THROW(validate_job(j), InvalidInput);
@@ -625,7 +627,7 @@ TEST(HfPredict, Transformers449To455AreLlamaAndQwen2Eager) {
   EXPECT_NO_THROW(validate_job(r));
   r.model_precision = "fp32";
   r.mixed_precision = "no";
-  expect_refused(r, "sdpa in fp32 under 4.56 and 4.57 only");
+  expect_refused(r, "sdpa in fp32 from 4.54 only");
   r = j;
   r.activation_checkpointing = true;  // eager: use_cache=False, 5.17's checkpointing (traced for Qwen2)
   EXPECT_NO_THROW(validate_job(r));
