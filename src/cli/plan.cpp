@@ -172,7 +172,7 @@ Subcommand add_plan_command(CLI::App& root) {
                   "major.minor; auto: the one PYTHON, default python3, imports")
       ->capture_default_str();
   app->add_option("--transformers-version", hf->transformers_version,
-                  "hf-trainer: the transformers release modelled: 5.17 (5.0 to 5.24 take its schedule), 4.49 to 4.57 (Llama, Qwen2, OPT with fp32 weights; eager, sdpa in bf16 for Llama and Qwen2, and in fp32 from 4.54; checkpointing with eager), or 4.43 to 4.48 (Llama, Qwen2 from 4.45, OPT to 4.47 with fp32 weights; eager attention; "
+                  "hf-trainer: the transformers release modelled: 5.17 (5.0 to 5.24 take its schedule), 4.49 to 4.57 (Llama, Qwen2, OPT with fp32 weights; eager, sdpa in bf16 for Llama and Qwen2, and in fp32 from 4.54; checkpointing with eager), or 4.43 to 4.48 (Llama, Qwen2 from 4.45, OPT with fp32 weights; eager attention; "
                   "checked against CPU traces; 4.45 and 4.55 also measured on an H200); a full version such as 4.45.2 is read as its major.minor; "
                   "auto: the one PYTHON, default python3, imports")
       ->capture_default_str();

@@ -70,7 +70,7 @@ void validate_job(const HfJob& j) {
     bad("--transformers-version " + j.versions.transformers + " is not modelled — supported: " +
         kSupportedTransformers + " (the default; " + kCurrentTransformersList + " take its schedule), " +
         kLate4TransformersList + " (Llama, Qwen2, OPT with fp32 weights; eager attention), " + kOlderTransformersList +
-        " (Llama, Qwen2 from 4.45, OPT to 4.47; eager attention)");
+        " (Llama, Qwen2 from 4.45, OPT; eager attention)");
   if (is_late4_transformers(j.versions.transformers)) {
     // traced on the CPU under torch 2.11 (4.49.0 to 4.57.6); measured on an
     // H200 under 4.55.4 (Llama fp32 eager and bf16 sdpa, OPT fp32 eager: tests/golden/predict/*.tf4.55.events)
@@ -122,10 +122,12 @@ void validate_job(const HfJob& j) {
     // traced on the CPU (tools/predict/trace_hf.py under transformers 4.43.4 to 4.48.3); measured on an H200
     // under 4.45.2 (Llama fp32 eager by python and torchrun, OPT fp32 and bf16 autocast: *.tf4.45.events)
     const std::string why = "--transformers-version " + j.versions.transformers + " models ";
-    // OPT: 4.43 to 4.47 share OPTAttention's inline eager code (hf_schedule_opt.cpp,
-    // opt_attention_forward_tf4x); 4.48 rewrote it, and bf16 weights were not traced
-    if (j.model.family == ModelFamily::kOPT && j.versions.transformers == "4.48")
-      bad(why + "OPT up to 4.47 only (4.48 rewrote OPT's attention; its trace differs)");
+    // OPT: 4.43 to 4.48 share OPTAttention's eager code as far as memory goes (hf_schedule_opt.cpp,
+    // opt_attention_forward_tf4x; 4.48's rewrite allocates and saves the same, its CPU traces);
+    // 4.48's OPTForCausalLM takes ForCausalLMLoss (head_forward_tf4x). bf16 weights were not traced,
+    // nor 4.48 under torch 2.4 to 2.8 (whose full slices 4.48's logits_to_keep would add)
+    if (j.model.family == ModelFamily::kOPT && j.versions.transformers == "4.48" && records_full_slices(j.versions.torch))
+      bad(why + "OPT under 4.48 with torch 2.9 or later only (traced under 2.11) — use --torch-version 2.11");
     if (j.model.family == ModelFamily::kOPT && j.model_precision != "fp32")
       bad(why + "OPT with fp32 weights only (--model-precision fp32, with or without --mixed-precision bf16): "
                 "its bf16-weight path cannot be checked on the CPU, whose autocast keeps layer_norm and softmax "
@@ -278,7 +280,8 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   // (OPTForCausalLM 4.43 to 4.47 upcasts nothing: its shifted copy is in the compute dtype, and
   // under autocast cross_entropy's log_softmax casts it to fp32, a copy that goes at once)
   Id lf = 0;
-  if (d.e_c != 4 && !d.opt) {
+  const bool opt_ce = d.opt && d.tf4_minor <= 47;  // OPTForCausalLM's own CrossEntropyLoss (4.48: ForCausalLMLoss)
+  if (d.e_c != 4 && !opt_ce) {
     lf = t.alloc(d.BT * d.V * 4, Category::kLogitsLoss, "logits .float()");
     if (d.tf4_minor <= 45) {
       t.free(logits);
@@ -287,7 +290,7 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
     }
   }
   const u64 rows = d.B * (d.T - 1);
-  const u64 shifted_e = d.opt ? d.e_c : 4;
+  const u64 shifted_e = opt_ce ? d.e_c : 4;
   Id shifted = t.alloc(rows * d.V * shifted_e, Category::kLogitsLoss, "shift_logits (contiguous copy)");
   h.shift = t.alloc(rows * 8, Category::kInputs, "shift_labels (saved by nll_loss)");
   if (shifted_e != 4 && d.cpu_kernels) {
@@ -308,7 +311,7 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   }
   h.scalars[0] = t.alloc(4, Category::kLogitsLoss, "nll_loss total_weight");
   h.scalars[1] = t.alloc(4, Category::kLogitsLoss, "loss");
-  if (d.tf4_minor >= 46 && !d.opt) {  // (OPTForCausalLM keeps CrossEntropyLoss's mean up to 4.47)
+  if (d.tf4_minor >= 46 && !opt_ce) {  // (OPTForCausalLM keeps CrossEntropyLoss's mean up to 4.47)
     // 4.46 to 4.48: ForCausalLMLoss's fixed_cross_entropy (reduction "sum", then / num_items);
     // from 4.47 the Trainer also moves num_items_in_batch to the device (alive until backward is
     // done), as 5.17 does
@@ -323,7 +326,7 @@ Head head_forward_tf4x(Tape& t, const Dims& d, Model& m, std::vector<Id>& cached
   // LlamaForCausalLM.forward returns: its locals go, the shifted copy before the final norm's
   // output (which under autocast only its cast was saved for); Qwen2ForCausalLM 4.45 orders its
   // locals the other way (its CPU trace), 4.46+ keep the copy inside the loss function
-  const bool frees_output = d.autocast || d.head_in_fp32, output_first = (d.qwen2 && d.tf4_minor == 45) || d.opt;
+  const bool frees_output = d.autocast || d.head_in_fp32, output_first = (d.qwen2 && d.tf4_minor == 45) || opt_ce;
   if (frees_output && output_first) t.free(final_out);
   t.free(shifted);
   if (frees_output && !output_first) t.free(final_out);
@@ -578,7 +581,7 @@ Id head_backward(Tape& t, const Dims& d, Model& m, Param& head, Head& h, Id& fin
   const u64 rows = d.tf4x ? d.B * (d.T - 1) : d.BT;
   // the slice's backward below: a zero-filled [B, T, V] with the rows copied in, fp32 (Llama, Qwen2:
   // their logits were upcast before the slice) or, for OPT, in the compute dtype
-  const u64 slice_e = d.tf4x && d.opt ? d.e_c : 4;
+  const u64 slice_e = d.tf4x && d.opt && d.tf4_minor <= 47 ? d.e_c : 4;  // (OPT 4.48: ForCausalLMLoss, as Llama)
   Id g_nll = t.alloc(rows * d.V * 4, Category::kLogitsLoss, "nll_loss backward");
   Id g_ls = 0;
   if (h.ls32 != 0) {

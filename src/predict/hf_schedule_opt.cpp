@@ -156,7 +156,8 @@ Id opt_linear(Tape& t, const Dims& d, Model& m, OptSaved& s, u64 in_f, u64 out_f
   return out;
 }
 
-// transformers 4.43 to 4.47's OPTAttention (eager, written inline in its forward; traced on the CPU
+// transformers 4.43 to 4.47's OPTAttention (4.48's rewrite allocates the same: its CPU traces)
+// (eager, written inline in its forward; traced on the CPU
 // under 4.45.2, tools/predict/trace_hf.py): q = q_proj(x) * scaling; k and v each made
 // [B, heads, T, hd] by `_shape`'s .contiguous() as soon as projected (the copies are what bmm saves
 // and what the layer returns as its cache), then q's copy; scores = bmm(q, kᵀ) + the [B, 1, T, T]

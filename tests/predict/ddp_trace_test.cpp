@@ -250,7 +250,7 @@ std::vector<Case> all_cases() {
   }
   // OPT under one torchrun process with the older releases that write its attention inline, and
   // with 4.55 to 4.57 (their DynamicCache object: a pytree node, which _DDPSink clones, to 4.55)
-  for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.49", "4.50", "4.52", "4.53", "4.55", "4.56", "4.57"}) {
+  for (const char* release : {"4.43", "4.44", "4.45", "4.46", "4.47", "4.48", "4.49", "4.50", "4.52", "4.53", "4.55", "4.56", "4.57"}) {
     for (bool autocast : {false, true}) cases.push_back(opt_torchrun1(autocast, release));
   }
   // 4.49, 4.53, 4.55, 4.56 and 4.57 (their DynamicCache object, a pytree node from 4.50 to 4.55), and 4.50 in bf16 autocast
