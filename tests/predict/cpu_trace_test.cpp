@@ -133,7 +133,8 @@ constexpr const char* kOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47"
 // Qwen2 (from 4.45: 4.43 and 4.44 compute its rotary tables in every layer) takes the same schedule
 // with its q/k/v biases; its 4.45 frees the final norm's output before the shifted copy.
 constexpr const char* kQwen2OlderReleases[] = {"4.45", "4.46", "4.47", "4.48"};
-// OPT: 4.43 to 4.47 write OPTAttention's eager path inline (4.48 rewrote it), traced with fp32 weights.
+// OPT: 4.43 to 4.47 write OPTAttention's eager path inline; 4.48 rewrote it, allocating the same (its
+// loss is ForCausalLMLoss then); traced with fp32 weights.
 constexpr const char* kOptOlderReleases[] = {"4.43", "4.44", "4.45", "4.46", "4.47", "4.48"};
 constexpr const char* kTinyPrecisions[][3] = {
     {"fp32-eager", "fp32", "no"}, {"bf16mixed-eager", "fp32", "bf16"}, {"bf16-eager", "bf16", "bf16"}};
