@@ -72,10 +72,14 @@ Subcommand add_merge_command(CLI::App& root) {
             save_checkpoint(f->into, config, plain, merged, so);
             copy_model_side_files(base, f->into);
             // QAT + LoRA: the merged weights are what quantize converts, at the training's group size
+            // (an adapter without a record leaves none: an earlier merge's goes)
+            const std::filesystem::path record = std::filesystem::path(f->into) / kQatRecordFile;
             if (read_qat_group_size(f->adapter) > 0) {
-              std::filesystem::copy_file(std::filesystem::path(f->adapter) / kQatRecordFile,
-                                         std::filesystem::path(f->into) / kQatRecordFile,
+              std::filesystem::copy_file(std::filesystem::path(f->adapter) / kQatRecordFile, record,
                                          std::filesystem::copy_options::overwrite_existing);
+            } else {
+              std::error_code ec;
+              std::filesystem::remove(record, ec);
             }
             std::printf("Merged %s (r %lld, scale %.6g, %lld adapter parameters) into %s: %s\n", f->adapter.c_str(),
                         static_cast<long long>(lora.rank), lora.scale(), static_cast<long long>(with.trainable_numel()),

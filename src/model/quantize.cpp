@@ -97,19 +97,6 @@ void write_raw_safetensors(const std::string& path, const std::vector<RawTensor>
 
 }  // namespace
 
-void write_qat_record(const std::string& dir, const std::string& scheme, std::int64_t group_size) {
-  const std::filesystem::path p = std::filesystem::path(dir) / kQatRecordFile;
-  const std::string tmp = p.string() + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << nlohmann::json{{"scheme", scheme}, {"group_size", group_size}}.dump(2) << "\n";
-    if (!f) throw InvalidInput("[qat] cannot write " + tmp + " — check that " + dir + " is writable");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, p, ec);
-  if (ec) throw InvalidInput("[qat] cannot write " + p.string() + " (" + ec.message() + ")");
-}
-
 std::int64_t read_qat_group_size(const std::string& dir) {
   const std::filesystem::path p = std::filesystem::path(dir) / kQatRecordFile;
   std::error_code ec;

@@ -41,12 +41,12 @@ struct QuantizeReport {
 QuantizeReport quantize_checkpoint(const std::string& dir, const std::string& out, const QuantizeOptions& o);
 
 // The QAT scheme a run trained with, beside what it saved (train --qat ... --save DIR writes
-// DIR/qat_config.json: {"scheme": "8da4w", "group_size": G}; merge carries it from an adapter
-// directory to the merged model), so that quantize converts with the group size the weights were
-// trained at without being told again. read_qat_group_size: the recorded G, or 0 when DIR has no
-// record; InvalidInput naming the file when it is unreadable or its group_size is not a number > 1.
+// DIR/qat_config.json: {"scheme": "8da4w", "group_size": G}, and removes a stale one when it
+// saves without --qat; merge carries it from an adapter directory to the merged model), so that
+// quantize converts with the group size the weights were trained at without being told again.
+// read_qat_group_size: the recorded G, or 0 when DIR has no record; InvalidInput naming the file
+// when it is unreadable or its group_size is not a number > 1.
 inline constexpr const char* kQatRecordFile = "qat_config.json";
-void write_qat_record(const std::string& dir, const std::string& scheme, std::int64_t group_size);
 std::int64_t read_qat_group_size(const std::string& dir);
 
 // int4 values (−8..7, one per int8) packed two per byte as the layout above says; cols even.

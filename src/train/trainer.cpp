@@ -1210,13 +1210,20 @@ void TrainSession::finish_ok() {
       const std::string base = std::filesystem::is_directory(o.model, ec) ? std::filesystem::absolute(o.model).string()
                                                                           : o.model;
       save_adapter(o.save, layout_, host_view_of(bufs_.params, dev_), so.dtype, base);
-      if (!o.qat.empty()) write_qat_record(o.save, o.qat, o.qat_group_size);  // QAT + LoRA: merge carries it
       if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the LoRA adapter to %s\n", o.save.c_str());
     } else {
       save_checkpoint(o.save, pin_.config, layout_, host_view_of(bufs_.params, dev_), so);
       copy_model_side_files(o.model, o.save);  // generation_config.json (EOS), tokenizer files
-      if (!o.qat.empty()) write_qat_record(o.save, o.qat, o.qat_group_size);  // for scalelab quantize
       if (!o.quiet) std::fprintf(stderr, "scalelab train: saved the model to %s\n", o.save.c_str());
+    }
+    // The QAT scheme beside the weights, for scalelab quantize (QAT + LoRA: merge carries it); a
+    // record an earlier --qat run left there goes, as save_checkpoint's stale weight files do.
+    const std::string record = (std::filesystem::path(o.save) / kQatRecordFile).string();
+    if (!o.qat.empty()) {
+      write_json_file(record, {{"scheme", o.qat}, {"group_size", o.qat_group_size}});
+    } else {
+      std::error_code ec;
+      std::filesystem::remove(record, ec);
     }
   }
   res_.loss_scale = prec_.loss_scaling ? loss_scale_ : 0.0;

@@ -177,6 +177,20 @@ TEST(QatCli, MeasuredPeakEqualsThePlan) {
   EXPECT_GT(activations(), p0);
 }
 
+// --save records the QAT scheme beside the weights (for quantize's default group size); a later
+// save without --qat into the same directory leaves no stale record.
+TEST(QatCli, SaveRecordsTheSchemeAndAPlainSaveRemovesIt) {
+  const std::string out = testing::TempDir() + "qat_record";
+  std::filesystem::remove_all(out);
+  const std::string base = "train --model llama-tiny --seq-len 16 --micro-batch-size 1 --max-steps 1 --quiet --save " + out;
+  auto r = run(base + " --qat 8da4w --qat-group-size 32");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(read_json(out + "/qat_config.json")["group_size"], 32);
+  r = run(base);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(out + "/qat_config.json"));
+}
+
 TEST(QatCli, BadInputExitsTwoNamingTheFlag) {
   const std::string base = "train --model llama-tiny --seq-len 16 --micro-batch-size 1 --max-steps 1 --quiet ";
   struct Case {
